@@ -1,0 +1,139 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/dustin/go-humanize"
+	"github.com/spf13/cobra"
+
+	"github.com/tensorfs/tensorfs/fs"
+	"github.com/tensorfs/tensorfs/gpu"
+	"github.com/tensorfs/tensorfs/tensor"
+)
+
+func newMountCmd() *cobra.Command {
+	var (
+		device     string
+		maxMemory  string
+		allowOther bool
+		debug      bool
+	)
+	cmd := &cobra.Command{
+		Use:   "mount MOUNTPOINT",
+		Short: "Mount a tensor filesystem and serve it in the foreground until SIGINT/SIGTERM",
+		Long: `Mount a tensor filesystem at MOUNTPOINT and serve it in the foreground.
+SIGINT or SIGTERM unmounts, frees every tensor and exits 0. A stale mount left
+at MOUNTPOINT by a killed daemon is cleaned up first.
+
+--device picks the default device of tensors: auto (cuda:0 when a CUDA driver
+and GPU are present, else host), host, or cuda:N.
+--max-memory caps the bytes tensorfs may allocate on the default device
+(e.g. 8GiB, 512MB, 1073741824); default: the device's available memory.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var limit uint64
+			if maxMemory != "" {
+				var err error
+				if limit, err = humanize.ParseBytes(maxMemory); err != nil || limit > 1<<62 {
+					return fmt.Errorf("--max-memory %q: not a byte size (e.g. 8GiB, 512MB, 1073741824)", maxMemory)
+				}
+			}
+			return runMount(args[0], device, int64(limit), fs.Options{AllowOther: allowOther, Debug: debug})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&device, "device", "auto", "default device: auto, host or cuda:N")
+	f.StringVar(&maxMemory, "max-memory", "", "cap on allocated bytes (default: available memory)")
+	f.BoolVar(&allowOther, "allow-other", false, "let other users access the mount (FUSE allow_other)")
+	f.BoolVar(&debug, "debug", false, "log every FUSE request")
+	return cmd
+}
+
+// openDevices resolves --device to the default device and the others served.
+func openDevices(device string, limit int64) ([]gpu.Device, error) {
+	switch device {
+	case "auto":
+		// The CUDA backend is not built yet: auto is host until it is.
+		log.Printf("device auto: no CUDA backend in this build; using host memory")
+		device = gpu.HostName
+	case gpu.HostName:
+	default:
+		return nil, fmt.Errorf("--device %q: %w (this build serves host; auto picks it)", device, gpu.ErrNoDevice)
+	}
+	h, err := gpu.NewHost(limit)
+	if err != nil {
+		return nil, err
+	}
+	return []gpu.Device{h}, nil
+}
+
+func runMount(mountpoint, device string, limit int64, o fs.Options) error {
+	st, err := os.Stat(mountpoint)
+	if err != nil && !errors.Is(err, syscall.ENOTCONN) {
+		return fmt.Errorf("mountpoint: %w", err)
+	}
+	if err == nil && !st.IsDir() {
+		return fmt.Errorf("mountpoint %s is not a directory", mountpoint)
+	}
+	devs, err := openDevices(device, limit)
+	if err != nil {
+		return err
+	}
+	store, err := tensor.NewStore(tensor.Config{Devices: devs})
+	if err != nil {
+		return err
+	}
+	srv, err := fs.Mount(mountpoint, store, o)
+	if err != nil {
+		return err
+	}
+	mi := devs[0].MemInfo()
+	log.Printf("mounted %s: default device %s, capacity %s", mountpoint, devs[0].Name(), humanize.IBytes(uint64(mi.Total)))
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { srv.Wait(); close(done) }()
+	select {
+	case s := <-sig:
+		log.Printf("%v: unmounting %s", s, mountpoint)
+		if err := srv.Unmount(); err != nil {
+			log.Printf("unmount: %v; detaching", err)
+			syscall.Unmount(mountpoint, syscall.MNT_DETACH)
+		}
+		<-done
+	case <-done:
+		log.Printf("%s was unmounted", mountpoint)
+	}
+	store.Close()
+	for _, d := range devs {
+		d.Close()
+	}
+	return nil
+}
+
+func newUnmountCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "unmount MOUNTPOINT",
+		Short: "Unmount a tensor filesystem (the daemon then frees everything and exits 0)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			err := syscall.Unmount(args[0], 0)
+			if err == syscall.EBUSY {
+				return fmt.Errorf("unmount %s: busy (a process has files open there)", args[0])
+			}
+			if err != nil {
+				// Not root: fusermount3 unmounts our own FUSE mounts.
+				if out, ferr := runFusermount(args[0]); ferr != nil {
+					return fmt.Errorf("unmount %s: %v; fusermount3: %s", args[0], err, out)
+				}
+			}
+			return nil
+		},
+	}
+}

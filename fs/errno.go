@@ -1,0 +1,53 @@
+package fs
+
+import (
+	"errors"
+	"log"
+	"syscall"
+
+	"github.com/tensorfs/tensorfs/gpu"
+	"github.com/tensorfs/tensorfs/ipc"
+	"github.com/tensorfs/tensorfs/mr"
+	"github.com/tensorfs/tensorfs/tensor"
+)
+
+// errnoMap is the one mapping from the domain packages' sentinel errors to the
+// errno a FUSE caller sees. Order matters where an error wraps two sentinels
+// (an unknown device is both tensor.ErrInvalid and gpu.ErrNoDevice).
+var errnoMap = []struct {
+	err   error
+	errno syscall.Errno
+}{
+	{tensor.ErrInvalid, syscall.EINVAL},
+	{gpu.ErrNoDevice, syscall.EINVAL},
+	{gpu.ErrInvalidSize, syscall.EINVAL},
+	{tensor.ErrTooLarge, syscall.EFBIG},
+	{gpu.ErrOutOfMemory, syscall.ENOSPC},
+	{tensor.ErrBusy, syscall.EBUSY},
+	{tensor.ErrNoData, syscall.ENODATA},
+	{tensor.ErrReleased, syscall.ESTALE},
+	{ipc.ErrRevoked, syscall.ESTALE},
+	{mr.ErrNotFound, syscall.ENOENT},
+	{ipc.ErrNotFound, syscall.ENOENT},
+	{gpu.ErrNoDriver, syscall.EIO},
+}
+
+// toErrno maps err to an errno; op names the operation for the log. Unknown
+// errors are logged and become EIO (never go-fuse's generic ENOSYS, which would
+// make the kernel stop sending the operation for the life of the mount).
+func toErrno(op string, err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) && errno != syscall.ENOSYS && errno != 0 {
+		return errno
+	}
+	for _, m := range errnoMap {
+		if errors.Is(err, m.err) {
+			return m.errno
+		}
+	}
+	log.Printf("%s: %v (EIO)", op, err)
+	return syscall.EIO
+}

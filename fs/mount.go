@@ -1,0 +1,87 @@
+package fs
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/tensorfs/tensorfs/tensor"
+)
+
+// MaxWrite is the largest FUSE read/write request, in bytes: just under 1 MiB,
+// because a request of exactly 1 MiB (plus its header) no longer fits go-fuse's
+// splice pipe and logs a warning on every request.
+const MaxWrite = 1<<20 - 4096
+
+// Options configures a mount.
+type Options struct {
+	// AllowOther lets users other than the mounter use the mount (FUSE
+	// allow_other); off by default.
+	AllowOther bool
+	// Debug logs every FUSE request.
+	Debug bool
+	// FSName is the source shown in /proc/mounts (default "tensorfs").
+	FSName string
+}
+
+// NewRoot returns the root directory of a tensor tree over store.
+func NewRoot(store *tensor.Store) *Dir {
+	f := &FS{store: store}
+	f.root = &Dir{fsys: f}
+	f.root.meta.init(context.Background(), 0o755)
+	return f.root
+}
+
+// Mount mounts a tensor tree over store at dir and returns the server once the
+// kernel has answered INIT. As root it mounts with mount(2) directly, else
+// through fusermount3. A stale mount left at dir (a killed daemon's: "transport
+// endpoint is not connected") is lazily unmounted first. Attribute and entry
+// timeouts are 0, so stat always shows the current size.
+func Mount(dir string, store *tensor.Store, o Options) (*fuse.Server, error) {
+	CleanStale(dir)
+	zero := time.Duration(0)
+	name := o.FSName
+	if name == "" {
+		name = "tensorfs"
+	}
+	opts := &gofs.Options{
+		EntryTimeout:    &zero,
+		AttrTimeout:     &zero,
+		NegativeTimeout: &zero,
+		MountOptions: fuse.MountOptions{
+			AllowOther:        o.AllowOther,
+			Debug:             o.Debug,
+			FsName:            name,
+			Name:              "tensorfs",
+			MaxWrite:          MaxWrite,
+			DirectMount:       os.Geteuid() == 0,
+			Options:           []string{"default_permissions"},
+			ExtraCapabilities: fuse.CAP_DIRECT_IO_ALLOW_MMAP,
+			MaxBackground:     64,
+		},
+	}
+	root := NewRoot(store)
+	srv, err := gofs.Mount(dir, root, opts)
+	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", dir, err)
+	}
+	return srv, nil
+}
+
+// CleanStale lazily unmounts dir when it is a dead FUSE mount (stat fails with
+// ENOTCONN) or any mount of ours; it does nothing to an ordinary directory.
+func CleanStale(dir string) {
+	var st syscall.Stat_t
+	err := syscall.Stat(dir, &st)
+	if err == syscall.ENOTCONN || err == syscall.ECONNABORTED || (err == nil && isMountpoint(dir)) {
+		if syscall.Unmount(dir, syscall.MNT_DETACH) != nil {
+			// Not root: ask fusermount3, which may unmount our own mounts.
+			_ = runQuiet("fusermount3", "-u", "-z", dir)
+		}
+	}
+}

@@ -1,0 +1,40 @@
+package fs
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// Create implements gofs.NodeCreater: the tensor is allocated and registered at
+// once when the directory's template has a shape, else it starts empty.
+func (d *Dir) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if errno := checkName(name); errno != 0 {
+		return nil, nil, 0, errno
+	}
+	if mode&syscall.S_IFMT != 0 && mode&syscall.S_IFMT != syscall.S_IFREG {
+		return nil, nil, 0, syscall.EPERM
+	}
+	if d.GetChild(name) != nil {
+		return nil, nil, 0, syscall.EEXIST
+	}
+	t, err := d.fsys.store.New(d.template())
+	if err != nil {
+		return nil, nil, 0, toErrno(fmt.Sprintf("create %s", name), err)
+	}
+	f := &File{fsys: d.fsys, t: t}
+	f.meta.init(ctx, mode)
+	in := d.NewPersistentInode(ctx, f, gofs.StableAttr{Mode: syscall.S_IFREG})
+	fh, fuseFlags, errno := f.Open(ctx, flags)
+	if errno != 0 {
+		t.Unlink()
+		return nil, nil, 0, errno
+	}
+	var a fuse.AttrOut
+	f.Getattr(ctx, fh, &a)
+	out.Attr = a.Attr
+	return in, fh, fuseFlags, 0
+}

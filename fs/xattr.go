@@ -1,0 +1,330 @@
+package fs
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/tensorfs/tensorfs/tensor"
+)
+
+// XattrPrefix is the namespace of tensorfs's own extended attributes.
+const XattrPrefix = "user.tensorfs."
+
+// maxUserXattr is the largest value of an ordinary user.* attribute, in bytes
+// (Linux's XATTR_SIZE_MAX).
+const maxUserXattr = 64 << 10
+
+// Flags of setxattr(2), from linux/xattr.h.
+const (
+	xattrCreate  = 1
+	xattrReplace = 2
+)
+
+// actions are the write-only attributes that start an operation. The copy and
+// register actions arrive with the peer and IPC work; until then they are
+// ENOTSUP on the nodes they apply to.
+var actions = map[string]struct{ file, dir, rootOnly bool }{
+	"copy_to":   {file: true, dir: true},
+	"copy_from": {file: true, dir: true},
+	"register":  {file: true},
+	"batch":     {dir: true, rootOnly: true},
+}
+
+// fileAttrs are the readable tensorfs attributes of a tensor file, in listing
+// order.
+var fileAttrs = []string{"dtype", "shape", "device", "nbytes", "generation", "mr_id", "ipc_id", "ipc_handle", "ipc_offset"}
+
+// readOnly are attributes that can be read but never set (EPERM).
+var readOnly = map[string]bool{"mr_id": true, "ipc_id": true, "ipc_handle": true, "ipc_offset": true, "nbytes": true, "generation": true, "stats": true}
+
+// xattrReply answers a getxattr/listxattr: a size-0 probe or a short buffer
+// gets (length, ERANGE), which go-fuse turns into the length for probes.
+func xattrReply(dest, val []byte) (uint32, syscall.Errno) {
+	if len(dest) < len(val) {
+		return uint32(len(val)), syscall.ERANGE
+	}
+	return uint32(copy(dest, val)), 0
+}
+
+// fileAttr returns a tensor file's tensorfs attribute, or ENODATA when it does
+// not exist (yet).
+func (f *File) fileAttr(name string) (string, syscall.Errno) {
+	in := f.t.Info()
+	switch name {
+	case "dtype":
+		if in.DType != "" {
+			return string(in.DType), 0
+		}
+	case "shape":
+		if in.Shape != nil {
+			return in.Shape.String(), 0
+		}
+	case "device":
+		return in.Device, 0
+	case "nbytes":
+		return strconv.FormatInt(in.Size, 10), 0
+	case "generation":
+		return strconv.FormatUint(in.Generation, 10), 0
+	case "mr_id":
+		if in.Allocated {
+			return strconv.FormatUint(in.MRID, 10), 0
+		}
+	case "ipc_id":
+		if in.Allocated {
+			return strconv.FormatUint(in.IPCID, 10), 0
+		}
+	case "ipc_handle":
+		if in.Allocated {
+			return in.IPCHandle, 0
+		}
+	case "ipc_offset":
+		if in.Allocated {
+			return strconv.FormatInt(in.IPCOffset, 10), 0
+		}
+	}
+	return "", syscall.ENODATA
+}
+
+// Getxattr implements gofs.NodeGetxattrer. The kernel has checked read
+// permission on the file (so ipc_handle, a capability, needs it).
+func (f *File) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	name, ok := strings.CutPrefix(attr, XattrPrefix)
+	if !ok {
+		return f.meta.getUser(attr, dest)
+	}
+	v, errno := f.fileAttr(name)
+	if errno != 0 {
+		return 0, errno
+	}
+	return xattrReply(dest, []byte(v))
+}
+
+// Setxattr implements gofs.NodeSetxattrer.
+func (f *File) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	name, ok := strings.CutPrefix(attr, XattrPrefix)
+	if !ok {
+		return f.meta.setUser(attr, data, flags)
+	}
+	val := string(data)
+	var err error
+	switch name {
+	case "dtype":
+		err = f.t.SetDType(val)
+	case "shape":
+		err = f.t.SetShape(val)
+	case "device":
+		err = f.t.SetDevice(val)
+	default:
+		return actionOrReadOnly(name, true, false)
+	}
+	if err != nil {
+		return toErrno("setxattr "+attr, err)
+	}
+	f.meta.touch()
+	return 0
+}
+
+// actionOrReadOnly answers a set of a tensorfs attribute that is neither
+// dtype, shape nor device.
+func actionOrReadOnly(name string, isFile, isRoot bool) syscall.Errno {
+	if a, ok := actions[name]; ok {
+		if isFile && !a.file || !isFile && !a.dir || a.rootOnly && !isRoot {
+			return syscall.EINVAL
+		}
+		return syscall.ENOTSUP
+	}
+	if readOnly[name] {
+		return syscall.EPERM
+	}
+	return syscall.EINVAL
+}
+
+// Listxattr implements gofs.NodeListxattrer: the readable attributes that
+// exist now, then the ordinary user ones.
+func (f *File) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	var b []byte
+	for _, n := range fileAttrs {
+		if _, errno := f.fileAttr(n); errno == 0 {
+			b = append(append(b, XattrPrefix+n...), 0)
+		}
+	}
+	return xattrReply(dest, f.meta.listUser(b))
+}
+
+// Removexattr implements gofs.NodeRemovexattrer: tensorfs attributes of a file
+// cannot be removed (EPERM).
+func (f *File) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	if strings.HasPrefix(attr, XattrPrefix) {
+		return syscall.EPERM
+	}
+	return f.meta.removeUser(attr)
+}
+
+// dirAttr returns a directory's tensorfs attribute or ENODATA.
+func (d *Dir) dirAttr(name string) ([]byte, syscall.Errno) {
+	t := d.template()
+	switch name {
+	case "dtype":
+		if t.DType != "" {
+			return []byte(t.DType), 0
+		}
+	case "shape":
+		if t.Shape != nil {
+			return []byte(t.Shape.String()), 0
+		}
+	case "device":
+		if t.Device != "" {
+			return []byte(t.Device), 0
+		}
+	case "stats":
+		if d.isRoot() {
+			return d.fsys.statsJSON(), 0
+		}
+	}
+	return nil, syscall.ENODATA
+}
+
+// Getxattr implements gofs.NodeGetxattrer.
+func (d *Dir) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	name, ok := strings.CutPrefix(attr, XattrPrefix)
+	if !ok {
+		return d.meta.getUser(attr, dest)
+	}
+	v, errno := d.dirAttr(name)
+	if errno != 0 {
+		return 0, errno
+	}
+	return xattrReply(dest, v)
+}
+
+// Setxattr implements gofs.NodeSetxattrer: dtype, shape and device set the
+// template (validated together, so a bad value changes nothing).
+func (d *Dir) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	name, ok := strings.CutPrefix(attr, XattrPrefix)
+	if !ok {
+		return d.meta.setUser(attr, data, flags)
+	}
+	d.tmplMu.Lock()
+	defer d.tmplMu.Unlock()
+	t := d.tmpl
+	var err error
+	switch name {
+	case "dtype":
+		t.DType, err = tensor.ParseDType(string(data))
+	case "shape":
+		t.Shape, err = tensor.ParseShape(string(data))
+	case "device":
+		var dev interface{ Name() string }
+		if dev, err = d.fsys.store.Device(string(data)); err == nil {
+			t.Device = dev.Name()
+		}
+	default:
+		return actionOrReadOnly(name, false, d.isRoot())
+	}
+	if err == nil && t.Shape != nil {
+		dt := t.DType
+		if dt == "" {
+			dt = "U8"
+		}
+		_, err = tensor.NBytes(dt, t.Shape)
+	}
+	if err != nil {
+		return toErrno("setxattr "+attr, err)
+	}
+	d.tmpl = t
+	return 0
+}
+
+// Listxattr implements gofs.NodeListxattrer.
+func (d *Dir) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	var b []byte
+	for _, n := range []string{"dtype", "shape", "device", "stats"} {
+		if _, errno := d.dirAttr(n); errno == 0 {
+			b = append(append(b, XattrPrefix+n...), 0)
+		}
+	}
+	return xattrReply(dest, d.meta.listUser(b))
+}
+
+// Removexattr implements gofs.NodeRemovexattrer: a directory's template
+// attributes can be removed; other tensorfs attributes cannot (EPERM).
+func (d *Dir) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	name, ok := strings.CutPrefix(attr, XattrPrefix)
+	if !ok {
+		return d.meta.removeUser(attr)
+	}
+	d.tmplMu.Lock()
+	defer d.tmplMu.Unlock()
+	switch {
+	case name == "dtype" && d.tmpl.DType != "":
+		d.tmpl.DType = ""
+	case name == "shape" && d.tmpl.Shape != nil:
+		d.tmpl.Shape = nil
+	case name == "device" && d.tmpl.Device != "":
+		d.tmpl.Device = ""
+	case name == "dtype" || name == "shape" || name == "device":
+		return syscall.ENODATA
+	default:
+		return syscall.EPERM
+	}
+	return 0
+}
+
+// getUser reads an ordinary attribute. Other namespaces (security., trusted.,
+// system.) hold nothing here: ENODATA.
+func (m *meta) getUser(attr string, dest []byte) (uint32, syscall.Errno) {
+	m.mu.Lock()
+	v, ok := m.xattrs[attr]
+	m.mu.Unlock()
+	if !ok {
+		return 0, syscall.ENODATA
+	}
+	return xattrReply(dest, v)
+}
+
+// setUser stores an ordinary user.* attribute, honouring XATTR_CREATE and
+// XATTR_REPLACE; other namespaces are EOPNOTSUPP.
+func (m *meta) setUser(attr string, data []byte, flags uint32) syscall.Errno {
+	if !strings.HasPrefix(attr, "user.") {
+		return syscall.EOPNOTSUPP
+	}
+	if len(data) > maxUserXattr {
+		return syscall.E2BIG
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, exists := m.xattrs[attr]
+	if flags&xattrCreate != 0 && exists {
+		return syscall.EEXIST
+	}
+	if flags&xattrReplace != 0 && !exists {
+		return syscall.ENODATA
+	}
+	if m.xattrs == nil {
+		m.xattrs = map[string][]byte{}
+	}
+	m.xattrs[attr] = append([]byte(nil), data...)
+	return 0
+}
+
+func (m *meta) removeUser(attr string) syscall.Errno {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.xattrs[attr]; !ok {
+		return syscall.ENODATA
+	}
+	delete(m.xattrs, attr)
+	return 0
+}
+
+// listUser appends the ordinary attribute names, NUL-terminated, to b.
+func (m *meta) listUser(b []byte) []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for n := range m.xattrs {
+		b = append(append(b, n...), 0)
+	}
+	return b
+}

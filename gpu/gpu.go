@@ -1,0 +1,123 @@
+// Package gpu is tensorfs's device-memory layer: one Device interface for every
+// backend (host memory from memfd today, CUDA device memory through the driver API),
+// each allocation a Buffer that can be read, written, copied and exported to other
+// processes. It knows nothing of FUSE and returns ordinary errors.
+package gpu
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors returned (wrapped) by every backend; match them with errors.Is.
+var (
+	// ErrOutOfMemory: the allocation does not fit the device's capacity or the
+	// --max-memory cap. The filesystem maps it to ENOSPC.
+	ErrOutOfMemory = errors.New("out of device memory")
+	// ErrInvalidSize: a size or offset that is negative, zero where a size is
+	// needed, or outside the buffer. The filesystem maps it to EINVAL.
+	ErrInvalidSize = errors.New("invalid size or offset")
+	// ErrNoDevice: a device name that no backend of this daemon serves
+	// (e.g. "cuda:7" on a host with one GPU). The filesystem maps it to EINVAL.
+	ErrNoDevice = errors.New("no such device")
+	// ErrNoDriver: the backend's driver library (libcuda.so.1) is not present.
+	ErrNoDriver = errors.New("device driver not available")
+	// ErrFreed: the buffer was already freed.
+	ErrFreed = errors.New("buffer already freed")
+)
+
+// MemInfo is a device's memory as tensorfs sees it, in bytes.
+type MemInfo struct {
+	// Total is the capacity tensorfs may use: the device's memory, or the
+	// --max-memory cap when that is smaller.
+	Total int64
+	// Used is the bytes tensorfs holds on the device now (allocations, not
+	// tensor sizes). It is 0 when nothing is allocated.
+	Used int64
+}
+
+// Device is one memory device: "host" or "cuda:N". Implementations are safe for
+// concurrent use.
+type Device interface {
+	// Name is the device's canonical name, as written in the device xattr.
+	Name() string
+	// Alloc returns a zeroed buffer of exactly nbytes (> 0) bytes whose memory is
+	// committed now, so running out is ErrOutOfMemory here, never a fault later.
+	// Errors: ErrInvalidSize for nbytes <= 0, ErrOutOfMemory.
+	Alloc(nbytes int64) (Buffer, error)
+	// MemInfo reports capacity and use, in bytes.
+	MemInfo() MemInfo
+	// Close frees what the device itself holds (caches, pools, contexts). Buffers
+	// must be freed first.
+	Close() error
+}
+
+// Buffer is one committed allocation on a device.
+type Buffer interface {
+	// ID identifies the allocation; unique for the process's life, never reused.
+	ID() uint64
+	// Device is the device that owns the buffer.
+	Device() Device
+	// Size is the allocation's length in bytes.
+	Size() int64
+	// Addr is the allocation's base address in the device's address space (a
+	// host virtual address for host memory, a CUdeviceptr for CUDA), for memory
+	// region registration.
+	Addr() uintptr
+	// ReadAt copies len(p) bytes at byte offset off into p. It fails with
+	// ErrInvalidSize when [off, off+len(p)) is not inside the buffer.
+	ReadAt(p []byte, off int64) (int, error)
+	// WriteAt copies p to byte offset off, with the same bounds as ReadAt.
+	WriteAt(p []byte, off int64) (int, error)
+	// Zero sets n bytes at off to 0.
+	Zero(off, n int64) error
+	// Handle is the IPC handle another process opens to map this allocation:
+	// "memfd:/proc/PID/fd/N" for host memory, "cuda:" + 128 hex digits for CUDA.
+	Handle() string
+	// Free releases the memory. A second Free returns ErrFreed.
+	Free() error
+}
+
+// Copy copies n bytes from src at srcOff to dst at dstOff, device to device
+// where both sides allow it. Errors: ErrInvalidSize for ranges outside either
+// buffer, or whatever the backend reports.
+func Copy(dst Buffer, dstOff int64, src Buffer, srcOff int64, n int64) error {
+	if n < 0 || srcOff < 0 || dstOff < 0 || srcOff+n > src.Size() || dstOff+n > dst.Size() {
+		return fmt.Errorf("copy %d bytes from %d/%d to %d/%d: %w", n, srcOff, src.Size(), dstOff, dst.Size(), ErrInvalidSize)
+	}
+	if n == 0 {
+		return nil
+	}
+	if c, ok := dst.(copierFrom); ok {
+		if done, err := c.copyFrom(dstOff, src, srcOff, n); done {
+			return err
+		}
+	}
+	// Generic path: stage through host memory in bounded chunks.
+	const chunk = 4 << 20
+	tmp := make([]byte, min(n, chunk))
+	for done := int64(0); done < n; {
+		m := min(n-done, int64(len(tmp)))
+		if _, err := src.ReadAt(tmp[:m], srcOff+done); err != nil {
+			return err
+		}
+		if _, err := dst.WriteAt(tmp[:m], dstOff+done); err != nil {
+			return err
+		}
+		done += m
+	}
+	return nil
+}
+
+// copierFrom is implemented by buffers that have a direct path from some
+// sources; done=false means "not from this source, use the generic path".
+type copierFrom interface {
+	copyFrom(dstOff int64, src Buffer, srcOff, n int64) (done bool, err error)
+}
+
+func checkRange(size, off, n int64) error {
+	if off < 0 || n < 0 || off > size || n > size-off {
+		return fmt.Errorf("range [%d, +%d) of a %d-byte buffer: %w", off, n, size, ErrInvalidSize)
+	}
+	return nil
+}

@@ -1,0 +1,204 @@
+// Package mr is the memory-region registry: every range of device memory that
+// tensorfs exposes for transfer is registered here as a memory region (MR) with an
+// id that is never reused and a remote key (rkey). Any (addr, len) inside a region
+// resolves to it through an interval index, so views and slices of a tensor find
+// their MR. Pins keep a region alive while a transfer uses it: deregistration
+// removes the region from lookups at once, but its release callback (which frees
+// the memory) runs only after the last pin is dropped.
+//
+// The package knows nothing of FUSE or devices; the Registry is safe for
+// concurrent use.
+package mr
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+)
+
+// Sentinel errors; match with errors.Is.
+var (
+	// ErrNotFound: no live region has that id, or contains that range.
+	ErrNotFound = errors.New("memory region not found")
+	// ErrOverlap: the range overlaps a region that is already registered.
+	ErrOverlap = errors.New("memory region overlaps a registered one")
+	// ErrInvalid: a zero length or a range that wraps the address space.
+	ErrInvalid = errors.New("invalid memory region")
+)
+
+// Region is one registered memory region. Its fields never change after
+// Register.
+type Region struct {
+	// ID is unique for the registry's life, starting at 1, never reused.
+	ID uint64
+	// Key is the remote key (rkey) a peer presents to access the region.
+	Key uint32
+	// Device names the device the memory lives on ("host", "cuda:0").
+	Device string
+	// Addr is the region's first byte in the device's address space.
+	Addr uintptr
+	// Len is the region's length in bytes (> 0).
+	Len uint64
+}
+
+// Contains reports whether [addr, addr+n) lies inside the region.
+func (r *Region) Contains(addr uintptr, n uint64) bool {
+	return addr >= r.Addr && n <= r.Len && uint64(addr-r.Addr) <= r.Len-n
+}
+
+type entry struct {
+	*Region
+	pins     int
+	dead     bool   // deregistered; no new pins
+	released func() // runs once, when dead and unpinned
+}
+
+// Registry holds the live regions of one daemon.
+type Registry struct {
+	mu     sync.Mutex
+	nextID uint64
+	byID   map[uint64]*entry
+	// byAddr holds the live regions of each device sorted by Addr; they never
+	// overlap, so a binary search finds the only candidate for a lookup.
+	byAddr map[string][]*entry
+	pins   int
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	return &Registry{byID: map[uint64]*entry{}, byAddr: map[string][]*entry{}}
+}
+
+// Register records [addr, addr+length) on device as a new region. Errors:
+// ErrInvalid for length 0 or a wrapping range, ErrOverlap when the range overlaps
+// a live region of the same device.
+func (r *Registry) Register(device string, addr uintptr, length uint64) (*Region, error) {
+	if length == 0 || uint64(addr)+length < uint64(addr) {
+		return nil, fmt.Errorf("register [%#x, +%d): %w", addr, length, ErrInvalid)
+	}
+	var kb [4]byte
+	if _, err := rand.Read(kb[:]); err != nil {
+		return nil, fmt.Errorf("rkey: %w", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	list := r.byAddr[device]
+	i := sort.Search(len(list), func(i int) bool { return list[i].Addr >= addr })
+	if i < len(list) && uint64(list[i].Addr) < uint64(addr)+length {
+		return nil, fmt.Errorf("register [%#x, +%d) on %s: %w (mr %d)", addr, length, device, ErrOverlap, list[i].ID)
+	}
+	if i > 0 && uint64(list[i-1].Addr)+list[i-1].Len > uint64(addr) {
+		return nil, fmt.Errorf("register [%#x, +%d) on %s: %w (mr %d)", addr, length, device, ErrOverlap, list[i-1].ID)
+	}
+	r.nextID++
+	e := &entry{Region: &Region{ID: r.nextID, Key: binary.LittleEndian.Uint32(kb[:]), Device: device, Addr: addr, Len: length}}
+	list = append(list, nil)
+	copy(list[i+1:], list[i:])
+	list[i] = e
+	r.byAddr[device] = list
+	r.byID[e.ID] = e
+	return e.Region, nil
+}
+
+// Get returns the live region with this id, or ErrNotFound.
+func (r *Registry) Get(id uint64) (*Region, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.byID[id]
+	if !ok || e.dead {
+		return nil, fmt.Errorf("mr %d: %w", id, ErrNotFound)
+	}
+	return e.Region, nil
+}
+
+// Lookup returns the live region of device that contains [addr, addr+n), or
+// ErrNotFound.
+func (r *Registry) Lookup(device string, addr uintptr, n uint64) (*Region, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	list := r.byAddr[device]
+	// The candidate is the last region starting at or before addr.
+	i := sort.Search(len(list), func(i int) bool { return list[i].Addr > addr }) - 1
+	if i >= 0 && list[i].Contains(addr, n) {
+		return list[i].Region, nil
+	}
+	return nil, fmt.Errorf("[%#x, +%d) on %s: %w", addr, n, device, ErrNotFound)
+}
+
+// Pin keeps region id from being released until the returned unpin is called
+// (exactly once; later calls do nothing). Errors: ErrNotFound when the region is
+// unknown or already deregistered.
+func (r *Registry) Pin(id uint64) (unpin func(), err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.byID[id]
+	if !ok || e.dead {
+		return nil, fmt.Errorf("pin mr %d: %w", id, ErrNotFound)
+	}
+	e.pins++
+	r.pins++
+	var once sync.Once
+	return func() { once.Do(func() { r.unpin(e) }) }, nil
+}
+
+func (r *Registry) unpin(e *entry) {
+	r.mu.Lock()
+	e.pins--
+	r.pins--
+	var release func()
+	if e.dead && e.pins == 0 {
+		release = r.drop(e)
+	}
+	r.mu.Unlock()
+	if release != nil {
+		release()
+	}
+}
+
+// Deregister removes region id from lookups at once and calls released (may be
+// nil) when no pin holds it any more: immediately, on this goroutine, if it is
+// unpinned, else from the last unpin. Errors: ErrNotFound.
+func (r *Registry) Deregister(id uint64, released func()) error {
+	r.mu.Lock()
+	e, ok := r.byID[id]
+	if !ok || e.dead {
+		r.mu.Unlock()
+		return fmt.Errorf("deregister mr %d: %w", id, ErrNotFound)
+	}
+	e.dead = true
+	e.released = released
+	list := r.byAddr[e.Device]
+	i := sort.Search(len(list), func(i int) bool { return list[i].Addr >= e.Addr })
+	r.byAddr[e.Device] = append(list[:i], list[i+1:]...)
+	if len(r.byAddr[e.Device]) == 0 {
+		delete(r.byAddr, e.Device)
+	}
+	var release func()
+	if e.pins == 0 {
+		release = r.drop(e)
+	}
+	r.mu.Unlock()
+	if release != nil {
+		release()
+	}
+	return nil
+}
+
+// drop forgets a dead, unpinned entry and returns its callback. r.mu is held.
+func (r *Registry) drop(e *entry) func() {
+	delete(r.byID, e.ID)
+	f := e.released
+	e.released = nil
+	return f
+}
+
+// Stats returns the number of regions not yet released (live, or deregistered
+// but still pinned) and the number of pins held.
+func (r *Registry) Stats() (regions, pins int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.byID), r.pins
+}

@@ -1,0 +1,129 @@
+package tensor
+
+import (
+	"fmt"
+	"math/bits"
+	"strconv"
+	"strings"
+)
+
+// DType is a canonical safetensors dtype name ("F32", "BF16", ...).
+type DType string
+
+// dtypeBits is the element size in bits of every dtype the safetensors format
+// defines (safetensors' Dtype enum, including its sub-byte float types).
+var dtypeBits = map[DType]int{
+	"BOOL": 8, "U8": 8, "I8": 8, "U16": 16, "I16": 16, "U32": 32, "I32": 32,
+	"U64": 64, "I64": 64, "F16": 16, "BF16": 16, "F32": 32, "F64": 64,
+	"F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+	"C64": 64,
+}
+
+// dtypeAliases maps torch and numpy spellings (lower case, prefix stripped) to
+// the canonical names.
+var dtypeAliases = map[string]DType{
+	"bool": "BOOL", "bool_": "BOOL", "b1": "BOOL",
+	"uint8": "U8", "u1": "U8", "int8": "I8", "i1": "I8",
+	"uint16": "U16", "u2": "U16", "int16": "I16", "short": "I16", "i2": "I16",
+	"uint32": "U32", "u4": "U32", "int32": "I32", "int": "I32", "i4": "I32", "intc": "I32",
+	"uint64": "U64", "u8": "U64", "int64": "I64", "long": "I64", "i8": "I64",
+	"float16": "F16", "half": "F16", "f2": "F16",
+	"bfloat16": "BF16",
+	"float32": "F32", "float": "F32", "f4": "F32", "single": "F32",
+	"float64": "F64", "double": "F64", "f8": "F64",
+	"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0",
+	"complex64": "C64", "cfloat": "C64", "c8": "C64",
+}
+
+// ParseDType accepts a safetensors dtype name in any case ("F32", "bf16") or a
+// torch/numpy spelling ("float32", "torch.bfloat16", "np.int64", "<f4") and
+// returns the canonical name. Errors: ErrInvalid for anything else.
+func ParseDType(s string) (DType, error) {
+	t := strings.TrimSpace(s)
+	if d := DType(strings.ToUpper(t)); dtypeBits[d] != 0 {
+		return d, nil
+	}
+	l := strings.ToLower(t)
+	for _, p := range []string{"torch.", "numpy.", "np."} {
+		l = strings.TrimPrefix(l, p)
+	}
+	l = strings.TrimLeft(l, "<=|") // numpy byte-order marks; tensors are little-endian
+	if d, ok := dtypeAliases[l]; ok {
+		return d, nil
+	}
+	return "", fmt.Errorf("dtype %q: %w (want a safetensors name like F32, BF16, I64, or a torch/numpy one like float32)", s, ErrInvalid)
+}
+
+// Bits is the element size in bits (0 for an unknown dtype).
+func (d DType) Bits() int { return dtypeBits[d] }
+
+// Shape is a tensor's dimensions, outermost first; an empty Shape is a scalar.
+type Shape []int64
+
+// ParseShape accepts comma-separated non-negative decimal dims ("2,4,2"),
+// optionally in brackets or parentheses with spaces ("[2, 4, 2]", "(4,)"); ""
+// is a scalar. Errors: ErrInvalid.
+func ParseShape(s string) (Shape, error) {
+	t := strings.TrimSpace(s)
+	if len(t) >= 2 && (t[0] == '[' && t[len(t)-1] == ']' || t[0] == '(' && t[len(t)-1] == ')') {
+		t = strings.TrimSpace(t[1 : len(t)-1])
+	}
+	t = strings.TrimSuffix(t, ",")
+	if t == "" {
+		return Shape{}, nil
+	}
+	parts := strings.Split(t, ",")
+	sh := make(Shape, len(parts))
+	for i, p := range parts {
+		n, err := strconv.ParseInt(strings.TrimSpace(p), 10, 64)
+		if err != nil || n < 0 || n > MaxSize {
+			return nil, fmt.Errorf("shape %q: dim %q is not an integer in [0, %d]: %w", s, p, int64(MaxSize), ErrInvalid)
+		}
+		sh[i] = n
+	}
+	return sh, nil
+}
+
+// String is the canonical comma-separated form ("2,4,2"; "" for a scalar).
+func (s Shape) String() string {
+	parts := make([]string, len(s))
+	for i, d := range s {
+		parts[i] = strconv.FormatInt(d, 10)
+	}
+	return strings.Join(parts, ",")
+}
+
+// Elems is the number of elements; ok is false when it overflows MaxSize.
+func (s Shape) Elems() (n int64, ok bool) {
+	n = 1
+	for _, d := range s {
+		hi, lo := bits.Mul64(uint64(n), uint64(d))
+		if hi != 0 || lo > MaxSize {
+			return 0, false
+		}
+		n = int64(lo)
+	}
+	return n, true
+}
+
+// NBytes is prod(shape) * bits(dtype) / 8. Errors: ErrInvalid for an unknown
+// dtype or a sub-byte dtype whose total is not whole bytes, ErrTooLarge when the
+// result exceeds MaxSize.
+func NBytes(d DType, s Shape) (int64, error) {
+	b := d.Bits()
+	if b == 0 {
+		return 0, fmt.Errorf("dtype %q: %w", d, ErrInvalid)
+	}
+	n, ok := s.Elems()
+	if !ok {
+		return 0, fmt.Errorf("shape %s: %w", s, ErrTooLarge)
+	}
+	hi, lo := bits.Mul64(uint64(n), uint64(b))
+	if hi != 0 || lo/8 > MaxSize {
+		return 0, fmt.Errorf("shape %s of %s: %w", s, d, ErrTooLarge)
+	}
+	if lo%8 != 0 {
+		return 0, fmt.Errorf("shape %s of %s is %d bits, not whole bytes: %w", s, d, lo, ErrInvalid)
+	}
+	return int64(lo / 8), nil
+}

@@ -1,0 +1,218 @@
+// Package tensor is tensorfs's model of a tensor file, free of FUSE: a Store of
+// Tensors, each with a dtype, a shape, a size in bytes and, once sized, a device
+// allocation that is registered as a memory region (package mr) and exported for
+// IPC (package ipc) at the same moment, and deregistered, revoked and freed
+// together when the tensor is released (unlinked and its last handle closed).
+// The fs package is a thin FUSE adapter over it.
+package tensor
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tensorfs/tensorfs/gpu"
+	"github.com/tensorfs/tensorfs/ipc"
+	"github.com/tensorfs/tensorfs/mr"
+)
+
+// MaxSize is the largest tensor size in bytes (2^53): the largest integer a
+// JSON number (safetensors' data_offsets, the stats document) carries exactly.
+// Larger sizes fail with ErrTooLarge (EFBIG).
+const MaxSize = 1 << 53
+
+// Sentinel errors; match with errors.Is. The fs package maps each to one errno.
+var (
+	// ErrInvalid: a malformed value or one that contradicts the tensor (EINVAL).
+	ErrInvalid = errors.New("invalid argument")
+	// ErrTooLarge: a size past MaxSize (EFBIG).
+	ErrTooLarge = errors.New("size past the largest tensor size")
+	// ErrBusy: the change needs an unallocated tensor (EBUSY).
+	ErrBusy = errors.New("tensor is allocated")
+	// ErrNoData: the attribute does not exist yet, e.g. mr_id before allocation (ENODATA).
+	ErrNoData = errors.New("no such attribute yet")
+	// ErrReleased: the tensor was already released (ESTALE).
+	ErrReleased = errors.New("tensor released")
+)
+
+// Config configures a Store.
+type Config struct {
+	// Devices are the devices tensors may be placed on; the first one is the
+	// default device. At least one is needed.
+	Devices []gpu.Device
+	// RevokeTimeout bounds how long releasing a tensor waits for importers to
+	// drop their leases (default 10 s).
+	RevokeTimeout time.Duration
+}
+
+// Store owns every tensor of one daemon and the registries they are recorded in.
+type Store struct {
+	devs          map[string]gpu.Device
+	def           gpu.Device
+	revokeTimeout time.Duration
+
+	// MRs is the memory-region registry of every allocated tensor.
+	MRs *mr.Registry
+	// IPC is the export and lease registry of every allocated tensor.
+	IPC *ipc.Registry
+
+	mu   sync.Mutex
+	live map[*Tensor]struct{}
+}
+
+// NewStore returns an empty store over cfg's devices. Errors: ErrInvalid when
+// cfg has no device.
+func NewStore(cfg Config) (*Store, error) {
+	if len(cfg.Devices) == 0 {
+		return nil, fmt.Errorf("no device: %w", ErrInvalid)
+	}
+	s := &Store{
+		devs:          map[string]gpu.Device{},
+		def:           cfg.Devices[0],
+		revokeTimeout: cfg.RevokeTimeout,
+		MRs:           mr.NewRegistry(),
+		IPC:           ipc.NewRegistry(),
+		live:          map[*Tensor]struct{}{},
+	}
+	if s.revokeTimeout <= 0 {
+		s.revokeTimeout = 10 * time.Second
+	}
+	for _, d := range cfg.Devices {
+		s.devs[d.Name()] = d
+	}
+	return s, nil
+}
+
+// DefaultDevice is the device of tensors with no device set.
+func (s *Store) DefaultDevice() gpu.Device { return s.def }
+
+// Device resolves a device name ("host", "cuda:0", " CUDA:0 ") to a device of
+// this store. Errors: ErrInvalid (wrapping gpu.ErrNoDevice) for a malformed name
+// or a device this daemon does not serve.
+func (s *Store) Device(name string) (gpu.Device, error) {
+	n := strings.ToLower(strings.TrimSpace(name))
+	if rest, ok := strings.CutPrefix(n, "cuda:"); ok {
+		i, err := strconv.ParseUint(rest, 10, 16)
+		if err != nil {
+			return nil, fmt.Errorf("device %q: %w: %w", name, ErrInvalid, gpu.ErrNoDevice)
+		}
+		n = "cuda:" + strconv.FormatUint(i, 10)
+	}
+	d, ok := s.devs[n]
+	if !ok {
+		return nil, fmt.Errorf("device %q (this daemon serves %s): %w: %w", name, strings.Join(s.DeviceNames(), ", "), ErrInvalid, gpu.ErrNoDevice)
+	}
+	return d, nil
+}
+
+// DeviceNames lists the devices of the store, default first.
+func (s *Store) DeviceNames() []string {
+	names := []string{s.def.Name()}
+	for n := range s.devs {
+		if n != s.def.Name() {
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+// Template is what a directory's template xattrs say about the tensors created
+// in it. A zero Template creates empty, unallocated tensors.
+type Template struct {
+	// DType is the dtype; "" means unset (U8 when a shape allocates).
+	DType DType
+	// Shape is the shape; nil means unset (the tensor starts unallocated).
+	Shape Shape
+	// Device is the device name; "" means the store's default.
+	Device string
+}
+
+// New creates a tensor from a template, allocated and registered at once when
+// the template has a shape. The tensor starts linked (it has a name) with no
+// open handle. Errors: those of SetShape.
+func (s *Store) New(tmpl Template) (*Tensor, error) {
+	t := &Tensor{s: s, dtype: tmpl.DType, device: tmpl.Device, linked: true, handles: map[*Handle]struct{}{}}
+	if t.device == "" {
+		t.device = s.def.Name()
+	}
+	if tmpl.Shape != nil {
+		if err := t.setShapeLocked(tmpl.Shape); err != nil {
+			return nil, err
+		}
+	}
+	s.mu.Lock()
+	s.live[t] = struct{}{}
+	s.mu.Unlock()
+	return t, nil
+}
+
+// Stats counts what the store holds now.
+type Stats struct {
+	Tensors int   `json:"tensors"` // tensors not yet released
+	Regions int   `json:"regions"` // memory regions not yet released
+	Exports int   `json:"exports"` // IPC exports not yet revoked
+	Imports int   `json:"imports"` // IPC imports of other daemons' exports
+	Leases  int   `json:"leases"`  // leases held on this daemon's exports
+	Pins    int   `json:"pins"`    // pins held on memory regions
+	Bytes   int64 `json:"bytes"`   // bytes of device memory held, all devices
+}
+
+// Stats returns the live counts; all are 0 when nothing is allocated, open,
+// imported or in flight.
+func (s *Store) Stats() Stats {
+	var st Stats
+	s.mu.Lock()
+	st.Tensors = len(s.live)
+	s.mu.Unlock()
+	st.Regions, st.Pins = s.MRs.Stats()
+	st.Exports, st.Leases = s.IPC.Stats()
+	for _, d := range s.devs {
+		st.Bytes += d.MemInfo().Used
+	}
+	return st
+}
+
+// Close releases every tensor still alive, whatever its links and handles (at
+// unmount), so that all device memory is freed.
+func (s *Store) Close() {
+	s.mu.Lock()
+	all := make([]*Tensor, 0, len(s.live))
+	for t := range s.live {
+		all = append(all, t)
+	}
+	s.mu.Unlock()
+	for _, t := range all {
+		t.mu.Lock()
+		t.linked = false
+		for h := range t.handles {
+			h.dropLease()
+			delete(t.handles, h)
+		}
+		t.mu.Unlock()
+		t.maybeRelease()
+	}
+}
+
+// retire ends an allocation's registration: the IPC export is revoked (waiting,
+// bounded, for importers to let go), the MR deregistered, and the memory freed
+// once no pin holds the region.
+func (s *Store) retire(a *allocation) {
+	if a == nil {
+		return
+	}
+	if err := s.IPC.Revoke(a.export.ID, s.revokeTimeout); err != nil {
+		log.Printf("retire mr%d: %v", a.region.ID, err)
+	}
+	buf := a.buf
+	if err := s.MRs.Deregister(a.region.ID, func() {
+		if err := buf.Free(); err != nil {
+			log.Printf("free allocation %d on %s: %v", buf.ID(), buf.Device().Name(), err)
+		}
+	}); err != nil {
+		log.Printf("retire mr%d: %v", a.region.ID, err)
+	}
+}

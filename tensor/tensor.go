@@ -1,0 +1,455 @@
+package tensor
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/tensorfs/tensorfs/gpu"
+	"github.com/tensorfs/tensorfs/ipc"
+	"github.com/tensorfs/tensorfs/mr"
+)
+
+// allocation is one device buffer with its registration: they are created and
+// retired together.
+type allocation struct {
+	buf    gpu.Buffer
+	region *mr.Region
+	export *ipc.Export
+}
+
+// Tensor is one tensor file's data and metadata. Its methods are safe for
+// concurrent use.
+type Tensor struct {
+	s *Store
+
+	mu     sync.RWMutex
+	dtype  DType // "" until set; U8 once allocated without one
+	shape  Shape // nil until set or allocated
+	device string
+	size   int64       // nbytes, <= alloc.buf.Size()
+	alloc  *allocation // nil until the first sizing
+	gen    uint64      // bumped at every reallocation
+
+	linked   bool
+	handles  map[*Handle]struct{}
+	released bool
+}
+
+// Info is a snapshot of a tensor's metadata, for attributes and xattrs.
+type Info struct {
+	DType      DType  // "" when unset
+	Shape      Shape  // nil when unset
+	Device     string // canonical device name
+	Size       int64  // nbytes
+	Capacity   int64  // bytes allocated (>= Size), 0 when unallocated
+	Allocated  bool
+	MRID       uint64 // memory region id, when allocated
+	IPCID      uint64 // IPC export id, when allocated
+	IPCHandle  string // IPC handle of the whole allocation, when allocated
+	IPCOffset  int64  // offset of the tensor inside the exported allocation
+	Generation uint64 // number of reallocations so far
+	Linked     bool   // the tensor still has a name
+}
+
+// Info returns a consistent snapshot.
+func (t *Tensor) Info() Info {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	in := Info{DType: t.dtype, Shape: t.shape, Device: t.device, Size: t.size, Generation: t.gen, Linked: t.linked}
+	if a := t.alloc; a != nil {
+		in.Allocated = true
+		in.Capacity = a.buf.Size()
+		in.MRID = a.region.ID
+		in.IPCID = a.export.ID
+		in.IPCHandle = a.export.Handle
+		in.IPCOffset = a.export.Offset
+	}
+	return in
+}
+
+// Size is the tensor's size in bytes.
+func (t *Tensor) Size() int64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.size
+}
+
+// newAllocation allocates exactly n bytes on the tensor's device and registers
+// and exports them. t.mu is held.
+func (t *Tensor) newAllocation(n int64) (*allocation, error) {
+	dev, err := t.s.Device(t.device)
+	if err != nil {
+		return nil, err
+	}
+	buf, err := dev.Alloc(n)
+	if err != nil {
+		return nil, err
+	}
+	region, err := t.s.MRs.Register(dev.Name(), buf.Addr(), uint64(n))
+	if err != nil {
+		buf.Free()
+		return nil, fmt.Errorf("register %d bytes on %s: %w", n, dev.Name(), err)
+	}
+	exp := t.s.IPC.Export(buf.Handle(), buf.ID(), 0, n)
+	return &allocation{buf: buf, region: region, export: exp}, nil
+}
+
+// resize makes the allocation hold at least need bytes, allocating want (>=
+// need) when it must reallocate and falling back to need when want does not
+// fit. The kept bytes are copied, open handles move their leases to the new
+// export, the generation is bumped, and the old allocation is returned for
+// retirement after t.mu is dropped. t.mu is held.
+func (t *Tensor) resize(need, want int64) (old *allocation, err error) {
+	if need > MaxSize {
+		return nil, fmt.Errorf("%d bytes: %w", need, ErrTooLarge)
+	}
+	if t.alloc != nil && t.alloc.buf.Size() >= need {
+		return nil, nil
+	}
+	a, err := t.newAllocation(want)
+	if err != nil && want > need {
+		a, err = t.newAllocation(need)
+	}
+	if err != nil {
+		return nil, err
+	}
+	old = t.alloc
+	if old != nil {
+		if err := gpu.Copy(a.buf, 0, old.buf, 0, t.size); err != nil {
+			t.s.retire(a)
+			return nil, err
+		}
+		t.gen++
+	}
+	t.alloc = a
+	if t.dtype == "" {
+		t.dtype = "U8"
+	}
+	for h := range t.handles {
+		h.relase(t)
+	}
+	return old, nil
+}
+
+// setSize changes the size within the current allocation: bytes past the new
+// size are zeroed (so a later growth reads zeros), and the shape is refitted.
+// t.mu is held and the allocation holds n bytes.
+func (t *Tensor) setSize(n int64) error {
+	if n < t.size {
+		if err := t.alloc.buf.Zero(n, t.size-n); err != nil {
+			return err
+		}
+	}
+	t.size = n
+	t.dtype, t.shape = fitShape(t.dtype, t.shape, n)
+	return nil
+}
+
+// fitShape keeps the inner dims of shape and adjusts the outermost one so that
+// the tensor holds n bytes (appending rows); when that is impossible it becomes
+// 1-D of the dtype, or 1-D U8 when n is not whole elements.
+func fitShape(d DType, s Shape, n int64) (DType, Shape) {
+	if d == "" {
+		d = "U8"
+	}
+	if nb, err := NBytes(d, s); err == nil && nb == n && s != nil {
+		return d, s
+	}
+	if len(s) > 0 {
+		if row, err := NBytes(d, s[1:]); err == nil && row > 0 && n%row == 0 {
+			return d, append(Shape{n / row}, s[1:]...)
+		}
+	}
+	if b := int64(d.Bits()); (n*8)%b == 0 {
+		return d, Shape{n * 8 / b}
+	}
+	return "U8", Shape{n}
+}
+
+// Truncate sets the size to n bytes: an unallocated tensor (or one whose
+// allocation is too small) gets an allocation of exactly n bytes. Errors:
+// ErrInvalid (n < 0), ErrTooLarge, gpu.ErrOutOfMemory; on error nothing changed.
+func (t *Tensor) Truncate(n int64) error {
+	if n < 0 {
+		return fmt.Errorf("size %d: %w", n, ErrInvalid)
+	}
+	t.mu.Lock()
+	if t.released {
+		t.mu.Unlock()
+		return ErrReleased
+	}
+	if t.alloc == nil && n == 0 {
+		t.mu.Unlock()
+		return nil
+	}
+	old, err := t.resize(n, n)
+	if err == nil {
+		err = t.setSize(n)
+	}
+	t.mu.Unlock()
+	t.s.retire(old)
+	return err
+}
+
+// Allocate makes [off, off+n) allocated (fallocate): the allocation grows to
+// exactly off+n when it is smaller, and, unless keepSize, the size grows to
+// off+n. Errors: as Truncate.
+func (t *Tensor) Allocate(off, n int64, keepSize bool) error {
+	if off < 0 || n <= 0 {
+		return fmt.Errorf("fallocate [%d, +%d): %w", off, n, ErrInvalid)
+	}
+	end := off + n
+	if end < off || end > MaxSize {
+		return fmt.Errorf("fallocate to %d: %w", uint64(off)+uint64(n), ErrTooLarge)
+	}
+	t.mu.Lock()
+	if t.released {
+		t.mu.Unlock()
+		return ErrReleased
+	}
+	old, err := t.resize(end, end)
+	if err == nil && !keepSize && end > t.size {
+		err = t.setSize(end)
+	}
+	t.mu.Unlock()
+	t.s.retire(old)
+	return err
+}
+
+// ReadAt reads up to len(p) bytes at off; past the end it reads 0 bytes.
+func (t *Tensor) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("offset %d: %w", off, ErrInvalid)
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if off >= t.size {
+		return 0, nil
+	}
+	n := min(int64(len(p)), t.size-off)
+	return t.alloc.buf.ReadAt(p[:n], off)
+}
+
+// WriteAt writes p at off, growing the tensor when it ends past the size. A
+// growth that needs a larger allocation over-allocates geometrically (at least
+// double), so appends cost amortized O(bytes). Errors: as Truncate.
+func (t *Tensor) WriteAt(p []byte, off int64) (int, error) {
+	end := off + int64(len(p))
+	if off < 0 || end < off {
+		return 0, fmt.Errorf("write at %d: %w", off, ErrInvalid)
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	t.mu.Lock()
+	if t.released {
+		t.mu.Unlock()
+		return 0, ErrReleased
+	}
+	var old *allocation
+	var err error
+	if t.alloc == nil || end > t.alloc.buf.Size() {
+		want := end
+		if t.alloc != nil {
+			want = max(end, min(2*t.alloc.buf.Size(), MaxSize))
+		}
+		old, err = t.resize(end, want)
+	}
+	n := 0
+	if err == nil {
+		n, err = t.alloc.buf.WriteAt(p, off)
+	}
+	if err == nil && end > t.size {
+		err = t.setSize(end)
+	}
+	t.mu.Unlock()
+	t.s.retire(old)
+	return n, err
+}
+
+// SetDType sets the dtype. On an unallocated tensor it is recorded for the
+// allocation to come. On an allocated one it is a reinterpretation that keeps
+// nbytes: the shape is kept when it still fits, else its last dim is scaled (as
+// torch's view(dtype) does), else it becomes 1-D. Errors: ErrInvalid for an
+// unknown dtype or one that cannot keep nbytes; on error nothing changed.
+func (t *Tensor) SetDType(s string) error {
+	d, err := ParseDType(s)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.alloc == nil && t.shape == nil {
+		t.dtype = d
+		return nil
+	}
+	if nb, err := NBytes(d, t.shape); err == nil && nb == t.size {
+		t.dtype = d
+		return nil
+	}
+	if k := len(t.shape); k > 0 {
+		last := t.shape[k-1] * int64(t.dtype.Bits())
+		if last%int64(d.Bits()) == 0 {
+			sh := append(append(Shape{}, t.shape[:k-1]...), last/int64(d.Bits()))
+			if nb, err := NBytes(d, sh); err == nil && nb == t.size {
+				t.dtype, t.shape = d, sh
+				return nil
+			}
+		}
+	}
+	if (t.size*8)%int64(d.Bits()) == 0 {
+		t.dtype, t.shape = d, Shape{t.size * 8 / int64(d.Bits())}
+		return nil
+	}
+	return fmt.Errorf("dtype %s cannot hold %d bytes: %w", d, t.size, ErrInvalid)
+}
+
+// SetShape sets the shape. On an unallocated tensor it allocates exactly
+// prod(shape) * itemsize(dtype) bytes (U8 when no dtype is set; nothing for a
+// zero-element shape). On an allocated one it is a reshape that must keep
+// nbytes. Errors: ErrInvalid, ErrTooLarge, gpu.ErrOutOfMemory; on error nothing
+// changed.
+func (t *Tensor) SetShape(s string) error {
+	sh, err := ParseShape(s)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.setShapeLocked(sh)
+}
+
+func (t *Tensor) setShapeLocked(sh Shape) error {
+	if t.released {
+		return ErrReleased
+	}
+	d := t.dtype
+	if d == "" {
+		d = "U8"
+	}
+	nb, err := NBytes(d, sh)
+	if err != nil {
+		return err
+	}
+	if t.alloc != nil || t.size > 0 {
+		if nb != t.size {
+			return fmt.Errorf("shape %s of %s is %d bytes, the tensor holds %d: %w", sh, d, nb, t.size, ErrInvalid)
+		}
+		t.dtype, t.shape = d, sh
+		return nil
+	}
+	if nb > 0 {
+		if _, err := t.resize(nb, nb); err != nil {
+			return err
+		}
+	}
+	t.dtype, t.shape, t.size = d, sh, nb
+	return nil
+}
+
+// SetDevice places an unallocated tensor on a device. Errors: ErrBusy when the
+// tensor is allocated, ErrInvalid for a device this daemon does not serve.
+func (t *Tensor) SetDevice(name string) error {
+	dev, err := t.s.Device(name)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.alloc != nil {
+		if t.device == dev.Name() {
+			return nil
+		}
+		return fmt.Errorf("device of an allocated tensor (on %s): %w", t.device, ErrBusy)
+	}
+	t.device = dev.Name()
+	return nil
+}
+
+// Handle is one open file handle on a tensor: it keeps the tensor alive after
+// unlink and, while the tensor is allocated, holds a lease on its IPC export
+// (the open file is a local importer's lease).
+type Handle struct {
+	t      *Tensor
+	holder string
+	lease  *ipc.Lease
+}
+
+// Open returns a new handle; holder names it in logs ("fh pid 1234"). Errors:
+// ErrReleased.
+func (t *Tensor) Open(holder string) (*Handle, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.released {
+		return nil, ErrReleased
+	}
+	h := &Handle{t: t, holder: holder}
+	h.relase(t)
+	t.handles[h] = struct{}{}
+	return h, nil
+}
+
+// relase moves the handle's lease to the tensor's current export. t.mu is held.
+func (h *Handle) relase(t *Tensor) {
+	h.dropLease()
+	if t.alloc != nil {
+		// The export was just created or is the live one, so it cannot be revoked.
+		h.lease, _ = t.s.IPC.Lease(t.alloc.export.ID, h.holder)
+	}
+}
+
+func (h *Handle) dropLease() {
+	if h.lease != nil {
+		h.lease.Release()
+		h.lease = nil
+	}
+}
+
+// Close ends the handle; the tensor is released when this was its last handle
+// and it has no name. Closing twice does nothing.
+func (h *Handle) Close() {
+	t := h.t
+	t.mu.Lock()
+	if _, ok := t.handles[h]; !ok {
+		t.mu.Unlock()
+		return
+	}
+	delete(t.handles, h)
+	h.dropLease()
+	t.mu.Unlock()
+	t.maybeRelease()
+}
+
+// Unlink removes the tensor's name; it is released now if no handle is open,
+// else at the last Close.
+func (t *Tensor) Unlink() {
+	t.mu.Lock()
+	t.linked = false
+	t.mu.Unlock()
+	t.maybeRelease()
+}
+
+// Linked reports whether the tensor still has a name.
+func (t *Tensor) Linked() bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.linked
+}
+
+// maybeRelease deregisters, revokes and frees everything once the tensor has
+// neither a name nor an open handle.
+func (t *Tensor) maybeRelease() {
+	t.mu.Lock()
+	if t.released || t.linked || len(t.handles) > 0 {
+		t.mu.Unlock()
+		return
+	}
+	t.released = true
+	a := t.alloc
+	t.alloc = nil
+	t.mu.Unlock()
+	t.s.retire(a)
+	t.s.mu.Lock()
+	delete(t.s.live, t)
+	t.s.mu.Unlock()
+}
