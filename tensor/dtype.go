@@ -29,7 +29,7 @@ var dtypeAliases = map[string]DType{
 	"uint64": "U64", "u8": "U64", "int64": "I64", "long": "I64", "i8": "I64",
 	"float16": "F16", "half": "F16", "f2": "F16",
 	"bfloat16": "BF16",
-	"float32": "F32", "float": "F32", "f4": "F32", "single": "F32",
+	"float32":  "F32", "float": "F32", "f4": "F32", "single": "F32",
 	"float64": "F64", "double": "F64", "f8": "F64",
 	"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0",
 	"complex64": "C64", "cfloat": "C64", "c8": "C64",

@@ -1,0 +1,279 @@
+// Package tests mounts the real tensorfs binary and drives it the way users do:
+// syscalls, xattrs, shell tools and the CLI. Every test ends with the daemon's
+// live stats at zero, its fd count back at its baseline, and no mount left.
+package tests
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// bin is the tensorfs binary under test: $TENSORFS_BIN, or built once here.
+var bin string
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	cleanStaleMounts()
+	bin = os.Getenv("TENSORFS_BIN")
+	if bin == "" {
+		dir, err := os.MkdirTemp("", "tensorfs-bin-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		bin = filepath.Join(dir, "tensorfs")
+		build := exec.Command("go", "build", "-o", bin, "../cmd/tensorfs")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "building tensorfs:", err)
+			return 1
+		}
+	}
+	code := m.Run()
+	if left := cleanStaleMounts(); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: tests left mounts behind: %v\n", left)
+		return 1
+	}
+	return code
+}
+
+// cleanStaleMounts lazily unmounts every tensorfs FUSE mount and returns them.
+func cleanStaleMounts() []string {
+	data, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return nil
+	}
+	var left []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 3 && strings.HasPrefix(f[2], "fuse") && strings.HasPrefix(f[0], "tensorfs") {
+			left = append(left, f[1])
+			if syscall.Unmount(f[1], syscall.MNT_DETACH) != nil {
+				exec.Command("fusermount3", "-u", "-z", f[1]).Run()
+			}
+		}
+	}
+	return left
+}
+
+// daemon is one running `tensorfs mount`.
+type daemon struct {
+	t     *testing.T
+	mnt   string
+	cmd   *exec.Cmd
+	log   *syncBuffer
+	exit  chan error
+	fds   int // open fds after mounting, before any test activity
+	state string
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startDaemon mounts tensorfs on a fresh directory with extra flags and
+// registers a cleanup that stops it (failing the test on leaks or a bad exit).
+func startDaemon(t *testing.T, flags ...string) *daemon {
+	t.Helper()
+	mnt := t.TempDir()
+	d := &daemon{t: t, mnt: mnt, log: &syncBuffer{}, exit: make(chan error, 1)}
+	d.cmd = exec.Command(bin, append([]string{"mount", mnt}, flags...)...)
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	require.NoError(t, d.cmd.Start())
+	go func() { d.exit <- d.cmd.Wait() }()
+	deadline := time.Now().Add(15 * time.Second)
+	for !mounted(mnt) {
+		select {
+		case err := <-d.exit:
+			t.Fatalf("tensorfs mount exited before mounting: %v\n%s", err, d.log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			d.cmd.Process.Kill()
+			t.Fatalf("mount did not appear within 15s\n%s", d.log.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	d.fds = d.countFDs()
+	t.Cleanup(func() { d.stop() })
+	return d
+}
+
+// mounted reports whether mnt is a FUSE mount in /proc/self/mounts.
+func mounted(mnt string) bool {
+	f, err := os.Open("/proc/self/mounts")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 3 && fields[1] == mnt && strings.HasPrefix(fields[2], "fuse") {
+			return true
+		}
+	}
+	return false
+}
+
+// countFDs counts the daemon's open fds, except pipes and /dev/null: go-fuse
+// keeps a pool of splice pipes that grows with concurrent requests and opens
+// /dev/null lazily to discard spliced data; neither is a leak.
+func (d *daemon) countFDs() int {
+	dir := fmt.Sprintf("/proc/%d/fd", d.cmd.Process.Pid)
+	ents, err := os.ReadDir(dir)
+	require.NoError(d.t, err)
+	n := 0
+	for _, e := range ents {
+		if target, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && !strings.HasPrefix(target, "pipe:") && target != "/dev/null" {
+			n++
+		}
+	}
+	return n
+}
+
+// path joins elements under the mountpoint.
+func (d *daemon) path(elem ...string) string {
+	return filepath.Join(append([]string{d.mnt}, elem...)...)
+}
+
+// liveStats is the "live" object of user.tensorfs.stats.
+type liveStats struct {
+	Tensors, Regions, Exports, Imports, Leases, Pins int
+	Bytes                                            int64
+}
+
+type statsDoc struct {
+	Live      liveStats      `json:"live"`
+	Copies    map[string]int `json:"copies"`
+	Transfers struct {
+		Active int               `json:"active"`
+		Recent []json.RawMessage `json:"recent"`
+	} `json:"transfers"`
+	Peers map[string]any `json:"peers"`
+}
+
+// stats reads and decodes user.tensorfs.stats from the root.
+func (d *daemon) stats() statsDoc {
+	d.t.Helper()
+	v := getx(d.t, d.mnt, "user.tensorfs.stats")
+	var s statsDoc
+	require.NoError(d.t, json.Unmarshal([]byte(v), &s), v)
+	return s
+}
+
+// requireClean waits (FUSE RELEASE is asynchronous to close) until everything
+// under live is zero, statfs shows 0 bytes used, and the daemon's fd count is
+// back at its baseline.
+func (d *daemon) requireClean() {
+	d.t.Helper()
+	var s statsDoc
+	var used uint64
+	fds := 0
+	ok := false
+	for start := time.Now(); time.Since(start) < 5*time.Second; time.Sleep(20 * time.Millisecond) {
+		s = d.stats()
+		var st unix.Statfs_t
+		require.NoError(d.t, unix.Statfs(d.mnt, &st))
+		used = (st.Blocks - st.Bfree) * uint64(st.Bsize)
+		fds = d.countFDs()
+		if s.Live == (liveStats{}) && used == 0 && fds == d.fds {
+			ok = true
+			break
+		}
+	}
+	if !ok {
+		out, _ := exec.Command("ls", "-l", fmt.Sprintf("/proc/%d/fd", d.cmd.Process.Pid)).CombinedOutput()
+		d.t.Fatalf("not clean: live=%+v statfs used=%d fds=%d (baseline %d)\n%s\n%s", s.Live, used, fds, d.fds, out, d.log.String())
+	}
+}
+
+// stop sends SIGTERM and requires exit 0 with the mount gone.
+func (d *daemon) stop() {
+	if d.state == "stopped" {
+		return
+	}
+	d.state = "stopped"
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-d.exit:
+		if err != nil {
+			d.t.Errorf("tensorfs exited with %v\n%s", err, d.log.String())
+		}
+	case <-time.After(15 * time.Second):
+		d.cmd.Process.Kill()
+		syscall.Unmount(d.mnt, syscall.MNT_DETACH)
+		d.t.Errorf("tensorfs did not exit within 15s of SIGTERM\n%s", d.log.String())
+	}
+	if mounted(d.mnt) {
+		syscall.Unmount(d.mnt, syscall.MNT_DETACH)
+		d.t.Errorf("mount %s still present after the daemon exited", d.mnt)
+	}
+}
+
+// getx reads an xattr as a string, failing the test on error.
+func getx(t *testing.T, path, name string) string {
+	t.Helper()
+	v, err := getxErr(path, name)
+	require.NoError(t, err, "getxattr %s %s", path, name)
+	return v
+}
+
+// getxErr reads an xattr with a size probe first, as getfattr does.
+func getxErr(path, name string) (string, error) {
+	n, err := unix.Getxattr(path, name, nil)
+	if err != nil {
+		return "", err
+	}
+	buf := make([]byte, n)
+	n, err = unix.Getxattr(path, name, buf)
+	if err != nil {
+		return "", err
+	}
+	return string(buf[:n]), nil
+}
+
+// setx sets an xattr, failing the test on error.
+func setx(t *testing.T, path, name, value string) {
+	t.Helper()
+	require.NoError(t, unix.Setxattr(path, name, []byte(value), 0), "setxattr %s %s=%q", path, name, value)
+}
+
+// mkTemplateDir makes a directory with a dtype/shape template.
+func mkTemplateDir(t *testing.T, dir, dtype, shape string) {
+	t.Helper()
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	setx(t, dir, "user.tensorfs.dtype", dtype)
+	setx(t, dir, "user.tensorfs.shape", shape)
+}
