@@ -68,7 +68,12 @@ func ParseShape(s string) (Shape, error) {
 	if len(t) >= 2 && (t[0] == '[' && t[len(t)-1] == ']' || t[0] == '(' && t[len(t)-1] == ')') {
 		t = strings.TrimSpace(t[1 : len(t)-1])
 	}
-	t = strings.TrimSuffix(t, ",")
+	if t == "" {
+		return Shape{}, nil
+	}
+	if len(t) > 1 {
+		t = strings.TrimSuffix(t, ",") // Python's one-element tuple "(4,)"
+	}
 	if t == "" {
 		return Shape{}, nil
 	}

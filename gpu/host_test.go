@@ -1,0 +1,75 @@
+package gpu
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+func TestHostAllocLimitAndFree(t *testing.T) {
+	h, err := NewHost(1 << 20)
+	require.NoError(t, err)
+	require.EqualValues(t, 1<<20, h.MemInfo().Total)
+	a, err := h.Alloc(768 << 10)
+	require.NoError(t, err)
+	_, err = h.Alloc(512 << 10)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	_, err = h.Alloc(0)
+	require.ErrorIs(t, err, ErrInvalidSize)
+	require.EqualValues(t, 768<<10, h.MemInfo().Used)
+	require.NoError(t, a.Free())
+	require.ErrorIs(t, a.Free(), ErrFreed)
+	require.Zero(t, h.MemInfo().Used)
+	_, err = NewHost(-1)
+	require.ErrorIs(t, err, ErrInvalidSize)
+}
+
+func TestHostReadWriteCopyBounds(t *testing.T) {
+	h, err := NewHost(1 << 20)
+	require.NoError(t, err)
+	a, _ := h.Alloc(4096)
+	b, _ := h.Alloc(4096)
+	defer a.Free()
+	defer b.Free()
+	_, err = a.WriteAt([]byte("tensor"), 100)
+	require.NoError(t, err)
+	require.NoError(t, Copy(b, 0, a, 100, 6))
+	got := make([]byte, 6)
+	_, err = b.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.Equal(t, "tensor", string(got))
+	_, err = a.WriteAt(make([]byte, 10), 4090)
+	require.ErrorIs(t, err, ErrInvalidSize)
+	_, err = a.ReadAt(make([]byte, 1), -1)
+	require.ErrorIs(t, err, ErrInvalidSize)
+	require.ErrorIs(t, Copy(b, 4000, a, 0, 200), ErrInvalidSize)
+}
+
+// TestHostHandleIsSealed opens the exported memfd the way another process
+// does and checks that it sees the bytes and cannot shrink the memory under
+// the daemon's mapping (which would be a SIGBUS in the daemon).
+func TestHostHandleIsSealed(t *testing.T) {
+	h, err := NewHost(1 << 20)
+	require.NoError(t, err)
+	a, err := h.Alloc(8192)
+	require.NoError(t, err)
+	defer a.Free()
+	_, err = a.WriteAt([]byte("shared"), 0)
+	require.NoError(t, err)
+	path, ok := strings.CutPrefix(a.Handle(), "memfd:")
+	require.True(t, ok, a.Handle())
+	require.Equal(t, fmt.Sprintf("/proc/%d/fd/", os.Getpid()), path[:len(path)-len(path[strings.LastIndex(path, "/")+1:])])
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	buf := make([]byte, 6)
+	_, err = f.ReadAt(buf, 0)
+	require.NoError(t, err)
+	require.Equal(t, "shared", string(buf))
+	require.ErrorIs(t, unix.Ftruncate(int(f.Fd()), 4096), unix.EPERM)
+	require.ErrorIs(t, unix.Ftruncate(int(f.Fd()), 1<<20), unix.EPERM)
+}

@@ -1,0 +1,143 @@
+package mr
+
+import (
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestRegisterLookup(t *testing.T) {
+	r := NewRegistry()
+	a, err := r.Register("host", 0x1000, 0x1000)
+	require.NoError(t, err)
+	b, err := r.Register("host", 0x3000, 0x100)
+	require.NoError(t, err)
+	c, err := r.Register("cuda:0", 0x1000, 0x1000) // same address, other device
+	require.NoError(t, err)
+	require.NotEqual(t, a.ID, b.ID)
+	require.NotEqual(t, a.ID, c.ID)
+
+	for _, tc := range []struct {
+		dev  string
+		addr uintptr
+		n    uint64
+		want *Region
+	}{
+		{"host", 0x1000, 1, a},
+		{"host", 0x1800, 0x800, a}, // a slice ending at the region's end
+		{"host", 0x1fff, 1, a},
+		{"host", 0x3000, 0x100, b},
+		{"cuda:0", 0x1800, 8, c},
+	} {
+		got, err := r.Lookup(tc.dev, tc.addr, tc.n)
+		require.NoError(t, err, "%+v", tc)
+		require.Equal(t, tc.want.ID, got.ID)
+	}
+	for _, tc := range []struct {
+		addr uintptr
+		n    uint64
+	}{{0xfff, 2}, {0x1800, 0x801}, {0x2000, 1}, {0x30ff, 2}, {0x5000, 1}} {
+		_, err := r.Lookup("host", tc.addr, tc.n)
+		require.ErrorIs(t, err, ErrNotFound, "%+v", tc)
+	}
+}
+
+func TestRegisterRejectsOverlapAndEmpty(t *testing.T) {
+	r := NewRegistry()
+	_, err := r.Register("host", 0x1000, 0x1000)
+	require.NoError(t, err)
+	for _, rg := range [][2]uint64{{0x800, 0x801}, {0x1fff, 1}, {0x1800, 0x10}, {0x0, 0x10000}} {
+		_, err := r.Register("host", uintptr(rg[0]), rg[1])
+		require.ErrorIs(t, err, ErrOverlap, "%x", rg)
+	}
+	_, err = r.Register("host", 0x9000, 0)
+	require.ErrorIs(t, err, ErrInvalid)
+	_, err = r.Register("host", ^uintptr(0)-1, 4)
+	require.ErrorIs(t, err, ErrInvalid)
+	// Adjacent ranges are fine.
+	_, err = r.Register("host", 0x2000, 0x10)
+	require.NoError(t, err)
+	_, err = r.Register("host", 0x800, 0x800)
+	require.NoError(t, err)
+}
+
+func TestIDsNeverReused(t *testing.T) {
+	r := NewRegistry()
+	seen := map[uint64]bool{}
+	for i := 0; i < 100; i++ {
+		g, err := r.Register("host", 0x1000, 64)
+		require.NoError(t, err)
+		require.False(t, seen[g.ID], "id %d reused", g.ID)
+		seen[g.ID] = true
+		require.NoError(t, r.Deregister(g.ID, nil))
+	}
+}
+
+func TestPinDelaysRelease(t *testing.T) {
+	r := NewRegistry()
+	g, err := r.Register("host", 0x1000, 64)
+	require.NoError(t, err)
+	unpin, err := r.Pin(g.ID)
+	require.NoError(t, err)
+	released := false
+	require.NoError(t, r.Deregister(g.ID, func() { released = true }))
+	require.False(t, released, "released while pinned")
+	_, err = r.Lookup("host", 0x1000, 1)
+	require.ErrorIs(t, err, ErrNotFound, "a deregistered region must not resolve")
+	_, err = r.Pin(g.ID)
+	require.ErrorIs(t, err, ErrNotFound, "no new pins after deregistration")
+	// The address range is free for a new region while the old one drains.
+	_, err = r.Register("host", 0x1000, 64)
+	require.NoError(t, err)
+	regions, pins := r.Stats()
+	require.Equal(t, 2, regions)
+	require.Equal(t, 1, pins)
+	unpin()
+	unpin() // idempotent
+	require.True(t, released)
+	regions, pins = r.Stats()
+	require.Equal(t, 1, regions)
+	require.Equal(t, 0, pins)
+	require.ErrorIs(t, r.Deregister(g.ID, nil), ErrNotFound)
+}
+
+func TestConcurrent(t *testing.T) {
+	r := NewRegistry()
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			base := uintptr(w+1) << 32
+			for i := 0; i < 500; i++ {
+				g, err := r.Register("host", base+uintptr(i)*128, 128)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if got, err := r.Lookup("host", base+uintptr(i)*128+5, 10); err != nil || got.ID != g.ID {
+					t.Error("lookup", err)
+				}
+				unpin, err := r.Pin(g.ID)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				done := make(chan struct{})
+				if err := r.Deregister(g.ID, func() { close(done) }); err != nil {
+					t.Error(err)
+				}
+				unpin()
+				<-done
+			}
+		}(w)
+	}
+	wg.Wait()
+	regions, pins := r.Stats()
+	require.Zero(t, regions)
+	require.Zero(t, pins)
+	_, err := r.Get(1)
+	require.True(t, errors.Is(err, ErrNotFound))
+}
