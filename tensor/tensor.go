@@ -351,16 +351,16 @@ func (t *Tensor) setShapeLocked(sh Shape) error {
 // tensor is allocated, ErrInvalid for a device this daemon does not serve.
 func (t *Tensor) SetDevice(name string) error {
 	dev, err := t.s.Device(name)
-	if err != nil {
-		return err
-	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.alloc != nil {
-		if t.device == dev.Name() {
+		if err == nil && t.device == dev.Name() {
 			return nil
 		}
 		return fmt.Errorf("device of an allocated tensor (on %s): %w", t.device, ErrBusy)
+	}
+	if err != nil {
+		return err
 	}
 	t.device = dev.Name()
 	return nil

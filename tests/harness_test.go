@@ -39,9 +39,15 @@ func run(m *testing.M) int {
 		}
 		defer os.RemoveAll(dir)
 		bin = filepath.Join(dir, "tensorfs")
-		build := exec.Command("go", "build", "-o", bin, "../cmd/tensorfs")
+		args := []string{"build", "-o", bin}
+		env := append(os.Environ(), "CGO_ENABLED=0")
+		if raceEnabled {
+			args = append(args, "-race")
+			env = append(os.Environ(), "CGO_ENABLED=1")
+		}
+		build := exec.Command("go", append(args, "../cmd/tensorfs")...)
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		build.Env = env
 		if err := build.Run(); err != nil {
 			fmt.Fprintln(os.Stderr, "building tensorfs:", err)
 			return 1
@@ -239,6 +245,9 @@ func (d *daemon) stop() {
 	if mounted(d.mnt) {
 		syscall.Unmount(d.mnt, syscall.MNT_DETACH)
 		d.t.Errorf("mount %s still present after the daemon exited", d.mnt)
+	}
+	if strings.Contains(d.log.String(), "WARNING: DATA RACE") {
+		d.t.Errorf("the daemon reported a data race:\n%s", d.log.String())
 	}
 }
 

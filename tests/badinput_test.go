@@ -1,0 +1,210 @@
+package tests
+
+import (
+	"bytes"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// requireErrnoNoChange runs op, requires errno, and requires that the file's
+// tensorfs attributes and content are exactly as before.
+func requireErrnoNoChange(t *testing.T, path string, want syscall.Errno, what string, op func() error) {
+	t.Helper()
+	before := snapshot(t, path)
+	require.ErrorIs(t, op(), want, what)
+	require.Equal(t, before, snapshot(t, path), "%s changed something", what)
+}
+
+// snapshot is a node's readable tensorfs attributes, size and, for files,
+// content.
+func snapshot(t *testing.T, path string) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	for _, n := range listx(t, path) {
+		if n != "user.tensorfs.stats" {
+			m[n] = getx(t, path, n)
+		}
+	}
+	st, err := os.Stat(path)
+	require.NoError(t, err)
+	if !st.IsDir() {
+		data, err := os.ReadFile(path)
+		require.NoError(t, err)
+		m["content"] = string(data)
+	}
+	return m
+}
+
+func TestBadInput(t *testing.T) {
+	d := startDaemon(t, "--max-memory", "64MiB")
+	dir := d.path("kv")
+	mkTemplateDir(t, dir, "F32", "4,4")
+	p := dir + "/t"
+	require.NoError(t, os.WriteFile(p, nil, 0o644))
+	_, err := (func() (int, error) {
+		f, err := os.OpenFile(p, os.O_WRONLY, 0)
+		if err != nil {
+			return 0, err
+		}
+		defer f.Close()
+		return f.WriteAt(bytes.Repeat([]byte{5}, 64), 0)
+	})()
+	require.NoError(t, err)
+	empty := d.path("empty")
+	require.NoError(t, os.WriteFile(empty, nil, 0o644))
+	set := func(path, name, val string) func() error {
+		return func() error { return unix.Setxattr(path, name, []byte(val), 0) }
+	}
+
+	for _, bad := range []string{"F31", "", "float33", "i3", "F32\n\nx", strings.Repeat("F", 300)} {
+		requireErrnoNoChange(t, p, syscall.EINVAL, "dtype "+bad, set(p, "user.tensorfs.dtype", bad))
+		requireErrnoNoChange(t, dir, syscall.EINVAL, "dir dtype "+bad, set(dir, "user.tensorfs.dtype", bad))
+		requireErrnoNoChange(t, empty, syscall.EINVAL, "empty dtype "+bad, set(empty, "user.tensorfs.dtype", bad))
+	}
+	for _, bad := range []string{"a", "2,,2", "-4", "4x4", "1.5", "[4,4", "99999999999999999999"} {
+		requireErrnoNoChange(t, p, syscall.EINVAL, "shape "+bad, set(p, "user.tensorfs.shape", bad))
+		requireErrnoNoChange(t, dir, syscall.EINVAL, "dir shape "+bad, set(dir, "user.tensorfs.shape", bad))
+		requireErrnoNoChange(t, empty, syscall.EINVAL, "empty shape "+bad, set(empty, "user.tensorfs.shape", bad))
+	}
+	// A shape that disagrees with nbytes, a dtype that cannot keep them.
+	requireErrnoNoChange(t, p, syscall.EINVAL, "reshape 3,3", set(p, "user.tensorfs.shape", "3,3"))
+	three := d.path("three")
+	require.NoError(t, os.WriteFile(three, []byte("abc"), 0o644))
+	requireErrnoNoChange(t, three, syscall.EINVAL, "F32 over 3 bytes", set(three, "user.tensorfs.dtype", "F32"))
+
+	// Absurd sizes: past the largest tensor (EFBIG), past --max-memory (ENOSPC).
+	requireErrnoNoChange(t, p, syscall.EFBIG, "truncate 1E", func() error { return os.Truncate(p, 1<<60) })
+	requireErrnoNoChange(t, p, syscall.ENOSPC, "truncate 100G", func() error { return os.Truncate(p, 100<<30) })
+	requireErrnoNoChange(t, p, syscall.EINVAL, "truncate -1", func() error { return syscall.Truncate(p, -1) })
+	requireErrnoNoChange(t, empty, syscall.ENOSPC, "shape past max-memory", set(empty, "user.tensorfs.shape", "1000000000"))
+	requireErrnoNoChange(t, empty, syscall.EFBIG, "shape past the largest tensor", set(empty, "user.tensorfs.shape", "1000000000,1000000000"))
+	requireErrnoNoChange(t, dir, syscall.EFBIG, "template past the largest tensor", set(dir, "user.tensorfs.shape", "1000000000,1000000000"))
+	requireErrnoNoChange(t, p, syscall.ENOSPC, "write past max-memory", func() error {
+		f, err := os.OpenFile(p, os.O_WRONLY, 0)
+		require.NoError(t, err)
+		defer f.Close()
+		_, err = f.WriteAt([]byte{1}, 100<<20)
+		return err
+	})
+	requireErrnoNoChange(t, p, syscall.ENOSPC, "fallocate past max-memory", func() error {
+		f, err := os.OpenFile(p, os.O_WRONLY, 0)
+		require.NoError(t, err)
+		defer f.Close()
+		return unix.Fallocate(int(f.Fd()), 0, 0, 100<<20)
+	})
+	requireErrnoNoChange(t, p, syscall.EOPNOTSUPP, "punch hole", func() error {
+		f, err := os.OpenFile(p, os.O_WRONLY, 0)
+		require.NoError(t, err)
+		defer f.Close()
+		return unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, 4)
+	})
+
+	// A template whose tensors do not fit: create fails, and leaves no file.
+	big := d.path("big")
+	mkTemplateDir(t, big, "U8", "1000000000")
+	_, err = os.Create(big + "/x")
+	require.ErrorIs(t, err, syscall.ENOSPC)
+	_, err = os.Stat(big + "/x")
+	require.ErrorIs(t, err, syscall.ENOENT)
+
+	// Names over 255 bytes.
+	long := strings.Repeat("n", 256)
+	_, err = os.Create(d.path(long))
+	require.ErrorIs(t, err, syscall.ENAMETOOLONG)
+	require.ErrorIs(t, os.Mkdir(d.path(long), 0o755), syscall.ENAMETOOLONG)
+	require.ErrorIs(t, os.Rename(p, d.path(long)), syscall.ENAMETOOLONG)
+	_, err = os.Stat(d.path(long))
+	require.ErrorIs(t, err, syscall.ENAMETOOLONG)
+	require.NoError(t, os.WriteFile(d.path(strings.Repeat("n", 255)), nil, 0o644), "255 bytes is fine")
+	require.NoError(t, os.Remove(d.path(strings.Repeat("n", 255))))
+
+	// device: EBUSY on an allocated tensor, EINVAL for a device not served.
+	requireErrnoNoChange(t, p, syscall.EBUSY, "device of allocated", set(p, "user.tensorfs.device", "cuda:0"))
+	requireErrnoNoChange(t, empty, syscall.EINVAL, "device cuda:7", set(empty, "user.tensorfs.device", "cuda:7"))
+	requireErrnoNoChange(t, empty, syscall.EINVAL, "device gpu", set(empty, "user.tensorfs.device", "gpu"))
+	requireErrnoNoChange(t, dir, syscall.EINVAL, "dir device cuda:x", set(dir, "user.tensorfs.device", "cuda:x"))
+
+	// Unknown names, read-only names, actions before they exist, wrong node kinds.
+	requireErrnoNoChange(t, p, syscall.EINVAL, "unknown name", set(p, "user.tensorfs.colour", "red"))
+	requireErrnoNoChange(t, dir, syscall.EINVAL, "unknown name on dir", set(dir, "user.tensorfs.colour", "red"))
+	_, err = getxErr(p, "user.tensorfs.colour")
+	require.ErrorIs(t, err, syscall.ENODATA)
+	for _, ro := range []string{"mr_id", "ipc_id", "ipc_handle", "ipc_offset", "nbytes", "generation"} {
+		requireErrnoNoChange(t, p, syscall.EPERM, "set "+ro, set(p, "user.tensorfs."+ro, "7"))
+		requireErrnoNoChange(t, p, syscall.EPERM, "remove "+ro, func() error { return unix.Removexattr(p, "user.tensorfs."+ro) })
+		_, err := getxErr(dir, "user.tensorfs."+ro)
+		require.ErrorIs(t, err, syscall.ENODATA, "%s on a directory", ro)
+	}
+	requireErrnoNoChange(t, d.mnt, syscall.EPERM, "set stats", set(d.mnt, "user.tensorfs.stats", "{}"))
+	requireErrnoNoChange(t, p, syscall.EPERM, "remove dtype of a file", func() error { return unix.Removexattr(p, "user.tensorfs.dtype") })
+	for _, a := range []string{"copy_to", "copy_from"} {
+		requireErrnoNoChange(t, p, syscall.ENOTSUP, a+" on file", set(p, "user.tensorfs."+a, "b:/x"))
+		requireErrnoNoChange(t, dir, syscall.ENOTSUP, a+" on dir", set(dir, "user.tensorfs."+a, "b:/x"))
+	}
+	requireErrnoNoChange(t, p, syscall.ENOTSUP, "register on file", set(p, "user.tensorfs.register", "memfd:/proc/1/fd/1"))
+	requireErrnoNoChange(t, d.mnt, syscall.ENOTSUP, "batch on root", set(d.mnt, "user.tensorfs.batch", "a b"))
+	requireErrnoNoChange(t, dir, syscall.EINVAL, "batch on a subdirectory", set(dir, "user.tensorfs.batch", "a b"))
+	requireErrnoNoChange(t, p, syscall.EINVAL, "batch on a file", set(p, "user.tensorfs.batch", "a b"))
+	requireErrnoNoChange(t, dir, syscall.EINVAL, "register on a directory", set(dir, "user.tensorfs.register", "x"))
+	_, err = getxErr(dir, "user.tensorfs.stats")
+	require.ErrorIs(t, err, syscall.ENODATA, "stats lives on the root only")
+	_, err = getxErr(p, "user.tensorfs.copy_to")
+	require.ErrorIs(t, err, syscall.ENODATA, "actions are write-only")
+	requireErrnoNoChange(t, p, syscall.EOPNOTSUPP, "trusted namespace", set(p, "trusted.x", "1"))
+	requireErrnoNoChange(t, p, syscall.E2BIG, "user xattr over 64 KiB", set(p, "user.big", strings.Repeat("x", 65537)))
+
+	// A short buffer gets ERANGE; a size probe the length.
+	n, err := unix.Getxattr(p, "user.tensorfs.shape", nil)
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	_, err = unix.Getxattr(p, "user.tensorfs.shape", make([]byte, 2))
+	require.ErrorIs(t, err, syscall.ERANGE)
+	_, err = unix.Listxattr(p, make([]byte, 4))
+	require.ErrorIs(t, err, syscall.ERANGE)
+
+	// No hard links, symlinks or device nodes.
+	require.ErrorIs(t, os.Link(p, d.path("hard")), syscall.EPERM)
+	require.ErrorIs(t, os.Symlink(p, d.path("sym")), syscall.EPERM)
+	require.ErrorIs(t, syscall.Mkfifo(d.path("fifo"), 0o644), syscall.EPERM)
+	require.ErrorIs(t, syscall.Mknod(d.path("dev"), syscall.S_IFCHR|0o644, 0x101), syscall.EPERM)
+
+	// Directory template attributes can be removed; then files start empty.
+	require.NoError(t, unix.Removexattr(dir, "user.tensorfs.shape"))
+	require.ErrorIs(t, unix.Removexattr(dir, "user.tensorfs.shape"), syscall.ENODATA)
+	require.NoError(t, os.WriteFile(dir+"/plain", nil, 0o644))
+	require.Equal(t, "0", getx(t, dir+"/plain", "user.tensorfs.nbytes"))
+
+	require.NoError(t, os.RemoveAll(d.path("kv")))
+	require.NoError(t, os.RemoveAll(big))
+	require.NoError(t, os.Remove(empty))
+	require.NoError(t, os.Remove(three))
+	d.requireClean()
+}
+
+// TestRenameAndRmdirErrors: POSIX errnos for renames and rmdir.
+func TestRenameAndRmdirErrors(t *testing.T) {
+	d := startDaemon(t)
+	require.NoError(t, os.Mkdir(d.path("d"), 0o755))
+	require.NoError(t, os.WriteFile(d.path("d/f"), []byte("x"), 0o644))
+	require.NoError(t, os.WriteFile(d.path("f"), []byte("y"), 0o644))
+	require.NoError(t, os.Mkdir(d.path("e"), 0o755))
+	require.ErrorIs(t, syscall.Rmdir(d.path("d")), syscall.ENOTEMPTY)
+	require.ErrorIs(t, syscall.Rmdir(d.path("f")), syscall.ENOTDIR)
+	require.ErrorIs(t, syscall.Unlink(d.path("d")), syscall.EISDIR)
+	require.ErrorIs(t, syscall.Rename(d.path("f"), d.path("d")), syscall.EISDIR, "a file over a directory")
+	require.ErrorIs(t, os.Rename(d.path("e"), d.path("f")), syscall.ENOTDIR)
+	require.ErrorIs(t, unix.Renameat2(unix.AT_FDCWD, d.path("f"), unix.AT_FDCWD, d.path("d/f"), unix.RENAME_NOREPLACE), syscall.EEXIST)
+	require.NoError(t, unix.Renameat2(unix.AT_FDCWD, d.path("f"), unix.AT_FDCWD, d.path("d/f"), unix.RENAME_EXCHANGE))
+	data, err := os.ReadFile(d.path("f"))
+	require.NoError(t, err)
+	require.Equal(t, "x", string(data))
+	require.NoError(t, os.Rename(d.path("e"), d.path("d/e")))
+	require.NoError(t, os.RemoveAll(d.path("d")))
+	require.NoError(t, os.Remove(d.path("f")))
+	d.requireClean()
+}
