@@ -39,11 +39,26 @@ type TransferRecord struct {
 	Error      string `json:"error"`
 }
 
+// statsPad is the granularity the stats document is padded to, in bytes.
+const statsPad = 4096
+
+// statsJSON renders the stats document padded with spaces (valid JSON
+// whitespace) to a multiple of statsPad and ending in a newline. Clients read
+// xattrs in two calls (a size probe, then the read); a value whose length
+// changed in between would fail the read with ERANGE, so the length changes
+// only when the document crosses a statsPad boundary.
 func (f *FS) statsJSON() []byte {
 	b, _ := json.Marshal(Stats{
 		Live:      f.store.Stats(),
 		Transfers: TransferStats{Recent: []TransferRecord{}},
 		Peers:     map[string]string{},
 	})
-	return b
+	n := (len(b) + 1 + statsPad - 1) / statsPad * statsPad
+	out := make([]byte, n)
+	copy(out, b)
+	for i := len(b); i < n-1; i++ {
+		out[i] = ' '
+	}
+	out[n-1] = '\n'
+	return out
 }

@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	cleanStaleMounts()
+	cleanStaleMounts(true)
 	bin = os.Getenv("TENSORFS_BIN")
 	if bin == "" {
 		dir, err := os.MkdirTemp("", "tensorfs-bin-")
@@ -54,15 +54,21 @@ func run(m *testing.M) int {
 		}
 	}
 	code := m.Run()
-	if left := cleanStaleMounts(); len(left) > 0 {
+	if left := cleanStaleMounts(false); len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "FAIL: tests left mounts behind: %v\n", left)
 		return 1
 	}
 	return code
 }
 
-// cleanStaleMounts lazily unmounts every tensorfs FUSE mount and returns them.
-func cleanStaleMounts() []string {
+// ours records the mountpoints this test process made, so that the check at
+// the end looks only at those (other test runs may be mounting beside us).
+var ours sync.Map
+
+// cleanStaleMounts lazily unmounts FUSE mounts of tensorfs and returns them:
+// dead ones (a killed daemon's: stat fails with ENOTCONN) when stale is true,
+// else those this process made and left behind.
+func cleanStaleMounts(stale bool) []string {
 	data, err := os.ReadFile("/proc/self/mounts")
 	if err != nil {
 		return nil
@@ -71,6 +77,9 @@ func cleanStaleMounts() []string {
 	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.Fields(line)
 		if len(f) >= 3 && strings.HasPrefix(f[2], "fuse") && strings.HasPrefix(f[0], "tensorfs") {
+			if _, mine := ours.Load(f[1]); stale && syscall.Stat(f[1], &syscall.Stat_t{}) != syscall.ENOTCONN || !stale && !mine {
+				continue
+			}
 			left = append(left, f[1])
 			if syscall.Unmount(f[1], syscall.MNT_DETACH) != nil {
 				exec.Command("fusermount3", "-u", "-z", f[1]).Run()
@@ -113,6 +122,7 @@ func (s *syncBuffer) String() string {
 func startDaemon(t *testing.T, flags ...string) *daemon {
 	t.Helper()
 	mnt := t.TempDir()
+	ours.Store(mnt, true)
 	d := &daemon{t: t, mnt: mnt, log: &syncBuffer{}, exit: make(chan error, 1)}
 	d.cmd = exec.Command(bin, append([]string{"mount", mnt}, flags...)...)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log

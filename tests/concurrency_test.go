@@ -1,0 +1,102 @@
+package tests
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestConcurrentChurn: 8 goroutines create, write, read, rename and unlink in
+// one directory for 10 s (run under -race, the daemon is built with -race too).
+// Tensors are written under a temporary name and renamed into place, so every
+// read must see one whole tensor; at the end stats are zero.
+func TestConcurrentChurn(t *testing.T) {
+	d := startDaemon(t, "--max-memory", "512MiB")
+	dir := d.path("churn")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	duration := 10 * time.Second
+	if testing.Short() {
+		duration = 2 * time.Second
+	}
+	deadline := time.Now().Add(duration)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	ops := map[string]int{}
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			rng := rand.New(rand.NewSource(int64(w)))
+			count := map[string]int{}
+			for time.Now().Before(deadline) {
+				name := fmt.Sprintf("%s/t%d", dir, rng.Intn(16))
+				other := fmt.Sprintf("%s/t%d", dir, rng.Intn(16))
+				var err error
+				tmp := fmt.Sprintf("%s/.w%d-%d", dir, w, count["write"]+count["unlink-open"])
+				switch op := rng.Intn(5); op {
+				case 0: // a tensor whose bytes all equal v, renamed into place
+					v := byte(rng.Intn(255) + 1)
+					if err = os.WriteFile(tmp, bytes.Repeat([]byte{v}, 1+rng.Intn(256<<10)), 0o644); err == nil {
+						err = os.Rename(tmp, name)
+					}
+					count["write"]++
+				case 1: // read: whole tensors only, never a mix or garbage
+					var data []byte
+					data, err = os.ReadFile(name)
+					if err == nil && (len(data) == 0 || bytes.Count(data, data[:1]) != len(data)) {
+						t.Errorf("%s: %d bytes, not one tensor's", name, len(data))
+					}
+					count["read"]++
+				case 2:
+					err = os.Rename(name, other)
+					count["rename"]++
+				case 3:
+					err = os.Remove(name)
+					count["unlink"]++
+				case 4: // open, unlink while open, keep writing and reading, close
+					var f *os.File
+					if f, err = os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644); err == nil {
+						f.Write(bytes.Repeat([]byte{9}, 4096))
+						os.Remove(tmp)
+						_, err = f.WriteAt([]byte("after unlink"), 8192)
+						buf := make([]byte, 12)
+						if err == nil {
+							if _, err = f.ReadAt(buf, 8192); err == nil && string(buf) != "after unlink" {
+								t.Errorf("unlinked tensor read back %q", buf)
+							}
+						}
+						f.Close()
+					}
+					count["unlink-open"]++
+				}
+				if _, serr := getxErr(d.mnt, "user.tensorfs.stats"); serr != nil {
+					t.Errorf("stats during churn: %v", serr)
+				}
+				// ENOENT: another worker removed the name first. ESTALE: the
+				// tensor was released between the kernel's lookup and the open
+				// (the kernel retried the lookup once and lost the race again).
+				if err != nil && !errors.Is(err, syscall.ENOENT) && !errors.Is(err, syscall.ESTALE) {
+					t.Errorf("worker %d: %v", w, err)
+					return
+				}
+			}
+			mu.Lock()
+			for k, v := range count {
+				ops[k] += v
+			}
+			mu.Unlock()
+		}(w)
+	}
+	wg.Wait()
+	t.Logf("operations: %v", ops)
+	require.NoError(t, os.RemoveAll(dir))
+	d.requireClean()
+}
