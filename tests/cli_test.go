@@ -1,0 +1,132 @@
+package tests
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestMountFlagsEitherSide: flags may come before or after the mountpoint.
+func TestMountFlagsEitherSide(t *testing.T) {
+	d := startDaemon(t) // flags after: see startDaemon
+	d.stop()
+	mnt := t.TempDir()
+	ours.Store(mnt, true)
+	cmd := exec.Command(bin, "mount", "--max-memory", "32MiB", "--device", "host", mnt)
+	require.NoError(t, cmd.Start())
+	waitMounted(t, mnt)
+	var st syscall.Statfs_t
+	require.NoError(t, syscall.Statfs(mnt, &st))
+	require.EqualValues(t, 32<<20, st.Blocks*uint64(st.Bsize))
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	require.NoError(t, cmd.Wait(), "SIGINT exits 0")
+	require.False(t, mounted(mnt))
+}
+
+// TestStartFailuresOneLine: a failure to start exits non-zero with one clear
+// line and leaves no mount.
+func TestStartFailuresOneLine(t *testing.T) {
+	mnt := t.TempDir()
+	file := mnt + "/plain"
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"mount", mnt, "--max-memory", "banana"}, "--max-memory"},
+		{[]string{"mount", mnt, "--device", "cuda:0"}, "cuda:0"},
+		{[]string{"mount", mnt, "--device", "tpu"}, "tpu"},
+		{[]string{"mount", mnt + "/missing"}, "missing"},
+		{[]string{"mount", file}, "not a directory"},
+		{[]string{"mount"}, "arg"},
+		{[]string{"mount", mnt, "--no-such-flag"}, "no-such-flag"},
+	} {
+		out, err := exec.Command(bin, tc.args...).CombinedOutput()
+		require.Error(t, err, "%v", tc.args)
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		require.Len(t, lines, 1, "%v: %s", tc.args, out)
+		require.Contains(t, lines[0], tc.want, "%v", tc.args)
+		require.True(t, strings.HasPrefix(lines[0], "tensorfs: "), "%q", lines[0])
+		require.False(t, mounted(mnt))
+	}
+}
+
+// TestStaleMountCleanedUp: a daemon killed with SIGKILL leaves a dead mount;
+// the next mount on the same directory cleans it up and serves.
+func TestStaleMountCleanedUp(t *testing.T) {
+	mnt := t.TempDir()
+	ours.Store(mnt, true)
+	cmd := exec.Command(bin, "mount", mnt)
+	require.NoError(t, cmd.Start())
+	waitMounted(t, mnt)
+	require.NoError(t, os.WriteFile(mnt+"/x", []byte("data"), 0o644))
+	require.NoError(t, cmd.Process.Kill())
+	cmd.Wait()
+	_, err := os.Stat(mnt)
+	require.ErrorIs(t, err, syscall.ENOTCONN, "a killed daemon leaves a dead mount")
+
+	again := exec.Command(bin, "mount", mnt)
+	require.NoError(t, again.Start())
+	defer func() {
+		again.Process.Signal(syscall.SIGTERM)
+		again.Wait()
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(mnt + "/.probe"); err == syscall.ENOENT || os.IsNotExist(err) {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "restarted daemon did not serve")
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.NoError(t, os.WriteFile(mnt+"/y", []byte("fresh"), 0o644))
+	data, err := os.ReadFile(mnt + "/y")
+	require.NoError(t, err)
+	require.Equal(t, "fresh", string(data))
+	require.NoError(t, os.Remove(mnt+"/y"))
+}
+
+// TestUnmountCommand: `tensorfs unmount` ends the daemon with exit 0.
+func TestUnmountCommand(t *testing.T) {
+	d := startDaemon(t)
+	require.NoError(t, os.WriteFile(d.path("t"), []byte("x"), 0o644))
+	out, err := exec.Command(bin, "unmount", d.mnt).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	select {
+	case err := <-d.exit:
+		require.NoError(t, err, d.log.String())
+		d.state = "stopped"
+	case <-time.After(10 * time.Second):
+		t.Fatal("daemon did not exit after unmount")
+	}
+	require.False(t, mounted(d.mnt))
+	out, err = exec.Command(bin, "unmount", d.mnt).CombinedOutput()
+	require.Error(t, err, "unmounting what is not mounted fails")
+	require.Contains(t, string(out), "tensorfs: unmount")
+}
+
+// TestHelpAndVersion: --help documents the mount flags; version prints.
+func TestHelpAndVersion(t *testing.T) {
+	out, err := exec.Command(bin, "mount", "--help").CombinedOutput()
+	require.NoError(t, err)
+	for _, f := range []string{"--device", "--max-memory", "--allow-other"} {
+		require.Contains(t, string(out), f)
+	}
+	out, err = exec.Command(bin, "version").CombinedOutput()
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(string(out), "tensorfs "), "%s", out)
+}
+
+func waitMounted(t *testing.T, mnt string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !mounted(mnt) {
+		require.True(t, time.Now().Before(deadline), "mount %s did not appear", mnt)
+		time.Sleep(10 * time.Millisecond)
+	}
+}
