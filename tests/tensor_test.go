@@ -2,6 +2,7 @@ package tests
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"strconv"
 	"strings"
@@ -223,4 +224,34 @@ func listx(t *testing.T, path string) []string {
 		}
 	}
 	return names
+}
+
+// TestMmap: a shared mapping of a tensor file sees pwrites, and its stores
+// reach device memory (kernel direct-I/O mmap, Linux 6.6+).
+func TestMmap(t *testing.T) {
+	d := startDaemon(t)
+	p := d.path("m")
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(8192))
+	_, err = f.WriteAt([]byte("hello"), 0)
+	require.NoError(t, err)
+	m, err := unix.Mmap(int(f.Fd()), 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if errors.Is(err, syscall.ENODEV) {
+		var u unix.Utsname
+		unix.Uname(&u)
+		t.Skipf("kernel %s offers no direct-I/O mmap (needs 6.6+)", unix.ByteSliceToString(u.Release[:]))
+	}
+	require.NoError(t, err)
+	require.Equal(t, "hello", string(m[:5]))
+	copy(m[100:], "world")
+	require.NoError(t, unix.Msync(m, unix.MS_SYNC))
+	buf := make([]byte, 5)
+	_, err = f.ReadAt(buf, 100)
+	require.NoError(t, err)
+	require.Equal(t, "world", string(buf))
+	require.NoError(t, unix.Munmap(m))
+	require.NoError(t, f.Close())
+	require.NoError(t, os.Remove(p))
+	d.requireClean()
 }
