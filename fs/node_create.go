@@ -21,7 +21,11 @@ func (d *Dir) Create(ctx context.Context, name string, flags uint32, mode uint32
 	if d.GetChild(name) != nil {
 		return nil, nil, 0, syscall.EEXIST
 	}
-	t, err := d.fsys.store.New(d.template())
+	tmpl := d.template()
+	if c, ok := fuse.FromContext(ctx); ok {
+		tmpl.Owner = c.Uid
+	}
+	t, err := d.fsys.store.New(tmpl)
 	if err != nil {
 		return nil, nil, 0, toErrno(fmt.Sprintf("create %s", name), err)
 	}

@@ -43,8 +43,11 @@ type Device interface {
 	Name() string
 	// Alloc returns a zeroed buffer of exactly nbytes (> 0) bytes whose memory is
 	// committed now, so running out is ErrOutOfMemory here, never a fault later.
+	// A backend may carve small buffers out of a larger exported allocation
+	// (see Buffer.Offset), but never puts buffers of different owners (uids) in
+	// one allocation: its IPC handle grants access to all of it.
 	// Errors: ErrInvalidSize for nbytes <= 0, ErrOutOfMemory.
-	Alloc(nbytes int64) (Buffer, error)
+	Alloc(nbytes int64, owner uint32) (Buffer, error)
 	// MemInfo reports capacity and use, in bytes.
 	MemInfo() MemInfo
 	// Close frees what the device itself holds (caches, pools, contexts). Buffers
@@ -54,14 +57,19 @@ type Device interface {
 
 // Buffer is one committed allocation on a device.
 type Buffer interface {
-	// ID identifies the allocation; unique for the process's life, never reused.
+	// ID identifies the exported allocation the buffer lives in (several
+	// buffers may share one); unique for the process's life, never reused, so
+	// importers can key their caches by it.
 	ID() uint64
+	// Offset is the buffer's byte offset inside that allocation (0 when the
+	// buffer is the whole allocation): the ipc_offset of the tensor.
+	Offset() int64
 	// Device is the device that owns the buffer.
 	Device() Device
-	// Size is the allocation's length in bytes.
+	// Size is the buffer's length in bytes.
 	Size() int64
-	// Addr is the allocation's base address in the device's address space (a
-	// host virtual address for host memory, a CUdeviceptr for CUDA), for memory
+	// Addr is the buffer's first byte in the device's address space (a host
+	// virtual address for host memory, a CUdeviceptr for CUDA), for memory
 	// region registration.
 	Addr() uintptr
 	// ReadAt copies len(p) bytes at byte offset off into p. It fails with
@@ -74,7 +82,8 @@ type Buffer interface {
 	// Handle is the IPC handle another process opens to map this allocation:
 	// "memfd:/proc/PID/fd/N" for host memory, "cuda:" + 128 hex digits for CUDA.
 	Handle() string
-	// Free releases the memory. A second Free returns ErrFreed.
+	// Free releases the buffer (the allocation once no buffer uses it). A
+	// second Free returns ErrFreed.
 	Free() error
 }
 

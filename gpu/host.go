@@ -90,8 +90,9 @@ func (h *Host) reserve(n int64) error {
 	}
 }
 
-// Alloc implements Device.
-func (h *Host) Alloc(nbytes int64) (Buffer, error) {
+// Alloc implements Device. Every host buffer is its own memfd, so owner needs
+// no separation here.
+func (h *Host) Alloc(nbytes int64, owner uint32) (Buffer, error) {
 	if nbytes <= 0 || int64(int(nbytes)) != nbytes {
 		return nil, fmt.Errorf("host alloc of %d bytes: %w", nbytes, ErrInvalidSize)
 	}
@@ -147,6 +148,7 @@ type hostBuffer struct {
 }
 
 func (b *hostBuffer) ID() uint64     { return b.id }
+func (b *hostBuffer) Offset() int64  { return 0 }
 func (b *hostBuffer) Device() Device { return b.dev }
 func (b *hostBuffer) Size() int64 {
 	b.mu.RLock()

@@ -129,13 +129,16 @@ type Template struct {
 	Shape Shape
 	// Device is the device name; "" means the store's default.
 	Device string
+	// Owner is the uid of the tensor's creator: tensors of different owners
+	// never share an exported allocation.
+	Owner uint32
 }
 
 // New creates a tensor from a template, allocated and registered at once when
 // the template has a shape. The tensor starts linked (it has a name) with no
 // open handle. Errors: those of SetShape.
 func (s *Store) New(tmpl Template) (*Tensor, error) {
-	t := &Tensor{s: s, dtype: tmpl.DType, device: tmpl.Device, linked: true, handles: map[*Handle]struct{}{}}
+	t := &Tensor{s: s, owner: tmpl.Owner, dtype: tmpl.DType, device: tmpl.Device, linked: true, handles: map[*Handle]struct{}{}}
 	if t.device == "" {
 		t.device = s.def.Name()
 	}

@@ -143,7 +143,7 @@ func TestDTypeAndShapeKeepNBytes(t *testing.T) {
 	require.Equal(t, "2,4", tn.Info().Shape.String())
 	require.ErrorIs(t, tn.SetDType("nope"), ErrInvalid)
 	require.ErrorIs(t, tn.SetDevice("host"), nil)
-	require.ErrorIs(t, tn.SetDevice("cuda:0"), ErrInvalid)
+	require.ErrorIs(t, tn.SetDevice("cuda:0"), ErrBusy, "allocated: busy, whatever the device")
 	tn.Unlink()
 
 	e, err := s.New(Template{})

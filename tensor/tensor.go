@@ -20,7 +20,8 @@ type allocation struct {
 // Tensor is one tensor file's data and metadata. Its methods are safe for
 // concurrent use.
 type Tensor struct {
-	s *Store
+	s     *Store
+	owner uint32 // uid whose tensors may share an exported allocation
 
 	mu     sync.RWMutex
 	dtype  DType // "" until set; U8 once allocated without one
@@ -81,7 +82,7 @@ func (t *Tensor) newAllocation(n int64) (*allocation, error) {
 	if err != nil {
 		return nil, err
 	}
-	buf, err := dev.Alloc(n)
+	buf, err := dev.Alloc(n, t.owner)
 	if err != nil {
 		return nil, err
 	}
@@ -90,7 +91,7 @@ func (t *Tensor) newAllocation(n int64) (*allocation, error) {
 		buf.Free()
 		return nil, fmt.Errorf("register %d bytes on %s: %w", n, dev.Name(), err)
 	}
-	exp := t.s.IPC.Export(buf.Handle(), buf.ID(), 0, n)
+	exp := t.s.IPC.Export(buf.Handle(), buf.ID(), buf.Offset(), n)
 	return &allocation{buf: buf, region: region, export: exp}, nil
 }
 
