@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tensorfs/tensorfs/fs"
-	"github.com/tensorfs/tensorfs/gpu"
 	"github.com/tensorfs/tensorfs/tensor"
 )
 
@@ -52,24 +51,6 @@ and GPU are present, else host), host, or cuda:N.
 	f.BoolVar(&allowOther, "allow-other", false, "let other users access the mount (FUSE allow_other)")
 	f.BoolVar(&debug, "debug", false, "log every FUSE request")
 	return cmd
-}
-
-// openDevices resolves --device to the default device and the others served.
-func openDevices(device string, limit int64) ([]gpu.Device, error) {
-	switch device {
-	case "auto":
-		// The CUDA backend is not built yet: auto is host until it is.
-		log.Printf("device auto: no CUDA backend in this build; using host memory")
-		device = gpu.HostName
-	case gpu.HostName:
-	default:
-		return nil, fmt.Errorf("--device %q: %w (this build serves host; auto picks it)", device, gpu.ErrNoDevice)
-	}
-	h, err := gpu.NewHost(limit)
-	if err != nil {
-		return nil, err
-	}
-	return []gpu.Device{h}, nil
 }
 
 func runMount(mountpoint, device string, limit int64, o fs.Options) error {
