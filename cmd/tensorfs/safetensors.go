@@ -60,7 +60,7 @@ func (s stSummary) String() string {
 	if s.tensors == 1 {
 		noun = "tensor"
 	}
-	return fmt.Sprintf("%d %s, %d bytes (%s)", s.tensors, noun, s.bytes, humanize.IBytes(uint64(s.bytes)))
+	return fmt.Sprintf("%d %s, %s bytes (%s)", s.tensors, noun, humanize.Comma(s.bytes), humanize.IBytes(uint64(s.bytes)))
 }
 
 func newImportCmd() *cobra.Command {
