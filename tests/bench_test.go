@@ -36,8 +36,8 @@ const (
 )
 
 // BenchmarkCreateUnlink64K measures the metadata path: per op, one
-// open(O_CREAT|O_EXCL|O_WRONLY), one 64 KiB pwrite at offset 0, close and
-// unlink, the same syscalls on every filesystem. On tensorfs-template the
+// openat(O_CREAT|O_EXCL|O_WRONLY), one 64 KiB pwrite at offset 0, close and
+// unlinkat, the same syscalls on every filesystem. On tensorfs-template the
 // directory's template (U8, shape 65536) makes create allocate and register
 // the 64 KiB tensor, and the write fills it; on tensorfs-write the file starts
 // empty and the write allocates and registers it. Reported as ops/s.
@@ -120,24 +120,30 @@ func forEachDataTarget(b *testing.B, fn func(b *testing.B, dir string)) {
 	})
 }
 
-// createUnlinkLoop is the timed loop of BenchmarkCreateUnlink64K.
+// createUnlinkLoop is the timed loop of BenchmarkCreateUnlink64K. Names are
+// resolved relative to an fd of dir (openat, unlinkat), so that every
+// filesystem does the same lookups whatever the depth of dir: tensorfs's
+// template needs a subdirectory, the floor and tmpfs work in their root.
 func createUnlinkLoop(b *testing.B, dir string) {
 	buf := pattern(metaSize)
-	name := filepath.Join(dir, "t")
+	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	mustNo(b, err)
+	defer unix.Close(dfd)
+	const name = "t"
 	for b.Loop() {
-		fd, err := unix.Open(name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+		fd, err := unix.Openat(dfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
 		if err != nil {
-			b.Fatalf("create %s: %v", name, err)
+			b.Fatalf("create %s/%s: %v", dir, name, err)
 		}
 		if n, err := unix.Pwrite(fd, buf, 0); err != nil || n != len(buf) {
 			unix.Close(fd)
-			b.Fatalf("pwrite %s: %d bytes, %v", name, n, err)
+			b.Fatalf("pwrite %s/%s: %d bytes, %v", dir, name, n, err)
 		}
 		if err := unix.Close(fd); err != nil {
-			b.Fatalf("close %s: %v", name, err)
+			b.Fatalf("close %s/%s: %v", dir, name, err)
 		}
-		if err := unix.Unlink(name); err != nil {
-			b.Fatalf("unlink %s: %v", name, err)
+		if err := unix.Unlinkat(dfd, name, 0); err != nil {
+			b.Fatalf("unlink %s/%s: %v", dir, name, err)
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
