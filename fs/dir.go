@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"sort"
 	"sync"
 	"syscall"
 
@@ -13,13 +14,52 @@ import (
 
 // Dir is a directory. It may carry a template (dtype, shape, device) that every
 // tensor created in it gets; mkdir copies it to the new directory.
+//
+// Its entries are its own map, not go-fuse's child tree: go-fuse re-inserts
+// whatever a LOOKUP returned after the handler has returned, and the kernel's
+// revalidating lookups run without the directory lock, so a lookup racing a
+// rename over the same name would put the replaced tensor back under the name
+// and orphan the new one (seen as leaked tensors under churn). go-fuse's tree
+// is only a cache here; names are decided by entries.
 type Dir struct {
 	gofs.Inode
 	fsys *FS
 	meta
 
+	mu      sync.Mutex
+	entries map[string]*gofs.Inode
+
 	tmplMu sync.Mutex
 	tmpl   tensor.Template
+}
+
+// child returns the entry for name, or nil.
+func (d *Dir) child(name string) *gofs.Inode {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.entries[name]
+}
+
+// empty reports whether the directory has no entries.
+func (d *Dir) empty() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.entries) == 0
+}
+
+// lockPair locks two directories in a fixed order (by inode number) so that
+// concurrent renames between them cannot deadlock; it returns the unlock.
+func lockPair(a, b *Dir) func() {
+	if a == b {
+		a.mu.Lock()
+		return a.mu.Unlock
+	}
+	if a.StableAttr().Ino > b.StableAttr().Ino {
+		a, b = b, a
+	}
+	a.mu.Lock()
+	b.mu.Lock()
+	return func() { b.mu.Unlock(); a.mu.Unlock() }
 }
 
 func (d *Dir) nodeMeta() *meta { return &d.meta }
@@ -43,11 +83,13 @@ func (d *Dir) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut)
 	d.meta.fill(&out.Attr)
 	out.Nlink = 2
 	out.Size = blockSize
-	for _, c := range d.Children() {
+	d.mu.Lock()
+	for _, c := range d.entries {
 		if c.IsDir() {
 			out.Nlink++
 		}
 	}
+	d.mu.Unlock()
 	return 0
 }
 
@@ -66,7 +108,7 @@ func (d *Dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gof
 	if errno := checkName(name); errno != 0 {
 		return nil, errno
 	}
-	c := d.GetChild(name)
+	c := d.child(name)
 	if c == nil {
 		return nil, syscall.ENOENT
 	}
@@ -83,12 +125,16 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 	if errno := checkName(name); errno != 0 {
 		return nil, errno
 	}
-	if d.GetChild(name) != nil {
-		return nil, syscall.EEXIST
-	}
 	child := &Dir{fsys: d.fsys, tmpl: d.template()}
 	child.meta.init(ctx, mode)
+	d.mu.Lock()
+	if d.entries[name] != nil {
+		d.mu.Unlock()
+		return nil, syscall.EEXIST
+	}
 	in := d.NewPersistentInode(ctx, child, gofs.StableAttr{Mode: syscall.S_IFDIR})
+	d.setEntry(name, in)
+	d.mu.Unlock()
 	var a fuse.AttrOut
 	child.Getattr(ctx, nil, &a)
 	out.Attr = a.Attr
@@ -97,30 +143,60 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 
 // Rmdir implements gofs.NodeRmdirer.
 func (d *Dir) Rmdir(ctx context.Context, name string) syscall.Errno {
-	c := d.GetChild(name)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c := d.entries[name]
 	if c == nil {
 		return syscall.ENOENT
 	}
-	if !c.IsDir() {
+	sub, ok := c.Operations().(*Dir)
+	if !ok {
 		return syscall.ENOTDIR
 	}
-	if len(c.Children()) > 0 {
+	if !sub.empty() {
 		return syscall.ENOTEMPTY
 	}
+	delete(d.entries, name)
 	return 0
+}
+
+// setEntry adds an entry; d.mu is held.
+func (d *Dir) setEntry(name string, in *gofs.Inode) {
+	if d.entries == nil {
+		d.entries = map[string]*gofs.Inode{}
+	}
+	d.entries[name] = in
+}
+
+// Readdir implements gofs.NodeReaddirer from the directory's own entries,
+// sorted by name (a listing must be deterministic).
+func (d *Dir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	d.mu.Lock()
+	list := make([]fuse.DirEntry, 0, len(d.entries))
+	for name, c := range d.entries {
+		list = append(list, fuse.DirEntry{Name: name, Mode: c.Mode(), Ino: c.StableAttr().Ino})
+	}
+	d.mu.Unlock()
+	sort.Slice(list, func(i, j int) bool { return list[i].Name < list[j].Name })
+	return gofs.NewListDirStream(list), 0
 }
 
 // Unlink implements gofs.NodeUnlinker: the tensor loses its name and is
 // released now, or at its last close.
 func (d *Dir) Unlink(ctx context.Context, name string) syscall.Errno {
-	c := d.GetChild(name)
+	d.mu.Lock()
+	c := d.entries[name]
 	if c == nil {
+		d.mu.Unlock()
 		return syscall.ENOENT
 	}
 	f, ok := c.Operations().(*File)
 	if !ok {
+		d.mu.Unlock()
 		return syscall.EISDIR
 	}
+	delete(d.entries, name)
+	d.mu.Unlock()
 	f.t.Unlink()
 	return 0
 }
@@ -139,34 +215,51 @@ func (d *Dir) Rename(ctx context.Context, name string, newParent gofs.InodeEmbed
 	if !ok {
 		return syscall.ENOTDIR
 	}
-	src := d.GetChild(name)
+	unlock := lockPair(d, np)
+	src := d.entries[name]
 	if src == nil {
+		unlock()
 		return syscall.ENOENT
 	}
-	dst := np.GetChild(newName)
+	dst := np.entries[newName]
 	if flags&gofs.RENAME_EXCHANGE != 0 {
 		if dst == nil {
+			unlock()
 			return syscall.ENOENT
 		}
+		d.entries[name], np.entries[newName] = dst, src
+		unlock()
 		return 0
 	}
-	if dst == nil || dst == src {
+	if dst == src {
+		unlock()
 		return 0
 	}
-	if flags&renameNoReplace != 0 {
-		return syscall.EEXIST
-	}
-	switch {
-	case dst.IsDir() && !src.IsDir():
-		return syscall.EISDIR
-	case !dst.IsDir() && src.IsDir():
-		return syscall.ENOTDIR
-	case dst.IsDir():
-		if len(dst.Children()) > 0 {
-			return syscall.ENOTEMPTY
+	var replaced *File
+	if dst != nil {
+		if flags&renameNoReplace != 0 {
+			unlock()
+			return syscall.EEXIST
 		}
-	default:
-		dst.Operations().(*File).t.Unlink()
+		switch dd, isDir := dst.Operations().(*Dir); {
+		case isDir && !src.IsDir():
+			unlock()
+			return syscall.EISDIR
+		case !isDir && src.IsDir():
+			unlock()
+			return syscall.ENOTDIR
+		case isDir && !dd.empty():
+			unlock()
+			return syscall.ENOTEMPTY
+		case !isDir:
+			replaced = dst.Operations().(*File)
+		}
+	}
+	delete(d.entries, name)
+	np.setEntry(newName, src)
+	unlock()
+	if replaced != nil {
+		replaced.t.Unlink()
 	}
 	return 0
 }

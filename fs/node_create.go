@@ -18,7 +18,7 @@ func (d *Dir) Create(ctx context.Context, name string, flags uint32, mode uint32
 	if mode&syscall.S_IFMT != 0 && mode&syscall.S_IFMT != syscall.S_IFREG {
 		return nil, nil, 0, syscall.EPERM
 	}
-	if d.GetChild(name) != nil {
+	if d.child(name) != nil {
 		return nil, nil, 0, syscall.EEXIST
 	}
 	tmpl := d.template()
@@ -31,12 +31,23 @@ func (d *Dir) Create(ctx context.Context, name string, flags uint32, mode uint32
 	}
 	f := &File{fsys: d.fsys, t: t}
 	f.meta.init(ctx, mode)
-	in := d.NewPersistentInode(ctx, f, gofs.StableAttr{Mode: syscall.S_IFREG})
 	fh, fuseFlags, errno := f.Open(ctx, flags)
 	if errno != 0 {
 		t.Unlink()
 		return nil, nil, 0, errno
 	}
+	in := d.NewPersistentInode(ctx, f, gofs.StableAttr{Mode: syscall.S_IFREG})
+	d.mu.Lock()
+	if d.entries[name] != nil {
+		// Lost a race with another create of the name: the kernel holds the
+		// directory lock for creates, so this is a safety net only.
+		d.mu.Unlock()
+		fh.(*handle).h.Close()
+		t.Unlink()
+		return nil, nil, 0, syscall.EEXIST
+	}
+	d.setEntry(name, in)
+	d.mu.Unlock()
 	var a fuse.AttrOut
 	f.Getattr(ctx, fh, &a)
 	out.Attr = a.Attr

@@ -100,3 +100,44 @@ func TestConcurrentChurn(t *testing.T) {
 	require.NoError(t, os.RemoveAll(dir))
 	d.requireClean()
 }
+
+// TestLookupRacingRenameOver: stat (a kernel revalidation LOOKUP, which holds
+// no directory lock) racing renames over the same name must never orphan the
+// new tensor or resurrect the replaced one. go-fuse re-inserts a looked-up
+// node after the handler returns; with its tree as the directory, this leaked
+// one tensor in a few hundred renames.
+func TestLookupRacingRenameOver(t *testing.T) {
+	d := startDaemon(t)
+	name := d.path("kv")
+	require.NoError(t, os.WriteFile(name, []byte{0}, 0o644))
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					os.Stat(name)
+				}
+			}
+		}()
+	}
+	for i := 0; i < 2000; i++ {
+		tmp := fmt.Sprintf("%s.tmp%d", name, i)
+		require.NoError(t, os.WriteFile(tmp, []byte{byte(i)}, 0o644))
+		require.NoError(t, os.Rename(tmp, name))
+	}
+	close(stop)
+	wg.Wait()
+	data, err := os.ReadFile(name)
+	require.NoError(t, err)
+	require.Equal(t, []byte{byte(1999 % 256)}, data, "the last rename wins")
+	require.Eventually(t, func() bool { return d.stats().Live.Tensors == 1 }, 5*time.Second, 10*time.Millisecond,
+		"exactly one tensor may survive: %+v", d.stats().Live)
+	require.NoError(t, os.Remove(name))
+	d.requireClean()
+}
