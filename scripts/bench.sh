@@ -142,6 +142,7 @@ END {
 			unit = "MB/s"; runit = "MB/s"; kind = "throughput"
 		}
 		if (!((b "/floor") in seen) && !((b "/" tv[1]) in seen)) continue
+		rows++
 		for (j = 1; j <= nt; j++) {
 			tkey = b "/" tv[j]
 			goal = (kind == "time") ? "time ≤ 1.20" : "throughput ≥ 0.90"
@@ -160,6 +161,7 @@ END {
 	print "Ratios: CreateUnlink64K is a time ratio (tensorfs s/op ÷ reference s/op; lower is better);"
 	print "SeqWrite256M and SeqRead256M are throughput ratios (tensorfs MB/s ÷ reference MB/s; higher is better)."
 	print "Each ratio is the ratio of the medians, then the range of the per-round ratios."
+	if (!rows) { print "bench.sh: no benchmark results" > "/dev/stderr"; exit 1 }
 	if (missing) { print "bench.sh: some results are missing" > "/dev/stderr"; exit 1 }
 	if (missed) {
 		print "bench.sh: a goal was missed" > "/dev/stderr"
