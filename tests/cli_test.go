@@ -130,3 +130,18 @@ func waitMounted(t *testing.T, mnt string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestTermWhileBusy: SIGTERM while a process has its cwd in the mount still
+// ends the daemon with exit 0 (lazy detach, bounded wait) and no mount left.
+func TestTermWhileBusy(t *testing.T) {
+	d := startDaemon(t)
+	require.NoError(t, os.WriteFile(d.path("t"), []byte("x"), 0o644))
+	busy := exec.Command("sleep", "30")
+	busy.Dir = d.mnt
+	require.NoError(t, busy.Start())
+	defer func() { busy.Process.Kill(); busy.Wait() }()
+	start := time.Now()
+	d.stop()
+	require.Less(t, time.Since(start), 10*time.Second)
+	require.False(t, mounted(d.mnt))
+}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
@@ -84,10 +85,19 @@ func runMount(mountpoint, device string, limit int64, o fs.Options) error {
 	case s := <-sig:
 		log.Printf("%v: unmounting %s", s, mountpoint)
 		if err := srv.Unmount(); err != nil {
+			// Busy (a process has its cwd or a file there): detach lazily; the
+			// kernel ends the connection when the last user leaves, or when
+			// this process exits below.
 			log.Printf("unmount: %v; detaching", err)
 			syscall.Unmount(mountpoint, syscall.MNT_DETACH)
 		}
-		<-done
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			log.Printf("%s still in use after 5s; exiting anyway (its users get ENOTCONN)", mountpoint)
+		case s := <-sig:
+			log.Printf("%v again: exiting now", s)
+		}
 	case <-done:
 		log.Printf("%s was unmounted", mountpoint)
 	}
