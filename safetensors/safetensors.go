@@ -428,6 +428,8 @@ func newHeader(ts []Tensor, metadata map[string]string) (*Header, error) {
 // to a multiple of 8 bytes as the reference writer does (so the data region is
 // 8-byte aligned). Errors wrapping ErrFormat: a header over MaxHeaderSize; a
 // name or metadata string that is not valid UTF-8 (JSON cannot carry it).
+// DataOffset is left alone: it matches len of the result for a header from
+// NewHeader, not necessarily for one read from a file.
 func (h *Header) Encode() ([]byte, error) {
 	b, err := h.encode()
 	return b, asFormat(err)

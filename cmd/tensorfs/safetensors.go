@@ -77,7 +77,7 @@ JSON in the user.safetensors.metadata xattr of DIR.
 The header is validated before anything is created. If the import fails part
 way, the tensors already imported are left in place, the error says how many,
 and the exit status is non-zero.`,
-		Args: cobra.ExactArgs(2),
+		Args: twoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -110,7 +110,7 @@ __metadata__.
 
 FILE is written under a temporary name next to it and renamed into place only
 when complete, so a failed export leaves no FILE behind. FILE "-" is stdout.`,
-		Args: cobra.ExactArgs(2),
+		Args: twoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -130,6 +130,15 @@ when complete, so a failed export leaves no FILE behind. FILE "-" is stdout.`,
 	}
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print no summary line")
 	return cmd
+}
+
+// twoArgs answers a wrong argument count with the usage line, which says
+// which two arguments (cobra's default only counts them).
+func twoArgs(cmd *cobra.Command, args []string) error {
+	if len(args) != 2 {
+		return fmt.Errorf("usage: tensorfs %s (got %d arguments)", cmd.Use, len(args))
+	}
+	return nil
 }
 
 // importSafetensors loads src into dir (see newImportCmd).
@@ -376,6 +385,11 @@ type stEntry struct {
 // exportSafetensors writes every tensor under dir to dst, or to stdout when
 // dst is "-" (see newExportCmd).
 func exportSafetensors(ctx context.Context, dir, dst string, stdout io.Writer) (stSummary, error) {
+	if dst != "-" {
+		if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
+			return stSummary{}, fmt.Errorf("export %s: %s is a directory; name the file to write", dir, dst)
+		}
+	}
 	sum, err := exportTo(ctx, dir, dst, stdout)
 	if err != nil {
 		if dst != "-" {
@@ -394,11 +408,6 @@ func exportTo(ctx context.Context, dir, dst string, stdout io.Writer) (stSummary
 	}
 	if !fi.IsDir() {
 		return sum, fmt.Errorf("%s is not a directory", dir)
-	}
-	if dst != "-" {
-		if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
-			return sum, fmt.Errorf("%s is a directory; name the file to write", dst)
-		}
 	}
 	entries, err := collectTensors(dir)
 	if err != nil {
