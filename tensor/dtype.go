@@ -35,12 +35,15 @@ var dtypeAliases = map[string]DType{
 	"complex64": "C64", "cfloat": "C64", "c8": "C64",
 }
 
-// ParseDType accepts a safetensors dtype name in any case ("F32", "bf16") or a
-// torch/numpy spelling ("float32", "torch.bfloat16", "np.int64", "<f4") and
-// returns the canonical name. Errors: ErrInvalid for anything else.
+// ParseDType accepts a safetensors dtype name ("F32", "BF16"), a torch or numpy
+// spelling ("float32", "torch.bfloat16", "np.int64", "<f4", "i8") or a
+// safetensors name in another case ("bf16"), tried in that order, and returns
+// the canonical name. The order matters where they collide: "F4" is
+// safetensors' 4-bit float but numpy's "f4" is float32, and "I8" is int8 but
+// numpy's "i8" is int64. Errors: ErrInvalid for anything else.
 func ParseDType(s string) (DType, error) {
 	t := strings.TrimSpace(s)
-	if d := DType(strings.ToUpper(t)); dtypeBits[d] != 0 {
+	if d := DType(t); dtypeBits[d] != 0 {
 		return d, nil
 	}
 	l := strings.ToLower(t)
@@ -49,6 +52,9 @@ func ParseDType(s string) (DType, error) {
 	}
 	l = strings.TrimLeft(l, "<=|") // numpy byte-order marks; tensors are little-endian
 	if d, ok := dtypeAliases[l]; ok {
+		return d, nil
+	}
+	if d := DType(strings.ToUpper(t)); dtypeBits[d] != 0 {
 		return d, nil
 	}
 	return "", fmt.Errorf("dtype %q: %w (want a safetensors name like F32, BF16, I64, or a torch/numpy one like float32)", s, ErrInvalid)

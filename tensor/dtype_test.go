@@ -12,6 +12,7 @@ func TestParseDType(t *testing.T) {
 		"bfloat16": "BF16", "BF16": "BF16", "int64": "I64", "long": "I64", "<f4": "F32",
 		"uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "F8_E5M2": "F8_E5M2",
 		"half": "F16", "double": "F64", " I32 ": "I32", "F4": "F4",
+		"f4": "F32", "i8": "I64", "u8": "U64", "I8": "I8", "U8": "U8", "f16": "F16", "i32": "I32",
 	} {
 		got, err := ParseDType(in)
 		require.NoError(t, err, in)
