@@ -40,25 +40,25 @@ type TransferRecord struct {
 }
 
 // statsPad is the granularity the stats document is padded to, in bytes.
-const statsPad = 4096
+const statsPad = 256
 
-// statsJSON renders the stats document padded with spaces (valid JSON
-// whitespace) to a multiple of statsPad and ending in a newline. Clients read
-// xattrs in two calls (a size probe, then the read); a value whose length
-// changed in between would fail the read with ERANGE, so the length changes
-// only when the document crosses a statsPad boundary.
+// statsJSON renders the stats document followed by a newline and padded with
+// spaces (JSON whitespace, so parsers accept it) to a multiple of statsPad.
+// Clients read xattrs in two calls (a size probe, then the read); a value
+// whose length changed in between would fail the read with ERANGE (seen under
+// load), so the length changes only when the document crosses a statsPad
+// boundary. The newline comes first so a terminal shows the JSON on its own
+// line.
 func (f *FS) statsJSON() []byte {
 	b, _ := json.Marshal(Stats{
 		Live:      f.store.Stats(),
 		Transfers: TransferStats{Recent: []TransferRecord{}},
 		Peers:     map[string]string{},
 	})
-	n := (len(b) + 1 + statsPad - 1) / statsPad * statsPad
-	out := make([]byte, n)
-	copy(out, b)
-	for i := len(b); i < n-1; i++ {
-		out[i] = ' '
+	b = append(b, '\n')
+	n := (len(b) + statsPad - 1) / statsPad * statsPad
+	for len(b) < n {
+		b = append(b, ' ')
 	}
-	out[n-1] = '\n'
-	return out
+	return b
 }

@@ -15,7 +15,7 @@ die() { echo "demo: FAILED: $*" >&2; exit 1; }
 # Tools the demo drives, installed from Debian when missing (as root).
 need=()
 command -v fusermount3 >/dev/null || need+=(fuse3)
-command -v getfattr >/dev/null || need+=(attr)
+command -v getfattr --absolute-names >/dev/null || need+=(attr)
 if ((${#need[@]})); then
 	[ "$(id -u)" = 0 ] || die "missing ${need[*]}: install them (apt-get install ${need[*]})"
 	echo "installing ${need[*]}"
@@ -63,9 +63,9 @@ ls "$mnt/kv" | wc -l | grep -qx 64 || die "expected 64 blocks"
 ls -l "$mnt/kv" | head -4
 
 say "getfattr -d of one block: allocated and registered at creation"
-getfattr -d -m - "$mnt/kv/block00"
+getfattr --absolute-names -d -m - "$mnt/kv/block00"
 [ "$(stat -c %s "$mnt/kv/block00")" = 32768 ] || die "block size is not 16*8*128*2 bytes"
-getfattr --only-values -n user.tensorfs.mr_id "$mnt/kv/block00" >/dev/null || die "no mr_id"
+getfattr --absolute-names --only-values -n user.tensorfs.mr_id "$mnt/kv/block00" >/dev/null || die "no mr_id"
 
 say "write and read back with dd"
 head -c 32768 /dev/urandom >"$work/payload"
@@ -87,17 +87,17 @@ for f in "$mnt"/kv/*; do
 	b=$(basename "$f")
 	cmp -s "$f" "$mnt/kv2/$b" || die "$b differs after export+import"
 	for a in dtype shape; do
-		[ "$(getfattr --only-values -n user.tensorfs.$a "$f")" = "$(getfattr --only-values -n user.tensorfs.$a "$mnt/kv2/$b")" ] || die "$b: $a differs"
+		[ "$(getfattr --absolute-names --only-values -n user.tensorfs.$a "$f")" = "$(getfattr --absolute-names --only-values -n user.tensorfs.$a "$mnt/kv2/$b")" ] || die "$b: $a differs"
 	done
 done
 echo "64 tensors identical (bytes, dtype, shape)"
 
 say "stats with 128 tensors live"
-getfattr --only-values -n user.tensorfs.stats "$mnt"
+getfattr --absolute-names --only-values -n user.tensorfs.stats "$mnt"
 
 say "rm everything: registrations end, memory is freed"
 rm -r "$mnt/kv" "$mnt/kv2"
-stats=$(getfattr --only-values -n user.tensorfs.stats "$mnt")
+stats=$(getfattr --absolute-names --only-values -n user.tensorfs.stats "$mnt")
 echo "$stats"
 echo "$stats" | grep -q '"live":{"tensors":0,"regions":0,"exports":0,"imports":0,"leases":0,"pins":0,"bytes":0}' || die "stats not back at zero"
 df -h "$mnt"
