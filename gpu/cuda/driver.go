@@ -1,0 +1,51 @@
+package cuda
+
+import "unsafe"
+
+// Driver API handle types, as the C API declares them.
+type (
+	devptr  uint64  // CUdeviceptr: an address in the unified device address space
+	cuDev   int32   // CUdevice: an ordinal-like device handle
+	cuCtx   uintptr // CUcontext
+	cuStrm  uintptr // CUstream
+	ipcHndl [64]byte
+)
+
+// driver is the part of the CUDA driver API the backend uses, one method per
+// C function. The real one (libDriver) calls libcuda.so.1 through purego; the
+// unit tests use a fake that keeps device memory in Go slices, so the logic
+// above it (sub-allocation, staging, accounting, error paths) runs without a
+// GPU. Methods mirror the C calls exactly: every call that touches device
+// memory or streams needs the device's context current on the calling OS
+// thread (see Device.withCtx).
+type driver interface {
+	init() result
+	deviceGetCount() (int, result)
+	deviceGet(ordinal int) (cuDev, result)
+	primaryCtxRetain(d cuDev) (cuCtx, result)
+	primaryCtxRelease(d cuDev) result
+	ctxSetCurrent(c cuCtx) result
+	memGetInfo() (free, total uint64, r result)
+	memAlloc(n uint64) (devptr, result)
+	memFree(p devptr) result
+	ipcGetMemHandle(p devptr) (ipcHndl, result)
+	// memHostAlloc returns page-locked host memory, usable by any context.
+	memHostAlloc(n uint64) (unsafe.Pointer, result)
+	memFreeHost(p unsafe.Pointer) result
+	// streamCreate makes a non-blocking stream: it does not synchronize
+	// with the legacy default stream, so one caller's copy never waits for
+	// another's.
+	streamCreate() (cuStrm, result)
+	streamDestroy(s cuStrm) result
+	streamSynchronize(s cuStrm) result
+	memcpyHtoDAsync(dst devptr, src unsafe.Pointer, n uint64, s cuStrm) result
+	memcpyDtoHAsync(dst unsafe.Pointer, src devptr, n uint64, s cuStrm) result
+	memcpyDtoDAsync(dst, src devptr, n uint64, s cuStrm) result
+	memcpyPeerAsync(dst devptr, dstCtx cuCtx, src devptr, srcCtx cuCtx, n uint64, s cuStrm) result
+	memsetD8Async(dst devptr, v byte, n uint64, s cuStrm) result
+	deviceCanAccessPeer(d, peer cuDev) (bool, result)
+	// ctxEnablePeerAccess lets the current context access peer's memory.
+	ctxEnablePeerAccess(peer cuCtx) result
+	// errorName is cuGetErrorName's answer, "" when it has none.
+	errorName(r result) string
+}

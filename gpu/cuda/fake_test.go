@@ -1,0 +1,492 @@
+package cuda
+
+import (
+	"bytes"
+	"fmt"
+	"sort"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// fakeDriver is a CUDA driver in Go: device memory is Go slices, streams are
+// queues run at cuStreamSynchronize (so a staging buffer reused before its
+// DMA ran shows up as wrong bytes), and every call checks that the calling OS
+// thread has a context current, the way the real driver would act on it.
+type fakeDriver struct {
+	mu sync.Mutex
+
+	ndev     int
+	devTotal uint64 // bytes of memory of each fake GPU
+	others   uint64 // bytes of each GPU that other processes hold
+	canPeer  bool
+
+	allocs   map[devptr]*fakeAlloc
+	nextPtr  devptr
+	host     map[unsafe.Pointer][]byte
+	streams  map[cuStrm]*fakeStream
+	nextStrm cuStrm
+	current  map[int]cuCtx // OS thread id -> current context
+	retained map[cuDev]int
+	peerOn   map[[2]cuCtx]int // (ctx, peer ctx) -> cuCtxEnablePeerAccess calls
+
+	fail       map[string]result // op -> result every call returns until cleared
+	calls      map[string]int
+	violations []string
+}
+
+type fakeAlloc struct {
+	dev  cuDev
+	data []byte
+}
+
+type fakeStream struct {
+	ctx   cuCtx
+	queue []func()
+}
+
+func newFake(ndev int, total uint64) *fakeDriver {
+	return &fakeDriver{
+		ndev: ndev, devTotal: total, canPeer: true,
+		allocs: map[devptr]*fakeAlloc{}, nextPtr: 0x7f0000000000,
+		host: map[unsafe.Pointer][]byte{}, streams: map[cuStrm]*fakeStream{}, nextStrm: 1,
+		current: map[int]cuCtx{}, retained: map[cuDev]int{}, peerOn: map[[2]cuCtx]int{},
+		fail: map[string]result{}, calls: map[string]int{},
+	}
+}
+
+func fakeCtx(d cuDev) cuCtx { return cuCtx(0x1000 + int(d)) }
+
+func ctxDev(c cuCtx) cuDev { return cuDev(int(c) - 0x1000) }
+
+// enter counts the call and returns an injected failure, if any. f.mu is held.
+func (f *fakeDriver) enter(op string) result {
+	f.calls[op]++
+	return f.fail[op]
+}
+
+// cur is the calling thread's context; a call without one is a violation
+// (the real driver would fail it, or act on another device). f.mu is held.
+func (f *fakeDriver) cur(op string) (cuCtx, bool) {
+	c := f.current[unix.Gettid()]
+	if c == 0 {
+		f.violations = append(f.violations, op+" with no current context")
+		return 0, false
+	}
+	return c, true
+}
+
+// slice finds the device bytes [p, p+n). f.mu is held.
+func (f *fakeDriver) slice(p devptr, n uint64) []byte {
+	for base, a := range f.allocs {
+		if p >= base && uint64(p-base)+n <= uint64(len(a.data)) {
+			return a.data[p-base : uint64(p-base)+n]
+		}
+	}
+	return nil
+}
+
+func (f *fakeDriver) usedOn(d cuDev) uint64 {
+	var u uint64
+	for _, a := range f.allocs {
+		if a.dev == d {
+			u += uint64(len(a.data))
+		}
+	}
+	return u
+}
+
+func (f *fakeDriver) init() result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.enter("cuInit")
+}
+
+func (f *fakeDriver) deviceGetCount() (int, result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ndev, f.enter("cuDeviceGetCount")
+}
+
+func (f *fakeDriver) deviceGet(i int) (cuDev, result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r := f.enter("cuDeviceGet"); r != success {
+		return 0, r
+	}
+	if i < 0 || i >= f.ndev {
+		return 0, errInvalidDevice
+	}
+	return cuDev(i), success
+}
+
+func (f *fakeDriver) primaryCtxRetain(d cuDev) (cuCtx, result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r := f.enter("cuDevicePrimaryCtxRetain"); r != success {
+		return 0, r
+	}
+	f.retained[d]++
+	return fakeCtx(d), success
+}
+
+func (f *fakeDriver) primaryCtxRelease(d cuDev) result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.retained[d]--
+	if f.retained[d] == 0 {
+		// The real driver destroys the context: its memory goes with it.
+		delete(f.retained, d)
+		for p, a := range f.allocs {
+			if a.dev == d {
+				delete(f.allocs, p)
+			}
+		}
+	}
+	return f.enter("cuDevicePrimaryCtxRelease_v2")
+}
+
+func (f *fakeDriver) ctxSetCurrent(c cuCtx) result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r := f.enter("cuCtxSetCurrent"); r != success {
+		return r
+	}
+	f.current[unix.Gettid()] = c
+	return success
+}
+
+func (f *fakeDriver) memGetInfo() (uint64, uint64, result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.cur("cuMemGetInfo_v2")
+	if !ok {
+		return 0, 0, 201
+	}
+	return f.devTotal - f.usedOn(ctxDev(c)), f.devTotal, f.enter("cuMemGetInfo_v2")
+}
+
+func (f *fakeDriver) memAlloc(n uint64) (devptr, result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r := f.enter("cuMemAlloc_v2"); r != success {
+		return 0, r
+	}
+	c, ok := f.cur("cuMemAlloc_v2")
+	if !ok {
+		return 0, 201
+	}
+	if f.usedOn(ctxDev(c))+f.others+n > f.devTotal {
+		return 0, errOutOfMemory
+	}
+	p := f.nextPtr
+	f.nextPtr += devptr(roundUp(int64(n), ArenaSize))
+	data := bytes.Repeat([]byte{0xA5}, int(n)) // cuMemAlloc does not zero
+	f.allocs[p] = &fakeAlloc{dev: ctxDev(c), data: data}
+	return p, success
+}
+
+func (f *fakeDriver) memFree(p devptr) result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r := f.enter("cuMemFree_v2"); r != success {
+		return r
+	}
+	if _, ok := f.cur("cuMemFree_v2"); !ok {
+		return 201
+	}
+	if f.allocs[p] == nil {
+		f.violations = append(f.violations, fmt.Sprintf("cuMemFree_v2 of %#x, not allocated", p))
+		return 1
+	}
+	delete(f.allocs, p)
+	return success
+}
+
+func (f *fakeDriver) ipcGetMemHandle(p devptr) (ipcHndl, result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var h ipcHndl
+	if r := f.enter("cuIpcGetMemHandle"); r != success {
+		return h, r
+	}
+	if _, ok := f.cur("cuIpcGetMemHandle"); !ok {
+		return h, 201
+	}
+	if f.allocs[p] == nil {
+		return h, 1
+	}
+	for i := range h {
+		h[i] = byte(uint64(p) >> (8 * (i % 8)))
+	}
+	h[63] = 0xCD
+	return h, success
+}
+
+func (f *fakeDriver) memHostAlloc(n uint64) (unsafe.Pointer, result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r := f.enter("cuMemHostAlloc"); r != success {
+		return nil, r
+	}
+	if _, ok := f.cur("cuMemHostAlloc"); !ok {
+		return nil, 201
+	}
+	b := make([]byte, n)
+	p := unsafe.Pointer(&b[0])
+	f.host[p] = b
+	return p, success
+}
+
+func (f *fakeDriver) memFreeHost(p unsafe.Pointer) result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.host[p] == nil {
+		f.violations = append(f.violations, "cuMemFreeHost of unknown memory")
+		return 1
+	}
+	delete(f.host, p)
+	return f.enter("cuMemFreeHost")
+}
+
+// hostSlice finds the page-locked bytes [p, p+n). f.mu is held.
+func (f *fakeDriver) hostSlice(p unsafe.Pointer, n uint64) []byte {
+	for base, b := range f.host {
+		if off := uintptr(p) - uintptr(base); uintptr(p) >= uintptr(base) && uint64(off)+n <= uint64(len(b)) {
+			return b[off : uint64(off)+n]
+		}
+	}
+	return nil
+}
+
+func (f *fakeDriver) streamCreate() (cuStrm, result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r := f.enter("cuStreamCreate"); r != success {
+		return 0, r
+	}
+	c, ok := f.cur("cuStreamCreate")
+	if !ok {
+		return 0, 201
+	}
+	s := f.nextStrm
+	f.nextStrm++
+	f.streams[s] = &fakeStream{ctx: c}
+	return s, success
+}
+
+func (f *fakeDriver) streamDestroy(s cuStrm) result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if st := f.streams[s]; st == nil || len(st.queue) > 0 {
+		f.violations = append(f.violations, "cuStreamDestroy_v2 of an unknown or busy stream")
+	}
+	delete(f.streams, s)
+	return f.enter("cuStreamDestroy_v2")
+}
+
+// stream checks that s belongs to the current context. f.mu is held.
+func (f *fakeDriver) stream(op string, s cuStrm) *fakeStream {
+	c, ok := f.cur(op)
+	st := f.streams[s]
+	if !ok || st == nil || st.ctx != c {
+		f.violations = append(f.violations, fmt.Sprintf("%s on stream %d from context %#x", op, s, c))
+		return nil
+	}
+	return st
+}
+
+func (f *fakeDriver) streamSynchronize(s cuStrm) result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := f.stream("cuStreamSynchronize", s)
+	if st == nil {
+		return 400
+	}
+	for _, op := range st.queue {
+		op()
+	}
+	st.queue = nil
+	return f.enter("cuStreamSynchronize")
+}
+
+// enqueue adds a copy to s, run at the next synchronization. f.mu is held.
+func (f *fakeDriver) enqueue(op string, s cuStrm, dst, src func() []byte) result {
+	if r := f.enter(op); r != success {
+		return r
+	}
+	st := f.stream(op, s)
+	if st == nil {
+		return 400
+	}
+	if dst() == nil || src() == nil {
+		f.violations = append(f.violations, op+" outside any allocation")
+		return 1
+	}
+	st.queue = append(st.queue, func() { copy(dst(), src()) })
+	return success
+}
+
+func (f *fakeDriver) memcpyHtoDAsync(dst devptr, src unsafe.Pointer, n uint64, s cuStrm) result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.enqueue("cuMemcpyHtoDAsync_v2", s, func() []byte { return f.slice(dst, n) }, func() []byte { return f.hostSlice(src, n) })
+}
+
+func (f *fakeDriver) memcpyDtoHAsync(dst unsafe.Pointer, src devptr, n uint64, s cuStrm) result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.enqueue("cuMemcpyDtoHAsync_v2", s, func() []byte { return f.hostSlice(dst, n) }, func() []byte { return f.slice(src, n) })
+}
+
+func (f *fakeDriver) memcpyDtoDAsync(dst, src devptr, n uint64, s cuStrm) result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.enqueue("cuMemcpyDtoDAsync_v2", s, func() []byte { return f.slice(dst, n) }, func() []byte { return f.slice(src, n) })
+}
+
+func (f *fakeDriver) memcpyPeerAsync(dst devptr, dstCtx cuCtx, src devptr, srcCtx cuCtx, n uint64, s cuStrm) result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if a := f.allocOf(dst); a == nil || fakeCtx(a.dev) != dstCtx {
+		f.violations = append(f.violations, "cuMemcpyPeerAsync: dst not in dstContext")
+	}
+	if a := f.allocOf(src); a == nil || fakeCtx(a.dev) != srcCtx {
+		f.violations = append(f.violations, "cuMemcpyPeerAsync: src not in srcContext")
+	}
+	return f.enqueue("cuMemcpyPeerAsync", s, func() []byte { return f.slice(dst, n) }, func() []byte { return f.slice(src, n) })
+}
+
+func (f *fakeDriver) allocOf(p devptr) *fakeAlloc {
+	for base, a := range f.allocs {
+		if p >= base && uint64(p-base) < uint64(len(a.data)) {
+			return a
+		}
+	}
+	return nil
+}
+
+func (f *fakeDriver) memsetD8Async(dst devptr, v byte, n uint64, s cuStrm) result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r := f.enter("cuMemsetD8Async"); r != success {
+		return r
+	}
+	st := f.stream("cuMemsetD8Async", s)
+	if st == nil {
+		return 400
+	}
+	if f.slice(dst, n) == nil {
+		f.violations = append(f.violations, "cuMemsetD8Async outside any allocation")
+		return 1
+	}
+	st.queue = append(st.queue, func() {
+		b := f.slice(dst, n)
+		clear(b)
+		if v != 0 {
+			copy(b, bytes.Repeat([]byte{v}, len(b)))
+		}
+	})
+	return success
+}
+
+func (f *fakeDriver) deviceCanAccessPeer(d, peer cuDev) (bool, result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.canPeer && d != peer, f.enter("cuDeviceCanAccessPeer")
+}
+
+func (f *fakeDriver) ctxEnablePeerAccess(peer cuCtx) result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r := f.enter("cuCtxEnablePeerAccess"); r != success {
+		return r
+	}
+	c, ok := f.cur("cuCtxEnablePeerAccess")
+	if !ok {
+		return 201
+	}
+	k := [2]cuCtx{c, peer}
+	f.peerOn[k]++
+	if f.peerOn[k] > 1 {
+		return errPeerAccessEnabled
+	}
+	return success
+}
+
+// errorName knows a few codes, as an old driver would, so that the table
+// fallback is exercised too.
+func (f *fakeDriver) errorName(r result) string {
+	switch r {
+	case errOutOfMemory:
+		return "CUDA_ERROR_OUT_OF_MEMORY"
+	case 999:
+		return "CUDA_ERROR_UNKNOWN"
+	}
+	return ""
+}
+
+// setFail makes every call of op return r (success clears it).
+func (f *fakeDriver) setFail(op string, r result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r == success {
+		delete(f.fail, op)
+	} else {
+		f.fail[op] = r
+	}
+}
+
+// state is a snapshot for assertions.
+type fakeState struct {
+	allocs     []int // sizes of live device allocations, sorted
+	host       int   // live page-locked buffers
+	streams    int
+	retained   int
+	violations []string
+}
+
+func (f *fakeDriver) state() fakeState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var s fakeState
+	for _, a := range f.allocs {
+		s.allocs = append(s.allocs, len(a.data))
+	}
+	sort.Ints(s.allocs)
+	s.host, s.streams = len(f.host), len(f.streams)
+	for _, n := range f.retained {
+		s.retained += n
+	}
+	s.violations = append(s.violations, f.violations...)
+	return s
+}
+
+// peek returns a copy of device bytes, for checking what a buffer holds
+// without going through the code under test.
+func (f *fakeDriver) peek(p devptr, n int64) []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]byte(nil), f.slice(p, uint64(n))...)
+}
+
+// fakeLib is a library whose symbols are made-up addresses.
+type fakeLib struct {
+	openErr error
+	missing string // a symbol it lacks
+	looked  []string
+	closed  bool
+}
+
+func (l *fakeLib) open() error { return l.openErr }
+
+func (l *fakeLib) lookup(name string) (uintptr, error) {
+	l.looked = append(l.looked, name)
+	if name == l.missing {
+		return 0, fmt.Errorf("undefined symbol: %s", name)
+	}
+	return uintptr(0x1000 + len(l.looked)), nil
+}
+
+func (l *fakeLib) close() error { l.closed = true; return nil }
