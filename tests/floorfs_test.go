@@ -222,11 +222,13 @@ func (f *floorFile) Write(ctx context.Context, fh gofs.FileHandle, data []byte, 
 // mountFloor mounts a floorFS on a fresh directory with tensorfs's mount
 // options (fs.Mount): attribute, entry and negative timeouts of 0, MaxWrite =
 // fs.MaxWrite, default_permissions, direct I/O mmap allowed, MaxBackground 64,
-// DirectMount as root. Its log goes nowhere. The FsName starts with "tensorfs" so that TestMain's
-// sweep of leftover mounts would find it; a cleanup unmounts it.
+// DirectMount as root. Its log goes nowhere. The FsName starts with
+// "tensorfs" and the mountpoint is recorded in ours, so that TestMain's check
+// for leftover mounts covers it; a cleanup unmounts it.
 func mountFloor(tb testing.TB) (*floorFS, string) {
 	tb.Helper()
 	dir := tb.TempDir()
+	ours.Store(dir, true) // TestMain's leftover check looks at our mounts
 	root := &floorFS{}
 	zero := time.Duration(0)
 	opts := &gofs.Options{
