@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -137,7 +138,11 @@ func loadDriver() (*libDriver, error) {
 // driver too old for this backend is as good as none.
 func bind(lib library, name string) (*libDriver, error) {
 	if err := lib.open(); err != nil {
-		return nil, fmt.Errorf("%s: %v: %w", name, err, gpu.ErrNoDriver)
+		msg := err.Error() // dlerror's text names the file, usually
+		if !strings.Contains(msg, name) {
+			msg = name + ": " + msg
+		}
+		return nil, fmt.Errorf("%s: %w", msg, gpu.ErrNoDriver)
 	}
 	d := &libDriver{}
 	for _, s := range d.sym.table() {
