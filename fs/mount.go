@@ -2,7 +2,9 @@ package fs
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log"
 	"os"
 	"syscall"
 	"time"
@@ -40,10 +42,13 @@ func NewRoot(store *tensor.Store) *Dir {
 // Mount mounts a tensor tree over store at dir and returns the server once the
 // kernel has answered INIT. As root it mounts with mount(2) directly, else
 // through fusermount3. A stale mount left at dir (a killed daemon's: "transport
-// endpoint is not connected") is lazily unmounted first. Attribute and entry
+// endpoint is not connected") is lazily unmounted first; a live tensorfs mount
+// there is ErrMounted. Attribute and entry
 // timeouts are 0, so stat always shows the current size.
 func Mount(dir string, store *tensor.Store, o Options) (*fuse.Server, error) {
-	CleanStale(dir)
+	if err := CleanStale(dir); err != nil {
+		return nil, err
+	}
 	zero := time.Duration(0)
 	name := o.FSName
 	if name == "" {
@@ -73,15 +78,30 @@ func Mount(dir string, store *tensor.Store, o Options) (*fuse.Server, error) {
 	return srv, nil
 }
 
-// CleanStale lazily unmounts dir when it is a dead FUSE mount (stat fails with
-// ENOTCONN) or any mount of ours; it does nothing to an ordinary directory.
-func CleanStale(dir string) {
-	var st syscall.Stat_t
-	err := syscall.Stat(dir, &st)
-	if err == syscall.ENOTCONN || err == syscall.ECONNABORTED || (err == nil && isMountpoint(dir)) {
+// ErrMounted: the mountpoint is already served by a live tensorfs daemon.
+var ErrMounted = errors.New("already mounted by a live tensorfs daemon")
+
+// CleanStale lazily unmounts dir when it is a dead FUSE mount (a killed
+// daemon's: stat fails with ENOTCONN) and returns nil; it leaves an ordinary
+// directory alone, and refuses (ErrMounted) a live tensorfs mount, whose
+// daemon still holds tensors that taking over the mountpoint would strand.
+func CleanStale(dir string) error {
+	err := statTimeout(dir, 3*time.Second)
+	if err == errHung {
+		log.Printf("%s: a mount that does not answer; aborting its FUSE connection", dir)
+		abortConnection(dir)
+		err = syscall.ENOTCONN
+	}
+	if err == syscall.ENOTCONN || err == syscall.ECONNABORTED {
+		log.Printf("%s: cleaning up a stale mount left by a dead daemon", dir)
 		if syscall.Unmount(dir, syscall.MNT_DETACH) != nil {
 			// Not root: ask fusermount3, which may unmount our own mounts.
 			_ = runQuiet("fusermount3", "-u", "-z", dir)
 		}
+		return nil
 	}
+	if err == nil && isMountpoint(dir) {
+		return fmt.Errorf("%s: %w (unmount it first: tensorfs unmount %s)", dir, ErrMounted, dir)
+	}
+	return nil
 }

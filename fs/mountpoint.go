@@ -2,11 +2,61 @@ package fs
 
 import (
 	"bufio"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
+	"time"
 )
+
+// errHung: a stat of the path did not return in time (a FUSE mount whose
+// daemon is stuck).
+var errHung = errors.New("no answer")
+
+// statTimeout stats path, giving up (errHung) after d; the stat goroutine of
+// a hung mount stays blocked until the mount is aborted.
+func statTimeout(path string, d time.Duration) error {
+	done := make(chan error, 1)
+	go func() {
+		var st syscall.Stat_t
+		done <- syscall.Stat(path, &st)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(d):
+		return errHung
+	}
+}
+
+// abortConnection aborts the FUSE connection of the mount at dir through
+// fusectl (/sys/fs/fuse/connections/N/abort, N the mount's device minor from
+// /proc/self/mountinfo), so that every request waiting on it fails; needs root.
+func abortConnection(dir string) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return
+	}
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || unescapeMount(f[4]) != abs {
+			continue
+		}
+		if _, minor, ok := strings.Cut(f[2], ":"); ok {
+			conn := "/sys/fs/fuse/connections/" + minor
+			if _, err := os.Stat(conn); err != nil {
+				exec.Command("mount", "-t", "fusectl", "none", "/sys/fs/fuse/connections").Run()
+			}
+			os.WriteFile(conn+"/abort", []byte("1"), 0)
+		}
+	}
+}
 
 // isMountpoint reports whether dir is the mountpoint of a FUSE mount named
 // tensorfs in /proc/self/mounts.

@@ -2,12 +2,28 @@
 # The test entry point (README's test command; .ci/run calls it): vet, ban
 # naked panics outside tests, run every test with the race detector (the
 # integration tests mount the real binary, built with -race too), and fail if
-# any tensorfs mount is left behind. Needs root (FUSE mounts) and fuse3+attr.
+# a mount of this run is left behind. Needs root (FUSE mounts) and fuse3+attr.
+#
+# Tests mount under a TMPDIR of this run, so the leftover check (and the
+# clean-up) touch only this run's mounts, never another user's or run's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-leftovers() { grep -E '^tensorfs[^ ]* [^ ]+ fuse' /proc/mounts | awk '{print $2}' || true; }
-for m in $(leftovers); do umount -l "$m" 2>/dev/null || true; done
+run_tmp=$(mktemp -d /tmp/tensorfs-test.XXXXXX)
+export TMPDIR=$run_tmp
+ours() { awk -v p="$run_tmp/" '$3 ~ /^fuse/ && index($2, p) == 1 {print $2}' /proc/mounts; }
+finish() {
+	rc=$?
+	left=$(ours)
+	if [ -n "$left" ]; then
+		echo "test.sh: FUSE mounts left behind: $left" >&2
+		for m in $left; do umount -l "$m" 2>/dev/null || true; done
+		rc=1
+	fi
+	rm -rf "$run_tmp"
+	exit $rc
+}
+trap finish EXIT
 
 go vet ./...
 if grep -rn --include='*.go' --exclude='*_test.go' -E '(^|[^.[:alnum:]_])panic\(' . ; then
@@ -15,10 +31,3 @@ if grep -rn --include='*.go' --exclude='*_test.go' -E '(^|[^.[:alnum:]_])panic\(
 	exit 1
 fi
 go test -race -count=1 -timeout 30m ./...
-
-left=$(leftovers)
-if [ -n "$left" ]; then
-	echo "test.sh: FUSE mounts left behind: $left" >&2
-	for m in $left; do umount -l "$m" 2>/dev/null || true; done
-	exit 1
-fi

@@ -145,3 +145,19 @@ func TestTermWhileBusy(t *testing.T) {
 	require.Less(t, time.Since(start), 10*time.Second)
 	require.False(t, mounted(d.mnt))
 }
+
+// TestMountOverLiveMountRefused: a second daemon on a live mountpoint is
+// refused and the first keeps serving its tensors.
+func TestMountOverLiveMountRefused(t *testing.T) {
+	d := startDaemon(t)
+	require.NoError(t, os.WriteFile(d.path("keep"), []byte("mine"), 0o644))
+	out, err := exec.Command(bin, "mount", d.mnt).CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), "already mounted by a live tensorfs daemon")
+	require.Len(t, strings.Split(strings.TrimSpace(string(out)), "\n"), 1, "%s", out)
+	data, err := os.ReadFile(d.path("keep"))
+	require.NoError(t, err)
+	require.Equal(t, "mine", string(data))
+	require.NoError(t, os.Remove(d.path("keep")))
+	d.requireClean()
+}

@@ -55,12 +55,22 @@ and GPU are present, else host), host, or cuda:N.
 }
 
 func runMount(mountpoint, device string, limit int64, o fs.Options) error {
+	// Catch signals before mounting: go-fuse's mount makes a request on the
+	// new mount from this process (its poll check), and a process killed by a
+	// default-action SIGINT while waiting for its own reply hangs in exit and
+	// leaves a mount that hangs everyone who touches it (seen in the tests).
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	st, err := os.Stat(mountpoint)
 	if err != nil && !errors.Is(err, syscall.ENOTCONN) {
 		return fmt.Errorf("mountpoint: %w", err)
 	}
 	if err == nil && !st.IsDir() {
 		return fmt.Errorf("mountpoint %s is not a directory", mountpoint)
+	}
+	// Before opening devices, so that a refusal is the only line printed.
+	if err := fs.CleanStale(mountpoint); err != nil {
+		return err
 	}
 	devs, err := openDevices(device, limit)
 	if err != nil {
@@ -77,8 +87,6 @@ func runMount(mountpoint, device string, limit int64, o fs.Options) error {
 	mi := devs[0].MemInfo()
 	log.Printf("mounted %s: default device %s, capacity %s", mountpoint, devs[0].Name(), humanize.IBytes(uint64(mi.Total)))
 
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	done := make(chan struct{})
 	go func() { srv.Wait(); close(done) }()
 	select {
