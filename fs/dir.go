@@ -277,11 +277,6 @@ func (d *Dir) Symlink(ctx context.Context, target, name string, out *fuse.EntryO
 	return nil, syscall.EPERM
 }
 
-// Mknod implements gofs.NodeMknoder: only regular files, through create (EPERM).
-func (d *Dir) Mknod(ctx context.Context, name string, mode, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return nil, syscall.EPERM
-}
-
 // Statfs implements gofs.NodeStatfser.
 func (d *Dir) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	return d.fsys.statfs(out)

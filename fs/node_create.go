@@ -9,9 +9,11 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
-// Create implements gofs.NodeCreater: the tensor is allocated and registered at
-// once when the directory's template has a shape, else it starts empty.
-func (d *Dir) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+// newFile makes a tensor file named name, allocated and registered at once
+// when the directory's template has a shape, else empty. open, when true,
+// also returns an open handle (create(2)); the name is added only once
+// everything has succeeded, so a failure leaves nothing behind.
+func (d *Dir) newFile(ctx context.Context, name string, mode uint32, flags uint32, open bool, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
 	if errno := checkName(name); errno != 0 {
 		return nil, nil, 0, errno
 	}
@@ -31,10 +33,14 @@ func (d *Dir) Create(ctx context.Context, name string, flags uint32, mode uint32
 	}
 	f := &File{fsys: d.fsys, t: t}
 	f.meta.init(ctx, mode)
-	fh, fuseFlags, errno := f.Open(ctx, flags)
-	if errno != 0 {
-		t.Unlink()
-		return nil, nil, 0, errno
+	var fh gofs.FileHandle
+	var fuseFlags uint32
+	if open {
+		var errno syscall.Errno
+		if fh, fuseFlags, errno = f.Open(ctx, flags); errno != 0 {
+			t.Unlink()
+			return nil, nil, 0, errno
+		}
 	}
 	in := d.NewPersistentInode(ctx, f, gofs.StableAttr{Mode: syscall.S_IFREG})
 	d.mu.Lock()
@@ -42,7 +48,9 @@ func (d *Dir) Create(ctx context.Context, name string, flags uint32, mode uint32
 		// Lost a race with another create of the name: the kernel holds the
 		// directory lock for creates, so this is a safety net only.
 		d.mu.Unlock()
-		fh.(*handle).h.Close()
+		if fh != nil {
+			fh.(*handle).h.Close()
+		}
 		t.Unlink()
 		return nil, nil, 0, syscall.EEXIST
 	}
@@ -52,4 +60,16 @@ func (d *Dir) Create(ctx context.Context, name string, flags uint32, mode uint32
 	f.Getattr(ctx, fh, &a)
 	out.Attr = a.Attr
 	return in, fh, fuseFlags, 0
+}
+
+// Create implements gofs.NodeCreater (open with O_CREAT).
+func (d *Dir) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	return d.newFile(ctx, name, mode, flags, true, out)
+}
+
+// Mknod implements gofs.NodeMknoder: a regular file is created like by
+// create(2); device nodes, FIFOs and sockets are EPERM.
+func (d *Dir) Mknod(ctx context.Context, name string, mode, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	in, _, _, errno := d.newFile(ctx, name, mode, 0, false, out)
+	return in, errno
 }

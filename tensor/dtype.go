@@ -19,45 +19,52 @@ var dtypeBits = map[DType]int{
 	"C64": 64,
 }
 
-// dtypeAliases maps torch and numpy spellings (lower case, prefix stripped) to
-// the canonical names.
+// dtypeAliases maps torch and numpy type names (lower case, module prefix
+// stripped) to the canonical names.
 var dtypeAliases = map[string]DType{
-	"bool": "BOOL", "bool_": "BOOL", "b1": "BOOL",
-	"uint8": "U8", "u1": "U8", "int8": "I8", "i1": "I8",
-	"uint16": "U16", "u2": "U16", "int16": "I16", "short": "I16", "i2": "I16",
-	"uint32": "U32", "u4": "U32", "int32": "I32", "int": "I32", "i4": "I32", "intc": "I32",
-	"uint64": "U64", "u8": "U64", "int64": "I64", "long": "I64", "i8": "I64",
-	"float16": "F16", "half": "F16", "f2": "F16",
-	"bfloat16": "BF16",
-	"float32":  "F32", "float": "F32", "f4": "F32", "single": "F32",
-	"float64": "F64", "double": "F64", "f8": "F64",
+	"bool": "BOOL", "bool_": "BOOL",
+	"uint8": "U8", "int8": "I8", "uint16": "U16", "int16": "I16", "short": "I16",
+	"uint32": "U32", "int32": "I32", "int": "I32", "intc": "I32",
+	"uint64": "U64", "int64": "I64", "long": "I64",
+	"float16": "F16", "half": "F16", "bfloat16": "BF16",
+	"float32": "F32", "float": "F32", "single": "F32",
+	"float64": "F64", "double": "F64",
 	"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0",
-	"complex64": "C64", "cfloat": "C64", "c8": "C64",
+	"complex64": "C64", "cfloat": "C64",
 }
 
-// ParseDType accepts a safetensors dtype name ("F32", "BF16"), a torch or numpy
-// spelling ("float32", "torch.bfloat16", "np.int64", "<f4", "i8") or a
-// safetensors name in another case ("bf16"), tried in that order, and returns
-// the canonical name. The order matters where they collide: "F4" is
-// safetensors' 4-bit float but numpy's "f4" is float32, and "I8" is int8 but
-// numpy's "i8" is int64. Errors: ErrInvalid for anything else.
+// numpyCodes are numpy's array-protocol type codes. They are accepted only
+// with a byte-order mark ("<f4", "|u1", "=i8"), because bare they collide with
+// safetensors names: numpy's f4 is float32 but F4 is a 4-bit float, and its i8
+// is int64 but I8 is int8.
+var numpyCodes = map[string]DType{
+	"b1": "BOOL", "u1": "U8", "i1": "I8", "u2": "U16", "i2": "I16", "u4": "U32",
+	"i4": "I32", "u8": "U64", "i8": "I64", "f2": "F16", "f4": "F32", "f8": "F64", "c8": "C64",
+}
+
+// ParseDType accepts a safetensors dtype name in any case ("F32", "bf16"), a
+// torch or numpy type name ("float32", "torch.bfloat16", "np.int64"), or a
+// numpy type code with its byte-order mark ("<f4", "|u1"), and returns the
+// canonical name. Big-endian codes (">f4") are refused: tensors here are
+// little-endian, as in safetensors. Errors: ErrInvalid for anything else.
 func ParseDType(s string) (DType, error) {
 	t := strings.TrimSpace(s)
-	if d := DType(t); dtypeBits[d] != 0 {
+	if d := DType(strings.ToUpper(t)); dtypeBits[d] != 0 {
 		return d, nil
 	}
 	l := strings.ToLower(t)
 	for _, p := range []string{"torch.", "numpy.", "np."} {
 		l = strings.TrimPrefix(l, p)
 	}
-	l = strings.TrimLeft(l, "<=|") // numpy byte-order marks; tensors are little-endian
 	if d, ok := dtypeAliases[l]; ok {
 		return d, nil
 	}
-	if d := DType(strings.ToUpper(t)); dtypeBits[d] != 0 {
-		return d, nil
+	if len(l) == 3 && strings.ContainsRune("<=|", rune(l[0])) {
+		if d, ok := numpyCodes[l[1:]]; ok {
+			return d, nil
+		}
 	}
-	return "", fmt.Errorf("dtype %q: %w (want a safetensors name like F32, BF16, I64, or a torch/numpy one like float32)", s, ErrInvalid)
+	return "", fmt.Errorf("dtype %q: %w (want a safetensors name like F32, BF16, I64, a torch/numpy name like float32, or a numpy code like <f4)", s, ErrInvalid)
 }
 
 // Bits is the element size in bits (0 for an unknown dtype).

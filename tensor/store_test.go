@@ -180,3 +180,19 @@ func TestOutOfMemoryChangesNothing(t *testing.T) {
 	require.ErrorIs(t, err, gpu.ErrOutOfMemory)
 	require.Nil(t, big)
 }
+
+func TestDTypeViewLikeTorch(t *testing.T) {
+	s := newStore(t, 64<<20)
+	tn, err := s.New(Template{DType: "F32", Shape: Shape{4, 1}})
+	require.NoError(t, err)
+	require.ErrorIs(t, tn.SetDType("F64"), ErrInvalid, "torch refuses: the last dim (1 x 4 bytes) is not whole F64s")
+	require.Equal(t, "4,1", tn.Info().Shape.String())
+	require.NoError(t, tn.SetDType("U8"))
+	require.Equal(t, "4,4", tn.Info().Shape.String())
+	tn.Unlink()
+	sc, err := s.New(Template{DType: "F64", Shape: Shape{}})
+	require.NoError(t, err)
+	require.NoError(t, sc.SetDType("F32"), "a scalar views as 1-D")
+	require.Equal(t, "2", sc.Info().Shape.String())
+	sc.Unlink()
+}

@@ -270,9 +270,10 @@ func (t *Tensor) WriteAt(p []byte, off int64) (int, error) {
 
 // SetDType sets the dtype. On an unallocated tensor it is recorded for the
 // allocation to come. On an allocated one it is a reinterpretation that keeps
-// nbytes: the shape is kept when it still fits, else its last dim is scaled (as
-// torch's view(dtype) does), else it becomes 1-D. Errors: ErrInvalid for an
-// unknown dtype or one that cannot keep nbytes; on error nothing changed.
+// nbytes, as torch's view(dtype): the shape is kept when it still fits, else
+// its last dim is scaled by the ratio of element sizes (a scalar becomes 1-D).
+// Errors: ErrInvalid for an unknown dtype or one that cannot keep nbytes that
+// way; on error nothing changed.
 func (t *Tensor) SetDType(s string) error {
 	d, err := ParseDType(s)
 	if err != nil {
@@ -288,21 +289,19 @@ func (t *Tensor) SetDType(s string) error {
 		t.dtype = d
 		return nil
 	}
-	if k := len(t.shape); k > 0 {
-		last := t.shape[k-1] * int64(t.dtype.Bits())
-		if last%int64(d.Bits()) == 0 {
-			sh := append(append(Shape{}, t.shape[:k-1]...), last/int64(d.Bits()))
-			if nb, err := NBytes(d, sh); err == nil && nb == t.size {
-				t.dtype, t.shape = d, sh
-				return nil
-			}
+	sh := append(Shape{}, t.shape...)
+	if len(sh) == 0 {
+		sh = Shape{1}
+	}
+	k := len(sh) - 1
+	if bits := sh[k] * int64(t.dtype.Bits()); bits%int64(d.Bits()) == 0 {
+		sh[k] = bits / int64(d.Bits())
+		if nb, err := NBytes(d, sh); err == nil && nb == t.size {
+			t.dtype, t.shape = d, sh
+			return nil
 		}
 	}
-	if (t.size*8)%int64(d.Bits()) == 0 {
-		t.dtype, t.shape = d, Shape{t.size * 8 / int64(d.Bits())}
-		return nil
-	}
-	return fmt.Errorf("dtype %s cannot hold %d bytes: %w", d, t.size, ErrInvalid)
+	return fmt.Errorf("dtype %s cannot view %s %s (%d bytes) by scaling its last dim: %w", d, t.dtype, t.shape, t.size, ErrInvalid)
 }
 
 // SetShape sets the shape. On an unallocated tensor it allocates exactly

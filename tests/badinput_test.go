@@ -208,3 +208,17 @@ func TestRenameAndRmdirErrors(t *testing.T) {
 	require.NoError(t, os.Remove(d.path("f")))
 	d.requireClean()
 }
+
+// TestMknodRegular: mknod(S_IFREG) creates a tensor file like create(2).
+func TestMknodRegular(t *testing.T) {
+	d := startDaemon(t)
+	mkTemplateDir(t, d.path("kv"), "F16", "8")
+	require.NoError(t, syscall.Mknod(d.path("kv/m"), syscall.S_IFREG|0o640, 0))
+	st, err := os.Stat(d.path("kv/m"))
+	require.NoError(t, err)
+	require.EqualValues(t, 16, st.Size())
+	require.Equal(t, os.FileMode(0o640), st.Mode().Perm())
+	require.ErrorIs(t, syscall.Mknod(d.path("kv/m"), syscall.S_IFREG|0o640, 0), syscall.EEXIST)
+	require.NoError(t, os.RemoveAll(d.path("kv")))
+	d.requireClean()
+}
