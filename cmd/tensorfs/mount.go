@@ -85,6 +85,9 @@ func runMount(mountpoint, device string, limit int64, o fs.Options) error {
 		return err
 	}
 	mi := devs[0].MemInfo()
+	if limit > mi.Total {
+		log.Printf("--max-memory %s is more than %s can give; capped at %s", humanize.IBytes(uint64(limit)), devs[0].Name(), humanize.IBytes(uint64(mi.Total)))
+	}
 	log.Printf("mounted %s: default device %s, capacity %s", mountpoint, devs[0].Name(), humanize.IBytes(uint64(mi.Total)))
 
 	done := make(chan struct{})
