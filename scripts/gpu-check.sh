@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# gpu-check.sh: check tensorfs's CUDA backend on a GPU host that has no Go.
+#
+#   scripts/gpu-check.sh build        here (with Go): build gpubin/ with CGO_ENABLED=0
+#   scripts/gpu-check.sh run [STEP..] there (repo root, with gpubin/): run the checks
+#
+# gpubin/ holds the tensorfs binary and `go test -c` binaries of ./tests and
+# ./gpu/cuda. The run steps, in order (default: all of them):
+#   env    nvidia-smi, the kernel, FUSE, python3's cupy/torch     -> env.txt
+#   unit   gpu/cuda unit tests, real-driver ones included          -> cuda-unit.txt
+#          (TENSORFS_CUDA_REAL=1), and its backend-only benchmarks
+#   gpu    the GPU integration tests, TENSORFS_REQUIRE_GPU=1        -> gpu-tests.txt
+#          (no GPU is a failure, not a skip)
+#   core   the whole integration suite on --device cuda:0           -> core-cuda.txt
+#          (TENSORFS_TEST_DEVICE=cuda:0; the harness must honour it)
+#   bench  the GPU benchmarks: 64 KiB create rate and overhead,     -> gpu-bench.txt
+#          1 GiB registration vs bare cuMemAlloc+cuIpcGetMemHandle,
+#          1 GiB sequential read/write on cuda:0 vs host
+# Outputs go to $OUT (default ./gpu-out), with summary.txt listing each step's
+# result; the exit status is non-zero when any step failed. Needs root (FUSE).
+#
+# Environment: BENCHTIME (default 1s) for the benchmarks; TIMEOUT (default 9m)
+# per step.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+build() {
+	set -e
+	mkdir -p gpubin
+	export CGO_ENABLED=0
+	go build -trimpath -ldflags='-s -w' -o gpubin/tensorfs ./cmd/tensorfs
+	go test -c -trimpath -ldflags='-s -w' -o gpubin/tests.test ./tests
+	go test -c -trimpath -ldflags='-s -w' -o gpubin/cuda.test ./gpu/cuda
+	ls -l gpubin
+}
+
+OUT=${OUT:-$root/gpu-out}
+BENCHTIME=${BENCHTIME:-1s}
+TIMEOUT=${TIMEOUT:-9m}
+failed=0
+
+# step NAME FILE CMD...: run CMD with its output in $OUT/FILE and record the result.
+step() {
+	local name=$1 file=$2
+	shift 2
+	local start=$SECONDS rc=0
+	echo "== $name: $*" | tee -a "$OUT/summary.txt"
+	"$@" >"$OUT/$file" 2>&1 || rc=$?
+	local verdict=ok
+	[ "$rc" -eq 0 ] || { verdict="FAILED (exit $rc)"; failed=1; }
+	echo "   $name: $verdict in $((SECONDS - start)) s; $(grep -c -- '^--- FAIL' "$OUT/$file") failed, $(grep -c -- '--- SKIP' "$OUT/$file") skipped, $(grep -c -- '--- PASS' "$OUT/$file") passed" | tee -a "$OUT/summary.txt"
+	grep -E -- '^(--- FAIL|FAIL|panic)|^\s+--- FAIL' "$OUT/$file" | head -20 | sed 's/^/   /' | tee -a "$OUT/summary.txt"
+}
+
+env_info() {
+	nvidia-smi
+	nvidia-smi -L
+	nvidia-smi topo -m || true
+	uname -a
+	ls -l /dev/fuse || echo "no /dev/fuse"
+	command -v fusermount3 fusermount getfattr setfattr || true
+	python3 -c 'import numpy; print("numpy", numpy.__version__)' || true
+	python3 -c 'import cupy; print("cupy", cupy.__version__)' || true
+	python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.device_count(), "GPUs")' || true
+	ls -l "$root/gpubin"
+}
+
+run() {
+	mkdir -p "$OUT"
+	: >"$OUT/summary.txt"
+	for f in tensorfs tests.test cuda.test; do
+		[ -x "gpubin/$f" ] || { echo "gpu-check.sh: gpubin/$f missing: run 'scripts/gpu-check.sh build' where Go is" >&2; exit 64; }
+	done
+	export TENSORFS_BIN=$root/gpubin/tensorfs
+	export TENSORFS_PY_CLIENT=$root/examples/python/open_tensor.py
+	export PYTHONUNBUFFERED=1
+	local steps=("$@")
+	[ ${#steps[@]} -gt 0 ] || steps=(env unit gpu core bench)
+	for s in "${steps[@]}"; do
+		case $s in
+		env) step env env.txt env_info ;;
+		unit) step unit cuda-unit.txt bash -c "cd gpu/cuda && TENSORFS_CUDA_REAL=1 timeout $TIMEOUT ../../gpubin/cuda.test -test.v -test.count=1 -test.bench=Real -test.benchtime=$BENCHTIME" ;;
+		gpu) step gpu gpu-tests.txt bash -c "cd tests && TENSORFS_REQUIRE_GPU=1 timeout $TIMEOUT ../gpubin/tests.test -test.v -test.count=1 -test.run=GPU" ;;
+		core) step core core-cuda.txt bash -c "cd tests && TENSORFS_TEST_DEVICE=cuda:0 timeout $TIMEOUT ../gpubin/tests.test -test.v -test.count=1 -test.timeout=$TIMEOUT" ;;
+		bench) step bench gpu-bench.txt bash -c "cd tests && TENSORFS_REQUIRE_GPU=1 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench=GPU -test.benchtime=$BENCHTIME -test.count=1 -test.benchmem=false" ;;
+		*) echo "gpu-check.sh: unknown step $s (env unit gpu core bench)" >&2; exit 64 ;;
+		esac
+	done
+	left=$(grep -E '^tensorfs[^ ]* [^ ]+ fuse' /proc/mounts | awk '{print $2}')
+	if [ -n "$left" ]; then
+		echo "FUSE mounts left behind: $left" | tee -a "$OUT/summary.txt"
+		failed=1
+	fi
+	echo "== done: $([ $failed -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED)" | tee -a "$OUT/summary.txt"
+	return $failed
+}
+
+case ${1:-} in
+build) build ;;
+run) shift; run "$@" ;;
+*)
+	sed -n '2,22p' "$0" >&2
+	exit 64
+	;;
+esac
