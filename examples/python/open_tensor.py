@@ -126,9 +126,7 @@ def open_memfd(path, offset, nbytes, dtype, shape):
         raw[...] = pattern(nbytes)
 
     def close():
-        nonlocal raw, arr
-        del raw, arr  # the exported buffers must go before the mapping
-        mm.close()
+        pass  # numpy views of the mapping live until exit; the mapping goes with them
 
     return "numpy", arr, lambda: raw.tobytes(), write, close
 
