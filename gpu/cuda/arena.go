@@ -28,9 +28,10 @@ type allocation struct {
 	arena  bool
 
 	// Arena bookkeeping, guarded by Device.amu.
-	free  []extent // free ranges: sorted by off, disjoint, never adjacent
-	inUse int64    // bytes handed out
-	pidx  int      // index in its pool's partial list, -1 when it has no free extent
+	free    []extent // free ranges: sorted by off, disjoint, never adjacent
+	inUse   int64    // bytes handed out
+	pidx    int      // index in its pool's partial list, -1 when it has no free extent
+	idleGen uint64   // bumped each time it becomes its pool's idle arena
 }
 
 // extent is a free range of an arena, in bytes from its base.
@@ -81,6 +82,10 @@ func (a *allocation) give(off, n int64) {
 // kept only by their buffers, so a search never walks them.
 type pool struct {
 	partial []*allocation
+	// idle is an empty arena kept for a while (Device.linger) in case the
+	// owner allocates again soon: a create/unlink loop would otherwise pay
+	// cuMemAlloc, cuIpcGetMemHandle and cuMemFree for every tensor.
+	idle *allocation
 }
 
 // pools sub-allocates small buffers, one pool per owner uid: an IPC handle
@@ -89,20 +94,37 @@ type pool struct {
 type pools map[uint32]*pool
 
 // take carves n bytes for owner from an arena that has room, or returns nil.
+// The idle arena is the last resort, so that it can still expire when the
+// owner's other arenas have room.
 func (ps pools) take(owner uint32, n int64) (*allocation, int64) {
 	p := ps[owner]
 	if p == nil {
 		return nil, 0
 	}
 	for _, a := range p.partial {
-		if off, ok := a.take(n); ok {
-			if len(a.free) == 0 {
-				p.remove(a)
+		if a != p.idle {
+			if off, ok := a.take(n); ok {
+				p.took(a)
+				return a, off
 			}
+		}
+	}
+	if a := p.idle; a != nil {
+		if off, ok := a.take(n); ok {
+			p.idle = nil // in use again
+			p.took(a)
 			return a, off
 		}
 	}
 	return nil, 0
+}
+
+// took moves an arena that was just carved from out of the partial list
+// when it has no room left.
+func (p *pool) took(a *allocation) {
+	if len(a.free) == 0 {
+		p.remove(a)
+	}
 }
 
 // add puts a new, wholly free arena in its owner's pool.
@@ -123,25 +145,32 @@ func (ps pools) get(owner uint32) *pool {
 	return p
 }
 
-// give returns a buffer's bytes to its arena. When the arena is then empty it
-// leaves the pool and give reports true: the caller frees it (no empty
-// arena is kept, so that MemInfo's Used is 0 when no buffer is held).
+// give returns a buffer's bytes to its arena, reporting whether the arena
+// is now empty; an empty arena stays in the pool until drop (or a take).
 func (ps pools) give(a *allocation, off, n int64) (empty bool) {
 	p := ps.get(a.owner) // a full arena's owner may have no pool left
 	a.give(off, n)
-	if a.inUse == 0 {
-		if a.pidx >= 0 {
-			p.remove(a)
-		}
-		if len(p.partial) == 0 {
-			delete(ps, a.owner)
-		}
-		return true
-	}
 	if a.pidx < 0 {
 		p.insert(a)
 	}
-	return false
+	return a.inUse == 0
+}
+
+// drop takes an empty arena out of its pool, for the caller to free.
+func (ps pools) drop(a *allocation) {
+	p := ps[a.owner]
+	if p == nil {
+		return
+	}
+	if a.pidx >= 0 {
+		p.remove(a)
+	}
+	if p.idle == a {
+		p.idle = nil
+	}
+	if len(p.partial) == 0 {
+		delete(ps, a.owner)
+	}
 }
 
 func (p *pool) insert(a *allocation) {

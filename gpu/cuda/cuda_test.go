@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -24,7 +25,9 @@ func openFake(t *testing.T, ndev int, maxMemory int64) (*fakeDriver, []*Device) 
 	require.NoError(t, err)
 	var devs []*Device
 	for _, d := range gdevs {
-		devs = append(devs, d.(*Device))
+		d := d.(*Device)
+		d.linger = 0 // free empty arenas at once; TestArenaLinger tests the delay
+		devs = append(devs, d)
 	}
 	t.Cleanup(func() {
 		for _, d := range devs {
@@ -332,6 +335,7 @@ func TestMemoryOverhead64K(t *testing.T) {
 	gd, err := open(f, 0)
 	require.NoError(t, err)
 	d := gd[0].(*Device)
+	d.linger = 0
 	defer d.Close()
 	var bufs []gpu.Buffer
 	for range 4096 {
@@ -589,4 +593,47 @@ func TestChunkSize(t *testing.T) {
 		require.LessOrEqual(t, c, int64(stageSize))
 		require.LessOrEqual(t, (n+c-1)/c, max(4, n/stageSize+1))
 	}
+}
+
+func TestArenaLinger(t *testing.T) {
+	f, devs := openFake(t, 1, 0)
+	d := devs[0]
+	d.linger = 50 * time.Millisecond
+	a, err := d.Alloc(64<<10, 1)
+	require.NoError(t, err)
+	id := a.ID()
+	require.NoError(t, a.Free())
+	require.EqualValues(t, ArenaSize, d.MemInfo().Used, "the empty arena lingers, and counts")
+	allocs := f.calls["cuMemAlloc_v2"]
+	for range 100 { // a create/unlink loop reuses it
+		b, err := d.Alloc(64<<10, 1)
+		require.NoError(t, err)
+		require.Equal(t, id, b.ID())
+		require.NoError(t, b.Free())
+	}
+	require.Equal(t, allocs, f.calls["cuMemAlloc_v2"])
+
+	// Only one idle arena per owner: a second empty one is freed at once.
+	var bufs []gpu.Buffer
+	for range 33 {
+		b, err := d.Alloc(64<<10, 1)
+		require.NoError(t, err)
+		bufs = append(bufs, b)
+	}
+	require.EqualValues(t, 2*ArenaSize, d.MemInfo().Used)
+	for _, b := range bufs {
+		require.NoError(t, b.Free())
+	}
+	require.EqualValues(t, ArenaSize, d.MemInfo().Used)
+	require.Eventually(t, func() bool { return d.MemInfo().Used == 0 }, 2*time.Second, 10*time.Millisecond)
+	require.Empty(t, f.state().allocs)
+
+	// Close frees an idle arena without waiting, and reports no leak.
+	d.linger = time.Hour
+	b, err := d.Alloc(100, 2)
+	require.NoError(t, err)
+	require.NoError(t, b.Free())
+	require.EqualValues(t, ArenaSize, d.MemInfo().Used)
+	require.NoError(t, d.Close())
+	require.Empty(t, f.state().allocs)
 }

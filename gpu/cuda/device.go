@@ -20,9 +20,11 @@ package cuda
 import (
 	"encoding/hex"
 	"fmt"
+	"log"
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/tensorfs/tensorfs/gpu"
@@ -32,6 +34,10 @@ const (
 	// stageSize is the size in bytes of each of a stager's two page-locked
 	// buffers: a FUSE request (at most 1 MiB) fits in one.
 	stageSize = 1 << 20
+	// arenaLinger is how long an owner's last empty arena is kept before it
+	// is freed: long enough for a create/unlink loop to reuse it, short
+	// enough that an idle daemon soon holds nothing (statfs used 0).
+	arenaLinger = 250 * time.Millisecond
 	// maxStagers bounds the page-locked memory and streams of one device:
 	// this many transfers run at once, later ones wait for a stager.
 	maxStagers = 8
@@ -68,6 +74,8 @@ type Device struct {
 
 	pmu   sync.Mutex
 	peers map[*Device]error // peer access from this device's context, once per peer
+
+	linger time.Duration // how long an idle arena is kept (arenaLinger)
 
 	closed atomic.Bool
 }
@@ -148,6 +156,7 @@ func openDevice(drv driver, ordinal int, maxMemory int64) (*Device, error) {
 		pools:   pools{},
 		stagers: make(chan *stager, maxStagers),
 		peers:   map[*Device]error{},
+		linger:  arenaLinger,
 	}
 	var total uint64
 	err := d.withCtx(func() error {
@@ -186,7 +195,8 @@ func (d *Device) Ordinal() int { return d.ordinal }
 
 // MemInfo implements gpu.Device. Total is the device's memory or the cap,
 // whichever is smaller; Used counts whole allocations (arenas included, each
-// ArenaSize bytes), so it is 0 exactly when no buffer is held.
+// ArenaSize bytes, and an owner's last empty arena for the 250 ms it
+// lingers), so it drops to 0 once no buffer has been held for that long.
 func (d *Device) MemInfo() gpu.MemInfo {
 	return gpu.MemInfo{Total: d.limit.Load(), Used: d.used.Load()}
 }
@@ -321,19 +331,67 @@ func (d *Device) freeAllocation(a *allocation) error {
 	return nil
 }
 
-// release returns a buffer's range: to its arena, freeing the arena when it
-// is then empty, or, for a large buffer, the whole allocation.
+// release returns a buffer's range: to its arena, or, for a large buffer,
+// the whole allocation to the driver. An arena left empty is freed, except
+// one per owner, which lingers (still counted in Used) and is freed when it
+// has stayed empty for d.linger.
 func (d *Device) release(a *allocation, off, span int64) error {
 	if !a.arena {
 		return d.freeAllocation(a)
 	}
 	d.amu.Lock()
-	empty := d.pools.give(a, off, span)
-	d.amu.Unlock()
-	if empty {
-		return d.freeAllocation(a)
+	if !d.pools.give(a, off, span) {
+		d.amu.Unlock()
+		return nil
 	}
-	return nil
+	if p := d.pools[a.owner]; d.linger > 0 && !d.closed.Load() && (p.idle == nil || p.idle == a) {
+		p.idle = a
+		a.idleGen++
+		gen := a.idleGen
+		d.amu.Unlock()
+		time.AfterFunc(d.linger, func() { d.expire(a, gen) })
+		return nil
+	}
+	d.pools.drop(a)
+	d.amu.Unlock()
+	return d.freeAllocation(a)
+}
+
+// expire frees an idle arena that stayed empty since it became idle (gen).
+func (d *Device) expire(a *allocation, gen uint64) {
+	d.amu.Lock()
+	p := d.pools[a.owner]
+	if p == nil || p.idle != a || a.idleGen != gen || a.inUse != 0 {
+		d.amu.Unlock()
+		return
+	}
+	d.pools.drop(a)
+	d.amu.Unlock()
+	if err := d.freeAllocation(a); err != nil {
+		log.Printf("%s: %v", d.name, err)
+	}
+}
+
+// flushIdle frees every idle arena now.
+func (d *Device) flushIdle() error {
+	d.amu.Lock()
+	var idle []*allocation
+	for _, p := range d.pools {
+		if p.idle != nil && p.idle.inUse == 0 {
+			idle = append(idle, p.idle)
+		}
+	}
+	for _, a := range idle {
+		d.pools.drop(a)
+	}
+	d.amu.Unlock()
+	var first error
+	for _, a := range idle {
+		if err := d.freeAllocation(a); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 // Close implements gpu.Device: it frees the staging buffers and streams and
@@ -349,6 +407,9 @@ func (d *Device) Close() error {
 		if first == nil {
 			first = err
 		}
+	}
+	if err := d.flushIdle(); err != nil {
+		keep(err)
 	}
 	d.smu.Lock()
 	for n := d.nstagers; n > 0; n-- {
