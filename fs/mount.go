@@ -68,6 +68,10 @@ func Mount(dir string, store *tensor.Store, o Options) (*fuse.Server, error) {
 			Options:           []string{"default_permissions"},
 			ExtraCapabilities: fuse.CAP_DIRECT_IO_ALLOW_MMAP,
 			MaxBackground:     64,
+			// Read replies are bytes in memory: splicing them only adds a
+			// copy into a pipe, and go-fuse's pipe cannot hold a 1 MiB
+			// reply (it logged a warning per read and fell back).
+			DisableSplice: true,
 		},
 	}
 	root := NewRoot(store)

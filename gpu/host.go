@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -24,9 +25,39 @@ func newAllocID() uint64 { return nextAllocID.Add(1) }
 // Host is the host-memory backend: each buffer is a sealed memfd, committed with
 // fallocate and mapped shared into the daemon, exported to other processes as
 // memfd:/proc/PID/fd/N.
+//
+// Creating, committing, mapping and destroying a memfd costs about 80 µs per
+// tensor, more than the rest of a create+unlink through FUSE (measured in
+// docs/performance.md), so freed small buffers are kept for reuse: sealed,
+// mapped and paged in, per (size, owner) since a reused memfd keeps its
+// handle, and only for a short while so idle memory goes back.
 type Host struct {
 	limit int64
 	used  atomic.Int64
+
+	spareMu    sync.Mutex
+	spares     map[spareKey][]*spare
+	spareBytes int64
+	trimming   bool
+}
+
+// Recycling bounds: buffers up to spareMaxSize bytes are kept, at most
+// spareMaxBytes in all, each for at most spareTTL after its free.
+const (
+	spareMaxSize  = 2 << 20
+	spareMaxBytes = 64 << 20
+	spareTTL      = 500 * time.Millisecond
+)
+
+type spareKey struct {
+	n     int64
+	owner uint32
+}
+
+type spare struct {
+	fd    int
+	mem   []byte
+	freed time.Time
 }
 
 // NewHost returns a host-memory device whose capacity is maxMemory bytes, or,
@@ -74,8 +105,20 @@ func (h *Host) Name() string { return HostName }
 // MemInfo implements Device.
 func (h *Host) MemInfo() MemInfo { return MemInfo{Total: h.limit, Used: h.used.Load()} }
 
-// Close implements Device; the host device holds nothing of its own.
-func (h *Host) Close() error { return nil }
+// Close implements Device: it releases the recycled buffers.
+func (h *Host) Close() error {
+	h.spareMu.Lock()
+	all := h.spares
+	h.spares, h.spareBytes = nil, 0
+	h.spareMu.Unlock()
+	for _, l := range all {
+		for _, sp := range l {
+			unix.Munmap(sp.mem)
+			unix.Close(sp.fd)
+		}
+	}
+	return nil
+}
 
 // reserve accounts n bytes against the cap, or fails with ErrOutOfMemory.
 func (h *Host) reserve(n int64) error {
@@ -99,7 +142,10 @@ func (h *Host) Alloc(nbytes int64, owner uint32) (Buffer, error) {
 	if err := h.reserve(nbytes); err != nil {
 		return nil, err
 	}
-	b, err := newHostBuffer(h, nbytes)
+	if b := h.reuse(nbytes, owner); b != nil {
+		return b, nil
+	}
+	b, err := newHostBuffer(h, nbytes, owner)
 	if err != nil {
 		h.used.Add(-nbytes)
 		return nil, err
@@ -107,7 +153,81 @@ func (h *Host) Alloc(nbytes int64, owner uint32) (Buffer, error) {
 	return b, nil
 }
 
-func newHostBuffer(h *Host, nbytes int64) (*hostBuffer, error) {
+// reuse returns a zeroed recycled buffer of exactly n bytes of owner, or nil.
+func (h *Host) reuse(n int64, owner uint32) *hostBuffer {
+	k := spareKey{n, owner}
+	h.spareMu.Lock()
+	l := h.spares[k]
+	if len(l) == 0 {
+		h.spareMu.Unlock()
+		return nil
+	}
+	sp := l[len(l)-1]
+	h.spares[k] = l[:len(l)-1]
+	h.spareBytes -= n
+	h.spareMu.Unlock()
+	clear(sp.mem)
+	return &hostBuffer{dev: h, id: newAllocID(), fd: sp.fd, mem: sp.mem, owner: owner}
+}
+
+// keep takes a freed buffer's memory for reuse; false when it is not worth
+// keeping (too large, or the pool is full).
+func (h *Host) keep(fd int, mem []byte, owner uint32) bool {
+	n := int64(len(mem))
+	if n > spareMaxSize {
+		return false
+	}
+	h.spareMu.Lock()
+	defer h.spareMu.Unlock()
+	if h.spareBytes+n > spareMaxBytes {
+		return false
+	}
+	if h.spares == nil {
+		h.spares = map[spareKey][]*spare{}
+	}
+	k := spareKey{n, owner}
+	h.spares[k] = append(h.spares[k], &spare{fd: fd, mem: mem, freed: time.Now()})
+	h.spareBytes += n
+	if !h.trimming {
+		h.trimming = true
+		time.AfterFunc(spareTTL, h.trim)
+	}
+	return true
+}
+
+// trim releases spares older than spareTTL, and runs again while any remain.
+func (h *Host) trim() {
+	h.spareMu.Lock()
+	var drop []*spare
+	cutoff := time.Now().Add(-spareTTL)
+	for k, l := range h.spares {
+		kept := l[:0]
+		for _, sp := range l {
+			if sp.freed.Before(cutoff) {
+				drop = append(drop, sp)
+				h.spareBytes -= k.n
+			} else {
+				kept = append(kept, sp)
+			}
+		}
+		if len(kept) == 0 {
+			delete(h.spares, k)
+		} else {
+			h.spares[k] = kept
+		}
+	}
+	h.trimming = len(h.spares) > 0
+	if h.trimming {
+		time.AfterFunc(spareTTL, h.trim)
+	}
+	h.spareMu.Unlock()
+	for _, sp := range drop {
+		unix.Munmap(sp.mem)
+		unix.Close(sp.fd)
+	}
+}
+
+func newHostBuffer(h *Host, nbytes int64, owner uint32) (*hostBuffer, error) {
 	fd, err := unix.MemfdCreate("tensorfs", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create: %w", err)
@@ -135,13 +255,14 @@ func newHostBuffer(h *Host, nbytes int64) (*hostBuffer, error) {
 	if err != nil {
 		return fail("mmap", err)
 	}
-	return &hostBuffer{dev: h, id: newAllocID(), fd: fd, mem: mem}, nil
+	return &hostBuffer{dev: h, id: newAllocID(), fd: fd, mem: mem, owner: owner}, nil
 }
 
 type hostBuffer struct {
-	dev *Host
-	id  uint64
-	fd  int
+	dev   *Host
+	id    uint64
+	fd    int
+	owner uint32
 
 	mu  sync.RWMutex // guards mem against Free during I/O
 	mem []byte
@@ -232,11 +353,15 @@ func (b *hostBuffer) Free() error {
 		return ErrFreed
 	}
 	n := int64(len(b.mem))
+	b.dev.used.Add(-n)
+	if b.dev.keep(b.fd, b.mem, b.owner) {
+		b.mem = nil
+		return nil
+	}
 	err := unix.Munmap(b.mem)
 	b.mem = nil
 	if cerr := unix.Close(b.fd); err == nil {
 		err = cerr
 	}
-	b.dev.used.Add(-n)
 	return err
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -72,4 +73,39 @@ func TestHostHandleIsSealed(t *testing.T) {
 	require.Equal(t, "shared", string(buf))
 	require.ErrorIs(t, unix.Ftruncate(int(f.Fd()), 4096), unix.EPERM)
 	require.ErrorIs(t, unix.Ftruncate(int(f.Fd()), 1<<20), unix.EPERM)
+}
+
+// TestHostRecyclesSmallBuffers: a freed small buffer is reused, zeroed, with a
+// new id, only for the same size and owner, and released after spareTTL.
+func TestHostRecyclesSmallBuffers(t *testing.T) {
+	h, err := NewHost(64 << 20)
+	require.NoError(t, err)
+	defer h.Close()
+	a, err := h.Alloc(65536, 1000)
+	require.NoError(t, err)
+	_, err = a.WriteAt([]byte("secret"), 0)
+	require.NoError(t, err)
+	addr, id := a.Addr(), a.ID()
+	require.NoError(t, a.Free())
+	require.Zero(t, h.MemInfo().Used, "a recycled buffer is not in use")
+
+	other, err := h.Alloc(65536, 2000)
+	require.NoError(t, err)
+	require.NotEqual(t, addr, other.Addr(), "another owner never gets it")
+	b, err := h.Alloc(65536, 1000)
+	require.NoError(t, err)
+	require.Equal(t, addr, b.Addr(), "same size and owner reuses it")
+	require.NotEqual(t, id, b.ID(), "with a new allocation id")
+	got := make([]byte, 6)
+	_, err = b.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.Equal(t, make([]byte, 6), got, "zeroed")
+	require.NoError(t, b.Free())
+	require.NoError(t, other.Free())
+
+	require.Eventually(t, func() bool {
+		h.spareMu.Lock()
+		defer h.spareMu.Unlock()
+		return len(h.spares) == 0 && h.spareBytes == 0
+	}, 5*time.Second, 50*time.Millisecond, "spares are released when idle")
 }

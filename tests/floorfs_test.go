@@ -2,8 +2,6 @@ package tests
 
 import (
 	"context"
-	"io"
-	"log"
 	"math/bits"
 	"os"
 	"sync"
@@ -243,9 +241,7 @@ func mountFloor(tb testing.TB) (*floorFS, string) {
 			Options:           []string{"default_permissions"},
 			ExtraCapabilities: fuse.CAP_DIRECT_IO_ALLOW_MMAP,
 			MaxBackground:     64,
-			// go-fuse logs a splice warning for every READ reply of about
-			// MaxWrite bytes (see docs/performance.md); the floor drops it.
-			Logger: log.New(io.Discard, "", 0),
+			DisableSplice:     true,
 		},
 	}
 	srv, err := gofs.Mount(dir, root, opts)
