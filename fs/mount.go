@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -31,7 +32,8 @@ type Options struct {
 	FSName string
 }
 
-// NewRoot returns the root directory of a tensor tree over store.
+// NewRoot returns the root directory of a tensor tree over store. Give it a
+// peer service with SetPeers, then Mount it.
 func NewRoot(store *tensor.Store) *Dir {
 	f := &FS{store: store}
 	f.root = &Dir{fsys: f}
@@ -39,16 +41,21 @@ func NewRoot(store *tensor.Store) *Dir {
 	return f.root
 }
 
-// Mount mounts a tensor tree over store at dir and returns the server once the
+// Mount mounts the tensor tree of root (see NewRoot) at dir and returns the server once the
 // kernel has answered INIT. As root it mounts with mount(2) directly, else
 // through fusermount3. A stale mount left at dir (a killed daemon's: "transport
 // endpoint is not connected") is lazily unmounted first; a live tensorfs mount
 // there is ErrMounted. Attribute and entry
 // timeouts are 0, so stat always shows the current size.
-func Mount(dir string, store *tensor.Store, o Options) (*fuse.Server, error) {
+func Mount(dir string, root *Dir, o Options) (*fuse.Server, error) {
 	if err := CleanStale(dir); err != nil {
 		return nil, err
 	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	root.fsys.mnt = abs
 	zero := time.Duration(0)
 	name := o.FSName
 	if name == "" {
@@ -74,7 +81,6 @@ func Mount(dir string, store *tensor.Store, o Options) (*fuse.Server, error) {
 			DisableSplice: true,
 		},
 	}
-	root := NewRoot(store)
 	srv, err := gofs.Mount(dir, root, opts)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", dir, err)

@@ -8,6 +8,7 @@ package fs
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/tensorfs/tensorfs/tensor"
+	"github.com/tensorfs/tensorfs/transfer"
 )
 
 // NameMax is the longest file name in bytes; longer ones are ENAMETOOLONG.
@@ -27,6 +29,12 @@ const blockSize = 4096
 type FS struct {
 	store *tensor.Store
 	root  *Dir
+	// peers is the peer service (copies to other nodes, stats of copies).
+	peers *transfer.Service
+	// mnt is the mountpoint, for renames through the mount that inotify
+	// watchers see; "" until mounted.
+	mnt    string
+	tmpSeq atomic.Uint64
 }
 
 // meta is what every node carries besides its content: permissions, owner,

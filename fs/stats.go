@@ -4,39 +4,15 @@ import (
 	"encoding/json"
 
 	"github.com/tensorfs/tensorfs/tensor"
+	"github.com/tensorfs/tensorfs/transfer"
 )
 
 // Stats is the document user.tensorfs.stats returns on the root (the spec's
-// shape). Copies, transfers and peers stay empty until the peer service exists.
+// shape): what lives now, then the peer service's copies, transfers and
+// peers (zeros when the node has no peer service).
 type Stats struct {
-	Live      tensor.Stats      `json:"live"`
-	Copies    CopyStats         `json:"copies"`
-	Transfers TransferStats     `json:"transfers"`
-	Peers     map[string]string `json:"peers"`
-}
-
-// CopyStats counts completed copies by the path they took.
-type CopyStats struct {
-	Local int64 `json:"local"`
-	IPC   int64 `json:"ipc"`
-	TCP   int64 `json:"tcp"`
-}
-
-// TransferStats describes transfers in flight and recently finished.
-type TransferStats struct {
-	Active int              `json:"active"`
-	Recent []TransferRecord `json:"recent"`
-}
-
-// TransferRecord is one transfer, for progress bars and post-mortems.
-type TransferRecord struct {
-	Src        string `json:"src"`
-	Dst        string `json:"dst"`
-	Path       string `json:"path"` // "local", "ipc" or "tcp"
-	BytesDone  int64  `json:"bytes_done"`
-	BytesTotal int64  `json:"bytes_total"`
-	Tensors    int    `json:"tensors"`
-	Error      string `json:"error"`
+	Live tensor.Stats `json:"live"`
+	transfer.Stats
 }
 
 // statsPad is the granularity the stats document is padded to, in bytes.
@@ -50,11 +26,7 @@ const statsPad = 256
 // boundary. The newline comes first so a terminal shows the JSON on its own
 // line.
 func (f *FS) statsJSON() []byte {
-	b, _ := json.Marshal(Stats{
-		Live:      f.store.Stats(),
-		Transfers: TransferStats{Recent: []TransferRecord{}},
-		Peers:     map[string]string{},
-	})
+	b, _ := json.Marshal(Stats{Live: f.store.Stats(), Stats: f.peers.Stats()})
 	b = append(b, '\n')
 	n := (len(b) + statsPad - 1) / statsPad * statsPad
 	for len(b) < n {

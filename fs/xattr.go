@@ -22,9 +22,8 @@ const (
 	xattrReplace = 2
 )
 
-// actions are the write-only attributes that start an operation. The copy and
-// register actions arrive with the peer and IPC work; until then they are
-// ENOTSUP on the nodes they apply to.
+// actions are the write-only attributes that start an operation. register
+// arrives with the IPC work; until then it is ENOTSUP.
 var actions = map[string]struct{ file, dir, rootOnly bool }{
 	"copy_to":   {file: true, dir: true},
 	"copy_from": {file: true, dir: true},
@@ -116,6 +115,10 @@ func (f *File) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 		err = f.t.SetShape(val)
 	case "device":
 		err = f.t.SetDevice(val)
+	case "copy_to":
+		return copyErrno("copy_to", f.fsys.copyTo(f, val))
+	case "copy_from":
+		return copyErrno("copy_from", f.fsys.copyFrom(f, val))
 	default:
 		return actionOrReadOnly(name, true, false)
 	}
@@ -205,6 +208,14 @@ func (d *Dir) Setxattr(ctx context.Context, attr string, data []byte, flags uint
 	name, ok := strings.CutPrefix(attr, XattrPrefix)
 	if !ok {
 		return d.meta.setUser(attr, data, flags)
+	}
+	switch {
+	case name == "copy_to":
+		return copyErrno("copy_to", d.fsys.copyTo(d, string(data)))
+	case name == "copy_from":
+		return copyErrno("copy_from", d.fsys.copyFrom(d, string(data)))
+	case name == "batch" && d.isRoot():
+		return copyErrno("batch", d.fsys.batch(string(data)))
 	}
 	d.tmplMu.Lock()
 	defer d.tmplMu.Unlock()

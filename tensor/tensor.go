@@ -3,6 +3,7 @@ package tensor
 import (
 	"fmt"
 	"sync"
+	"unsafe"
 
 	"github.com/tensorfs/tensorfs/gpu"
 	"github.com/tensorfs/tensorfs/ipc"
@@ -452,4 +453,75 @@ func (t *Tensor) maybeRelease() {
 	t.s.mu.Lock()
 	delete(t.s.live, t)
 	t.s.mu.Unlock()
+}
+
+// Adopt makes src's data t's: t takes src's allocation, dtype, shape and size
+// (a new registration for t: its old allocation is retired, its generation
+// bumps, its open handles move their leases), and src is left empty. It is how
+// a copy replaces a tensor whose name cannot be renamed over (copy_from on
+// the file whose xattr is being set): readers see the old bytes or the new,
+// never a mix. Errors: ErrReleased when either tensor is released, ErrInvalid
+// for t == src.
+func (t *Tensor) Adopt(src *Tensor) error {
+	if t == src {
+		return fmt.Errorf("adopt itself: %w", ErrInvalid)
+	}
+	first, second := t, src
+	if uintptr(unsafe.Pointer(first)) > uintptr(unsafe.Pointer(second)) {
+		first, second = second, first
+	}
+	first.mu.Lock()
+	second.mu.Lock()
+	if t.released || src.released {
+		second.mu.Unlock()
+		first.mu.Unlock()
+		return ErrReleased
+	}
+	old := t.alloc
+	t.alloc, src.alloc = src.alloc, nil
+	t.dtype, t.shape, t.size = src.dtype, src.shape, src.size
+	src.size, src.shape = 0, nil
+	if old != nil || t.gen > 0 {
+		t.gen++
+	}
+	t.device = src.device
+	for h := range t.handles {
+		h.relase(t)
+	}
+	for h := range src.handles {
+		h.dropLease()
+	}
+	second.mu.Unlock()
+	first.mu.Unlock()
+	t.s.retire(old)
+	return nil
+}
+
+// CopyFrom copies src's bytes into t, device to device; t must already hold
+// exactly src's size. Errors: ErrInvalid for a size mismatch, ErrReleased.
+func (t *Tensor) CopyFrom(src *Tensor) error {
+	if t == src {
+		return fmt.Errorf("copy onto itself: %w", ErrInvalid)
+	}
+	// Lock in address order, so that two copies in opposite directions
+	// cannot deadlock.
+	if uintptr(unsafe.Pointer(src)) < uintptr(unsafe.Pointer(t)) {
+		src.mu.RLock()
+		t.mu.Lock()
+	} else {
+		t.mu.Lock()
+		src.mu.RLock()
+	}
+	defer src.mu.RUnlock()
+	defer t.mu.Unlock()
+	if t.released || src.released {
+		return ErrReleased
+	}
+	if t.size != src.size {
+		return fmt.Errorf("copy %d bytes into %d: %w", src.size, t.size, ErrInvalid)
+	}
+	if src.size == 0 {
+		return nil
+	}
+	return gpu.Copy(t.alloc.buf, 0, src.alloc.buf, 0, src.size)
 }

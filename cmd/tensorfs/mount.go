@@ -14,6 +14,7 @@ import (
 
 	"github.com/tensorfs/tensorfs/fs"
 	"github.com/tensorfs/tensorfs/tensor"
+	"github.com/tensorfs/tensorfs/transfer"
 )
 
 func newMountCmd() *cobra.Command {
@@ -22,6 +23,7 @@ func newMountCmd() *cobra.Command {
 		maxMemory  string
 		allowOther bool
 		debug      bool
+		pc         peerFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "mount MOUNTPOINT",
@@ -33,7 +35,15 @@ at MOUNTPOINT by a killed daemon is cleaned up first.
 --device picks the default device of tensors: auto (cuda:0 when a CUDA driver
 and GPU are present, else host), host, or cuda:N.
 --max-memory caps the bytes tensorfs may allocate on the default device
-(e.g. 8GiB, 512MB, 1073741824); default: the device's available memory.`,
+(e.g. 8GiB, 512MB, 1073741824); default: the device's available memory.
+
+Peers: --name names this node (default: the hostname); --listen HOST:PORT
+accepts peers (the mount appears once the listener is up); --peer NAME=HOST:PORT
+(repeatable) names the nodes that peer paths NAME:/path reach; --secret-file
+holds the shared secret (at least 16 bytes, one trailing newline stripped, not
+readable by group or others); listening on a non-loopback address needs one.
+--host-id overrides the host identity (default: the kernel's boot id).
+--timeout bounds how long a copy waits on a silent peer.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var limit uint64
@@ -43,7 +53,11 @@ and GPU are present, else host), host, or cuda:N.
 					return fmt.Errorf("--max-memory %q: not a byte size (e.g. 8GiB, 512MB, 1073741824)", maxMemory)
 				}
 			}
-			return runMount(args[0], device, int64(limit), fs.Options{AllowOther: allowOther, Debug: debug})
+			cfg, err := pc.config()
+			if err != nil {
+				return err
+			}
+			return runMount(args[0], device, int64(limit), fs.Options{AllowOther: allowOther, Debug: debug}, cfg)
 		},
 	}
 	f := cmd.Flags()
@@ -51,10 +65,11 @@ and GPU are present, else host), host, or cuda:N.
 	f.StringVar(&maxMemory, "max-memory", "", "cap on allocated bytes (default: available memory)")
 	f.BoolVar(&allowOther, "allow-other", false, "let other users access the mount (FUSE allow_other)")
 	f.BoolVar(&debug, "debug", false, "log every FUSE request")
+	pc.register(f)
 	return cmd
 }
 
-func runMount(mountpoint, device string, limit int64, o fs.Options) error {
+func runMount(mountpoint, device string, limit int64, o fs.Options, peerCfg transfer.Config) error {
 	// Catch signals before mounting: go-fuse's mount makes a request on the
 	// new mount from this process (its poll check), and a process killed by a
 	// default-action SIGINT while waiting for its own reply hangs in exit and
@@ -80,8 +95,22 @@ func runMount(mountpoint, device string, limit int64, o fs.Options) error {
 	if err != nil {
 		return err
 	}
-	srv, err := fs.Mount(mountpoint, store, o)
+	root := fs.NewRoot(store)
+	peers, err := transfer.New(peerCfg, root.Local())
 	if err != nil {
+		store.Close()
+		return err
+	}
+	root.SetPeers(peers)
+	// The listener is up before the mount appears: a mounted node is ready.
+	if err := peers.Start(); err != nil {
+		store.Close()
+		return err
+	}
+	srv, err := fs.Mount(mountpoint, root, o)
+	if err != nil {
+		peers.Close()
+		store.Close()
 		return err
 	}
 	mi := devs[0].MemInfo()
@@ -112,6 +141,7 @@ func runMount(mountpoint, device string, limit int64, o fs.Options) error {
 	case <-done:
 		log.Printf("%s was unmounted", mountpoint)
 	}
+	peers.Close()
 	store.Close()
 	for _, d := range devs {
 		d.Close()

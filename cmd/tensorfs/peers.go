@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/tensorfs/tensorfs/transfer"
+)
+
+// peerFlags are the mount flags of the peer service.
+type peerFlags struct {
+	name, listen, secretFile, hostID string
+	peers                            []string
+	timeout                          time.Duration
+}
+
+func (p *peerFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&p.name, "name", "", "this node's name in peer paths (default: the hostname)")
+	f.StringVar(&p.listen, "listen", "", "HOST:PORT to accept peers on")
+	f.StringArrayVar(&p.peers, "peer", nil, "a peer as NAME=HOST:PORT (repeatable)")
+	f.StringVar(&p.secretFile, "secret-file", "", "file holding the shared peer secret (>= 16 bytes, mode 0600)")
+	f.StringVar(&p.hostID, "host-id", "", "host identity (default: the kernel's boot id)")
+	f.DurationVar(&p.timeout, "timeout", 10*time.Second, "how long a copy waits on a silent peer")
+}
+
+// config builds the peer service configuration. Errors: a malformed --peer,
+// an unreadable secret file, one readable by group or others (as ssh refuses
+// such keys), or one under 16 bytes.
+func (p *peerFlags) config() (transfer.Config, error) {
+	cfg := transfer.Config{Name: p.name, Listen: p.listen, HostID: p.hostID, Timeout: p.timeout, Peers: map[string]string{}}
+	if cfg.Name == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return cfg, fmt.Errorf("--name not given and no hostname: %v", err)
+		}
+		cfg.Name = h
+	}
+	if strings.ContainsAny(cfg.Name, ":/ ") {
+		return cfg, fmt.Errorf("--name %q: no ':', '/' or spaces", cfg.Name)
+	}
+	if cfg.HostID == "" {
+		b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+		if err != nil {
+			return cfg, fmt.Errorf("--host-id not given and no boot id: %v", err)
+		}
+		cfg.HostID = strings.TrimSpace(string(b))
+	}
+	for _, pe := range p.peers {
+		name, addr, ok := strings.Cut(pe, "=")
+		if !ok || name == "" || addr == "" || strings.ContainsAny(name, ":/ ") {
+			return cfg, fmt.Errorf("--peer %q: want NAME=HOST:PORT", pe)
+		}
+		cfg.Peers[name] = addr
+	}
+	if p.timeout <= 0 {
+		return cfg, fmt.Errorf("--timeout %v: must be positive", p.timeout)
+	}
+	if p.secretFile != "" {
+		st, err := os.Stat(p.secretFile)
+		if err != nil {
+			return cfg, fmt.Errorf("--secret-file: %v", err)
+		}
+		if st.Mode().Perm()&0o077 != 0 {
+			return cfg, fmt.Errorf("--secret-file %s is readable by group or others (mode %04o): chmod 600 it", p.secretFile, st.Mode().Perm())
+		}
+		b, err := os.ReadFile(p.secretFile)
+		if err != nil {
+			return cfg, fmt.Errorf("--secret-file: %v", err)
+		}
+		b = bytes.TrimSuffix(b, []byte("\n"))
+		if len(b) < 16 {
+			return cfg, fmt.Errorf("--secret-file %s holds %d bytes; at least 16 are needed", p.secretFile, len(b))
+		}
+		cfg.Secret = b
+	}
+	return cfg, nil
+}

@@ -1,0 +1,366 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"log"
+	"strings"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+
+	"github.com/tensorfs/tensorfs/transfer"
+)
+
+// Local returns the node's tensor namespace for the peer service.
+func (d *Dir) Local() transfer.Local { return d.fsys }
+
+// SetPeers gives the tree its peer service: remote copies go through it, and
+// its counters fill the stats document. Call it before mounting.
+func (d *Dir) SetPeers(s *transfer.Service) { d.fsys.peers = s }
+
+// pathOf finds the mount-relative path of node n by searching the tree (copies
+// are rare next to lookups, so nodes keep no parent pointers); "" when n has
+// no name any more.
+func (f *FS) pathOf(n gofs.InodeEmbedder) string {
+	if n == gofs.InodeEmbedder(f.root) {
+		return "/"
+	}
+	var find func(d *Dir, prefix string) string
+	find = func(d *Dir, prefix string) string {
+		d.mu.Lock()
+		kids := make(map[string]gofs.InodeEmbedder, len(d.entries))
+		for name, in := range d.entries {
+			kids[name] = in.Operations()
+		}
+		d.mu.Unlock()
+		for name, k := range kids {
+			if k == n {
+				return prefix + "/" + name
+			}
+		}
+		for name, k := range kids {
+			if sub, ok := k.(*Dir); ok {
+				if p := find(sub, prefix+"/"+name); p != "" {
+					return p
+				}
+			}
+		}
+		return ""
+	}
+	return find(f.root, "")
+}
+
+// parseTarget parses a copy's peer path: peer "" (or this node's own name)
+// means this mount; a path under this mount's own mountpoint is taken as
+// mount-relative.
+func (f *FS) parseTarget(v string) (peer, p string, err error) {
+	v = strings.TrimSpace(v)
+	if f.mnt != "" && strings.HasPrefix(v, f.mnt+"/") {
+		v = v[len(f.mnt):]
+	}
+	peer, p, err = transfer.ParsePeerPath(v)
+	if err == nil && f.peers != nil && peer == f.peers.Name() {
+		peer = ""
+	}
+	return peer, p, err
+}
+
+// within reports whether node n is dir or lies below it.
+func (f *FS) within(p string, dir *Dir) bool {
+	cur := gofs.InodeEmbedder(f.root)
+	if cur == gofs.InodeEmbedder(dir) {
+		return true
+	}
+	if p == "/" {
+		return false
+	}
+	for _, c := range strings.Split(p[1:], "/") {
+		d, ok := cur.(*Dir)
+		if !ok {
+			return false
+		}
+		in := d.child(c)
+		if in == nil {
+			return false
+		}
+		cur = in.Operations()
+		if cur == gofs.InodeEmbedder(dir) {
+			return true
+		}
+	}
+	return false
+}
+
+// copyTo pushes node src (a file, or a directory tree) to a peer path. It
+// ignores the request's cancellation (FUSE interrupts): a copy runs to
+// completion or failure.
+func (f *FS) copyTo(src gofs.InodeEmbedder, value string) error {
+	peer, dst, err := f.parseTarget(value)
+	if err != nil {
+		return err
+	}
+	srcs, isDir, err := sources(src)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, s := range srcs {
+			s.Close()
+		}
+	}()
+	label := f.pathOf(src)
+	if peer != "" {
+		if f.peers == nil {
+			return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
+		}
+		n, err := f.peers.Send(context.Background(), peer, dst, srcs, isDir, label)
+		logCopy(label, peer+":"+dst, n, err)
+		return err
+	}
+	// Inside this mount: refuse a copy onto itself or into its own subtree
+	// (the kernel holds src's lock for this call; a rename over it would hang).
+	if target, err := f.resolve(dst); err == nil && target == src {
+		return errf(syscall.EINVAL, "copy of %s onto itself", dst)
+	}
+	if d, ok := src.(*Dir); ok && f.within(dst, d) {
+		return errf(syscall.EINVAL, "copy of directory %s into its own subtree %s", label, dst)
+	}
+	if !isDir {
+		if target, err := f.resolve(dst); err == nil {
+			if _, isD := target.(*Dir); isD {
+				return errf(syscall.EISDIR, "%s is a directory (name the target file)", dst)
+			}
+		}
+	}
+	n, err := f.localCopy(label, dst, srcs, isDir, nil)
+	logCopy(label, dst, n, err)
+	return err
+}
+
+// copyFrom pulls a peer path into node dst (a file, or a directory tree).
+func (f *FS) copyFrom(dst gofs.InodeEmbedder, value string) error {
+	peer, src, err := f.parseTarget(value)
+	if err != nil {
+		return err
+	}
+	dstPath := f.pathOf(dst)
+	if dstPath == "" {
+		return errf(syscall.ENOENT, "copy_from into an unlinked file")
+	}
+	_, dstIsDir := dst.(*Dir)
+	prepare := func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
+		if isDir != dstIsDir {
+			if dstIsDir {
+				return nil, errf(syscall.EISDIR, "%s is a directory; the source %s is a file", dstPath, value)
+			}
+			return nil, errf(syscall.ENOTDIR, "%s is a file; the source %s is a directory", dstPath, value)
+		}
+		return f.prepare(dstPath, isDir, metas, dst)
+	}
+	if peer != "" {
+		if f.peers == nil {
+			return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
+		}
+		n, err := f.peers.Receive(context.Background(), peer, src, dstPath, prepare)
+		logCopy(peer+":"+src, dstPath, n, err)
+		return err
+	}
+	srcNode, err := f.resolve(src)
+	if err != nil {
+		return err
+	}
+	if srcNode == dst {
+		return errf(syscall.EINVAL, "copy of %s onto itself", src)
+	}
+	if d, ok := srcNode.(*Dir); ok && f.within(dstPath, d) {
+		return errf(syscall.EINVAL, "copy of directory %s into its own subtree %s", src, dstPath)
+	}
+	if d, ok := dst.(*Dir); ok && f.within(src, d) {
+		return errf(syscall.EINVAL, "copy of %s into a directory that contains it", src)
+	}
+	srcs, isDir, err := sources(srcNode)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, s := range srcs {
+			s.Close()
+		}
+	}()
+	n, err := f.localCopy(src, dstPath, srcs, isDir, prepare)
+	logCopy(src, dstPath, n, err)
+	return err
+}
+
+// localCopy copies tensors of this daemon device to device into dst.
+func (f *FS) localCopy(label, dst string, srcs []transfer.Source, isDir bool, prepare func(bool, []transfer.Meta) (transfer.Dest, error)) (int, error) {
+	metas := make([]transfer.Meta, len(srcs))
+	var total int64
+	for i, s := range srcs {
+		metas[i] = s.Meta()
+		total += metas[i].NBytes
+	}
+	var rec *transfer.Record
+	end := func(error) {}
+	if f.peers != nil {
+		rec, end = f.peers.Track(label, dst, "local", total, int64(len(srcs)))
+	}
+	var d transfer.Dest
+	var err error
+	if prepare != nil {
+		d, err = prepare(isDir, metas)
+	} else {
+		d, err = f.Put(dst, isDir, metas)
+	}
+	if err != nil {
+		end(err)
+		return 0, err
+	}
+	dd := d.(*dest)
+	for i, s := range srcs {
+		if err := dd.tensorAt(i).CopyFrom(s.(*fileSource).t); err != nil {
+			dd.Abort()
+			end(err)
+			return 0, err
+		}
+		if rec != nil {
+			rec.BytesDone.Add(metas[i].NBytes)
+		}
+	}
+	n, err := dd.Commit()
+	end(err)
+	return n, err
+}
+
+// batch runs the copies of a batch xattr: one "SRC DST" per line. Pushes of
+// local tensors to one peer go as one pipelined transfer; the rest run in
+// order. It stops at the first failure.
+func (f *FS) batch(value string) error {
+	type push struct{ src, dst string }
+	pushes := map[string][]push{}
+	var order []string
+	var others [][2]string
+	for i, line := range strings.Split(value, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) != 2 {
+			return errf(syscall.EINVAL, "batch line %d: want SRC DST, got %q", i+1, line)
+		}
+		sp, spath, err := f.parseTarget(fields[0])
+		if err != nil {
+			return err
+		}
+		dp, dpath, err := f.parseTarget(fields[1])
+		if err != nil {
+			return err
+		}
+		if sp == "" && dp != "" {
+			if _, ok := pushes[dp]; !ok {
+				order = append(order, dp)
+			}
+			pushes[dp] = append(pushes[dp], push{spath, dpath})
+			continue
+		}
+		others = append(others, [2]string{fields[0], fields[1]})
+	}
+	for _, peer := range order {
+		var srcs []transfer.Source
+		closeAll := func() {
+			for _, s := range srcs {
+				s.Close()
+			}
+		}
+		for _, p := range pushes[peer] {
+			n, err := f.resolve(p.src)
+			if err != nil {
+				closeAll()
+				return err
+			}
+			file, ok := n.(*File)
+			if !ok {
+				closeAll()
+				return errf(syscall.EISDIR, "batch: %s is a directory (batch lines name tensors)", p.src)
+			}
+			s, err := openSource(file, strings.TrimPrefix(p.dst, "/"))
+			if err != nil {
+				closeAll()
+				return err
+			}
+			srcs = append(srcs, s)
+		}
+		if f.peers == nil {
+			closeAll()
+			return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
+		}
+		n, err := f.peers.Send(context.Background(), peer, "/", srcs, true, "batch")
+		closeAll()
+		logCopy("batch", peer+":/", n, err)
+		if err != nil {
+			return err
+		}
+	}
+	for _, o := range others {
+		sp, spath, _ := f.parseTarget(o[0])
+		if sp != "" {
+			// A pull into this mount: into the destination's parent dir.
+			dpPeer, dpath, _ := f.parseTarget(o[1])
+			if dpPeer != "" {
+				return errf(syscall.EINVAL, "batch: %s -> %s: one side must be this mount", o[0], o[1])
+			}
+			if err := f.pullTo(sp, spath, dpath); err != nil {
+				return err
+			}
+			continue
+		}
+		n, err := f.resolve(spath)
+		if err != nil {
+			return err
+		}
+		if err := f.copyTo(n, o[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pullTo copies peer:src to dst in this mount (a batch line), renaming into
+// place through the mount.
+func (f *FS) pullTo(peer, src, dst string) error {
+	if f.peers == nil {
+		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
+	}
+	n, err := f.peers.Receive(context.Background(), peer, src, dst, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
+		if !isDir {
+			if t, err := f.resolve(dst); err == nil {
+				if _, isD := t.(*Dir); isD {
+					return nil, errf(syscall.EISDIR, "%s is a directory", dst)
+				}
+			}
+		}
+		return f.prepare(dst, isDir, metas, nil)
+	})
+	logCopy(peer+":"+src, dst, n, err)
+	return err
+}
+
+func logCopy(src, dst string, n int, err error) {
+	if err != nil {
+		log.Printf("copy %s -> %s: %v", src, dst, err)
+		return
+	}
+	log.Printf("copy %s -> %s: %d tensors", src, dst, n)
+}
+
+// copyErrno maps a copy's error to its errno.
+func copyErrno(op string, err error) syscall.Errno {
+	var te *transfer.Error
+	if errors.As(err, &te) {
+		return te.Errno
+	}
+	return toErrno(op, err)
+}
+

@@ -1,0 +1,414 @@
+package fs
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path"
+	"sort"
+	"strings"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+
+	"github.com/tensorfs/tensorfs/tensor"
+	"github.com/tensorfs/tensorfs/transfer"
+)
+
+// tmpPrefix names the temporaries a copy writes before renaming them into
+// place; directory copies skip them.
+const tmpPrefix = ".tensorfs-tmp-"
+
+// errf returns a transfer.Error with an errno, for copies.
+func errf(errno syscall.Errno, format string, args ...any) error {
+	return &transfer.Error{Errno: errno, Msg: fmt.Sprintf(format, args...)}
+}
+
+// resolve finds the node at a cleaned mount-relative path.
+func (f *FS) resolve(p string) (gofs.InodeEmbedder, error) {
+	var cur gofs.InodeEmbedder = f.root
+	if p == "/" {
+		return cur, nil
+	}
+	for _, c := range strings.Split(p[1:], "/") {
+		d, ok := cur.(*Dir)
+		if !ok {
+			return nil, errf(syscall.ENOTDIR, "%s: a component is not a directory", p)
+		}
+		in := d.child(c)
+		if in == nil {
+			return nil, errf(syscall.ENOENT, "%s: no such file or directory", p)
+		}
+		cur = in.Operations()
+	}
+	return cur, nil
+}
+
+// fileRef is one tensor file found under a directory.
+type fileRef struct {
+	rel string
+	f   *File
+}
+
+// walk lists the tensor files under d (sorted, temporaries skipped).
+func (d *Dir) walk(prefix string, out []fileRef) []fileRef {
+	d.mu.Lock()
+	names := make([]string, 0, len(d.entries))
+	for n := range d.entries {
+		if !strings.HasPrefix(n, tmpPrefix) {
+			names = append(names, n)
+		}
+	}
+	kids := make(map[string]gofs.InodeEmbedder, len(names))
+	for _, n := range names {
+		kids[n] = d.entries[n].Operations()
+	}
+	d.mu.Unlock()
+	sort.Strings(names)
+	for _, n := range names {
+		switch c := kids[n].(type) {
+		case *File:
+			out = append(out, fileRef{rel: prefix + n, f: c})
+		case *Dir:
+			out = c.walk(prefix+n+"/", out)
+		}
+	}
+	return out
+}
+
+// metaOf describes a tensor for a copy.
+func metaOf(t *tensor.Tensor, rel string) transfer.Meta {
+	in := t.Info()
+	d, sh := in.DType, in.Shape
+	if d == "" {
+		d = "U8"
+	}
+	if sh == nil {
+		sh = tensor.Shape{in.Size * 8 / int64(d.Bits())}
+	}
+	return transfer.Meta{Rel: rel, DType: string(d), Shape: sh.String(), NBytes: in.Size}
+}
+
+// fileSource reads one tensor for a copy, holding it open (alive) until Close.
+type fileSource struct {
+	t    *tensor.Tensor
+	h    *tensor.Handle
+	meta transfer.Meta
+}
+
+func (s *fileSource) Meta() transfer.Meta                     { return s.meta }
+func (s *fileSource) ReadAt(p []byte, off int64) (int, error) { return s.t.ReadAt(p, off) }
+func (s *fileSource) Close()                                  { s.h.Close() }
+
+func openSource(f *File, rel string) (*fileSource, error) {
+	h, err := f.t.Open("copy")
+	if err != nil {
+		return nil, err
+	}
+	return &fileSource{t: f.t, h: h, meta: metaOf(f.t, rel)}, nil
+}
+
+// sources opens the tensors of a node: one for a file, all below a directory.
+func sources(n gofs.InodeEmbedder) ([]transfer.Source, bool, error) {
+	var refs []fileRef
+	isDir := false
+	switch x := n.(type) {
+	case *File:
+		refs = []fileRef{{f: x}}
+	case *Dir:
+		isDir = true
+		refs = x.walk("", nil)
+	}
+	srcs := make([]transfer.Source, 0, len(refs))
+	for _, r := range refs {
+		s, err := openSource(r.f, r.rel)
+		if err != nil {
+			for _, o := range srcs {
+				o.Close()
+			}
+			return nil, false, err
+		}
+		srcs = append(srcs, s)
+	}
+	return srcs, isDir, nil
+}
+
+// Get implements transfer.Local.
+func (f *FS) Get(p string) ([]transfer.Source, bool, error) {
+	n, err := f.resolve(p)
+	if err != nil {
+		return nil, false, err
+	}
+	return sources(n)
+}
+
+// Put implements transfer.Local: temporaries in the destination directories,
+// renamed into place through the mount at Commit (so inotify watchers see
+// IN_MOVED_TO).
+func (f *FS) Put(p string, isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
+	return f.prepare(p, isDir, metas, nil)
+}
+
+// destItem is one tensor of a copy's destination.
+type destItem struct {
+	dir    *Dir
+	dirRel string // mount-relative path of dir ("/" for the root)
+	tmp    string // temporary name in dir, or "" when adopting into target
+	final  string
+	f      *File  // the temporary's node
+	target *File  // adopt mode: the file whose data is replaced in place
+	temp   *tensor.Tensor
+	h      *tensor.Handle
+}
+
+// dest is a copy's destination: temporaries filled by WriteAt, put in place
+// by Commit (a rename through the mount, an internal rename, or an adoption),
+// removed by Abort.
+type dest struct {
+	fsys   *FS
+	items  []destItem
+	rename bool // put in place by renames through the mount
+	done   int
+}
+
+// prepare builds a destination at p. adoptTarget, when set, is the node whose
+// xattr is being set (copy_from): its lock is held by the kernel, so nothing
+// may be renamed over it or created in it through the mount: files there are
+// replaced by adoption and new names inserted internally.
+func (f *FS) prepare(p string, isDir bool, metas []transfer.Meta, adoptTarget gofs.InodeEmbedder) (*dest, error) {
+	d := &dest{fsys: f, rename: adoptTarget == nil && f.mnt != ""}
+	ok := false
+	defer func() {
+		if !ok {
+			d.Abort()
+		}
+	}()
+	if !isDir {
+		parentPath, name := path.Split(p)
+		if name == "" {
+			return nil, errf(syscall.EISDIR, "%s is a directory", p)
+		}
+		parent, err := f.resolve(path.Clean(parentPath))
+		if err != nil {
+			return nil, err
+		}
+		pd, isD := parent.(*Dir)
+		if !isD {
+			return nil, errf(syscall.ENOTDIR, "%s: parent is not a directory", p)
+		}
+		if err := d.add(pd, path.Clean(parentPath), name, metas[0], adoptTarget); err != nil {
+			return nil, err
+		}
+		ok = true
+		return d, nil
+	}
+	root, err := f.mkdirAll(p)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range metas {
+		dirRel, name := path.Split(m.Rel)
+		sub := root
+		if dirRel != "" {
+			if sub, err = f.mkdirAll(path.Join(p, dirRel)); err != nil {
+				return nil, err
+			}
+		}
+		if err := d.add(sub, path.Join(p, dirRel), name, m, adoptTarget); err != nil {
+			return nil, err
+		}
+	}
+	ok = true
+	return d, nil
+}
+
+// add prepares one tensor named name in dir.
+func (d *dest) add(dir *Dir, dirRel, name string, m transfer.Meta, adoptTarget gofs.InodeEmbedder) error {
+	if errno := checkName(name); errno != 0 {
+		return errf(errno, "%s/%s: name too long", dirRel, name)
+	}
+	tmpl, err := templateFor(dir, m)
+	if err != nil {
+		return err
+	}
+	item := destItem{dir: dir, dirRel: dirRel, final: name}
+	existing := dir.child(name)
+	if existing != nil {
+		if _, isDir := existing.Operations().(*Dir); isDir {
+			return errf(syscall.EISDIR, "%s is a directory", path.Join(dirRel, name))
+		}
+	}
+	if adoptTarget != nil && existing != nil {
+		// Replace in place: a rename over this file could need the lock the
+		// kernel holds for the xattr call.
+		item.target = existing.Operations().(*File)
+		t, err := d.fsys.store.New(tmpl)
+		if err != nil {
+			return err
+		}
+		if item.h, err = t.Open("copy"); err != nil {
+			t.Unlink()
+			return err
+		}
+		t.Unlink()
+		item.temp = t
+		d.items = append(d.items, item)
+		return nil
+	}
+	item.tmp = fmt.Sprintf("%s%d", tmpPrefix, d.fsys.tmpSeq.Add(1))
+	t, err := d.fsys.store.New(tmpl)
+	if err != nil {
+		return err
+	}
+	nf := &File{fsys: d.fsys, t: t}
+	nf.meta.mode = 0o644
+	nf.meta.init(context.Background(), 0o644)
+	dir.meta.mu.Lock()
+	nf.meta.uid, nf.meta.gid = dir.meta.uid, dir.meta.gid
+	dir.meta.mu.Unlock()
+	in := dir.NewPersistentInode(context.Background(), nf, gofs.StableAttr{Mode: syscall.S_IFREG})
+	dir.mu.Lock()
+	dir.setEntry(item.tmp, in)
+	dir.mu.Unlock()
+	item.f, item.temp = nf, t
+	d.items = append(d.items, item)
+	return nil
+}
+
+// templateFor is the tensor template of a copied tensor landing in dir: the
+// source's dtype and shape on dir's template device. Errors: EPROTO when the
+// metadata is inconsistent.
+func templateFor(dir *Dir, m transfer.Meta) (tensor.Template, error) {
+	dt, err := tensor.ParseDType(m.DType)
+	if err != nil {
+		return tensor.Template{}, errf(syscall.EPROTO, "tensor %q: %v", m.Rel, err)
+	}
+	sh, err := tensor.ParseShape(m.Shape)
+	if err != nil {
+		return tensor.Template{}, errf(syscall.EPROTO, "tensor %q: %v", m.Rel, err)
+	}
+	if nb, err := tensor.NBytes(dt, sh); err != nil || nb != m.NBytes {
+		return tensor.Template{}, errf(syscall.EPROTO, "tensor %q: %s %s is not %d bytes", m.Rel, dt, sh, m.NBytes)
+	}
+	tmpl := dir.template()
+	dir.meta.mu.Lock()
+	owner := dir.meta.uid
+	dir.meta.mu.Unlock()
+	return tensor.Template{DType: dt, Shape: sh, Device: tmpl.Device, Owner: owner}, nil
+}
+
+// mkdirAll returns the directory at p, creating it and missing parents
+// internally (no syscall on the mount). Errors: ENOTDIR when a component is a
+// file, ENOENT when p's parent... is created too, so only for a bad root.
+func (f *FS) mkdirAll(p string) (*Dir, error) {
+	cur := f.root
+	if p == "/" {
+		return cur, nil
+	}
+	for _, c := range strings.Split(strings.Trim(p, "/"), "/") {
+		if errno := checkName(c); errno != 0 {
+			return nil, errf(errno, "%s: name too long", p)
+		}
+		cur.mu.Lock()
+		in := cur.entries[c]
+		if in == nil {
+			nd := &Dir{fsys: f, tmpl: cur.template()}
+			nd.meta.init(context.Background(), 0o755)
+			in = cur.NewPersistentInode(context.Background(), nd, gofs.StableAttr{Mode: syscall.S_IFDIR})
+			cur.setEntry(c, in)
+		}
+		cur.mu.Unlock()
+		next, ok := in.Operations().(*Dir)
+		if !ok {
+			return nil, errf(syscall.ENOTDIR, "%s: %s is a file", p, c)
+		}
+		cur = next
+	}
+	return cur, nil
+}
+
+// WriteAt implements transfer.Dest.
+func (d *dest) WriteAt(i int, p []byte, off int64) error {
+	_, err := d.items[i].temp.WriteAt(p, off)
+	return err
+}
+
+// tensorAt is item i's temporary tensor, for device-to-device local copies.
+func (d *dest) tensorAt(i int) *tensor.Tensor { return d.items[i].temp }
+
+// Commit implements transfer.Dest: each tensor is put in place atomically.
+func (d *dest) Commit() (int, error) {
+	for d.done < len(d.items) {
+		it := &d.items[d.done]
+		var err error
+		switch {
+		case it.target != nil:
+			err = it.target.t.Adopt(it.temp)
+			if err == nil {
+				it.target.meta.touch()
+				it.h.Close()
+				it.h = nil
+			}
+		case d.rename:
+			base := d.fsys.mnt + it.dirRel
+			err = os.Rename(path.Join(base, it.tmp), path.Join(base, it.final))
+		default:
+			err = it.dir.renameInternal(it.tmp, it.final)
+		}
+		if err != nil {
+			n := d.done
+			d.Abort()
+			return n, &transfer.Error{Errno: transfer.Errno(err), Msg: fmt.Sprintf("put %s/%s in place: %v", it.dirRel, it.final, err), Copied: n}
+		}
+		d.done++
+	}
+	return d.done, nil
+}
+
+// Abort implements transfer.Dest: the temporaries not yet in place go away.
+func (d *dest) Abort() {
+	for i := d.done; i < len(d.items); i++ {
+		it := &d.items[i]
+		if it.h != nil {
+			it.h.Close()
+			it.h = nil
+		}
+		if it.tmp != "" {
+			it.dir.mu.Lock()
+			if in := it.dir.entries[it.tmp]; in != nil && in.Operations() == it.f {
+				delete(it.dir.entries, it.tmp)
+			}
+			it.dir.mu.Unlock()
+			it.temp.Unlink()
+			it.tmp = ""
+		}
+	}
+	d.done = len(d.items)
+}
+
+// renameInternal moves entry tmp to name within d (replacing a file there),
+// without a syscall on the mount.
+func (d *Dir) renameInternal(tmp, name string) error {
+	d.mu.Lock()
+	in := d.entries[tmp]
+	if in == nil {
+		d.mu.Unlock()
+		return errf(syscall.ENOENT, "temporary %s vanished", tmp)
+	}
+	var replaced *File
+	if old := d.entries[name]; old != nil {
+		f, ok := old.Operations().(*File)
+		if !ok {
+			d.mu.Unlock()
+			return errf(syscall.EISDIR, "%s is a directory", name)
+		}
+		replaced = f
+	}
+	delete(d.entries, tmp)
+	d.entries[name] = in
+	d.mu.Unlock()
+	if replaced != nil {
+		replaced.t.Unlink()
+	}
+	return nil
+}

@@ -1,0 +1,257 @@
+package transfer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/crc32"
+	"syscall"
+)
+
+// Send copies srcs (the tensors at a local path; isDir when that path is a
+// directory) to remotePath on peer, and returns how many tensors were put in
+// place. It returns when the peer has committed them all, or with an error
+// carrying an errno (see dial; EIO for a broken stream or a CRC mismatch).
+func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Source, isDir bool, src string) (int, error) {
+	metas := make([]Meta, len(srcs))
+	var total int64
+	for i, sc := range srcs {
+		metas[i] = sc.Meta()
+		total += metas[i].NBytes
+	}
+	rec, end := s.Track(src, peer+":"+remotePath, "tcp", total, int64(len(srcs)))
+	n, err := s.send(ctx, peer, remotePath, srcs, metas, isDir, rec)
+	end(err)
+	return n, err
+}
+
+func (s *Service) send(ctx context.Context, peer, remotePath string, srcs []Source, metas []Meta, isDir bool, rec *Record) (int, error) {
+	c, err := s.dial(ctx, peer)
+	if err != nil {
+		return 0, err
+	}
+	defer c.c.Close()
+	stop := context.AfterFunc(ctx, func() { c.c.Close() })
+	defer stop()
+	if err := c.sendJSON(frameRequest, request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas}); err != nil {
+		return 0, netErr(err)
+	}
+	if err := c.recvJSON(frameOK, nil); err != nil {
+		return 0, err
+	}
+	if err := s.sendTensors(c, srcs, rec); err != nil {
+		return 0, err
+	}
+	var r reply
+	if err := c.recvJSON(frameOK, &r); err != nil {
+		return 0, err
+	}
+	return r.Copied, nil
+}
+
+// Receive copies the tensors at remotePath on peer into this node: prepare
+// gets their metadata (and whether remotePath is a directory) and returns
+// where to write them; Receive commits the Dest when every byte has arrived
+// intact, and aborts it otherwise. It returns how many tensors were placed.
+func (s *Service) Receive(ctx context.Context, peer, remotePath, dst string, prepare func(isDir bool, metas []Meta) (Dest, error)) (int, error) {
+	rec, end := s.Track(peer+":"+remotePath, dst, "tcp", 0, 0)
+	n, err := s.receive(ctx, peer, remotePath, prepare, rec)
+	end(err)
+	return n, err
+}
+
+func (s *Service) receive(ctx context.Context, peer, remotePath string, prepare func(bool, []Meta) (Dest, error), rec *Record) (int, error) {
+	c, err := s.dial(ctx, peer)
+	if err != nil {
+		return 0, err
+	}
+	defer c.c.Close()
+	stop := context.AfterFunc(ctx, func() { c.c.Close() })
+	defer stop()
+	if err := c.sendJSON(frameRequest, request{Op: "get", Path: remotePath}); err != nil {
+		return 0, netErr(err)
+	}
+	var r reply
+	if err := c.recvJSON(frameOK, &r); err != nil {
+		return 0, err
+	}
+	if err := checkMetas(r.Tensors, r.Dir); err != nil {
+		return 0, err
+	}
+	for _, m := range r.Tensors {
+		rec.BytesTotal += m.NBytes
+	}
+	rec.Tensors = int64(len(r.Tensors))
+	dest, err := prepare(r.Dir, r.Tensors)
+	if err != nil {
+		return 0, err
+	}
+	if err := s.recvTensors(c, dest, r.Tensors, rec); err != nil {
+		dest.Abort()
+		return 0, err
+	}
+	return dest.Commit()
+}
+
+// servePut receives a copy into this node.
+func (s *Service) servePut(c *conn, req request) error {
+	if err := checkMetas(req.Tensors, req.Dir); err != nil {
+		c.sendError(err)
+		return err
+	}
+	var total int64
+	for _, m := range req.Tensors {
+		total += m.NBytes
+	}
+	rec, end := s.Track(c.peer, req.Path, "tcp", total, int64(len(req.Tensors)))
+	dest, err := s.local.Put(req.Path, req.Dir, req.Tensors)
+	if err != nil {
+		end(err)
+		c.sendError(err)
+		return err
+	}
+	if err := c.sendJSON(frameOK, reply{}); err != nil {
+		dest.Abort()
+		end(err)
+		return netErr(err)
+	}
+	if err := s.recvTensors(c, dest, req.Tensors, rec); err != nil {
+		dest.Abort()
+		end(err)
+		c.sendError(err)
+		return err
+	}
+	n, err := dest.Commit()
+	end(err)
+	if err != nil {
+		c.sendError(&Error{Errno: Errno(err), Msg: err.Error(), Copied: n})
+		return err
+	}
+	return c.sendJSON(frameOK, reply{Copied: n})
+}
+
+// serveGet sends the tensors at a path of this node.
+func (s *Service) serveGet(c *conn, req request) error {
+	srcs, isDir, err := s.local.Get(req.Path)
+	if err != nil {
+		c.sendError(err)
+		return err
+	}
+	defer func() {
+		for _, sc := range srcs {
+			sc.Close()
+		}
+	}()
+	metas := make([]Meta, len(srcs))
+	var total int64
+	for i, sc := range srcs {
+		metas[i] = sc.Meta()
+		total += metas[i].NBytes
+	}
+	rec, end := s.Track(req.Path, c.peer, "tcp", total, int64(len(srcs)))
+	if err := c.sendJSON(frameOK, reply{Dir: isDir, Tensors: metas}); err != nil {
+		end(err)
+		return netErr(err)
+	}
+	err = s.sendTensors(c, srcs, rec)
+	end(err)
+	return err
+}
+
+// sendTensors streams every source in chunks (pipelined: no per-chunk
+// acknowledgement; TCP's window keeps the pipe full), then a done frame.
+func (s *Service) sendTensors(c *conn, srcs []Source, rec *Record) error {
+	buf := make([]byte, dataHeaderLen+s.cfg.ChunkSize)
+	var chunks int64
+	for i, sc := range srcs {
+		size := sc.Meta().NBytes
+		for off := int64(0); off < size; {
+			n := min(int64(s.cfg.ChunkSize), size-off)
+			data := buf[dataHeaderLen : dataHeaderLen+n]
+			if _, err := sc.ReadAt(data, off); err != nil {
+				err = fmt.Errorf("read %s at %d: %w", sc.Meta().Rel, off, err)
+				c.sendError(err)
+				return err
+			}
+			putChunkHeader(buf, chunkHeader{index: uint32(i), offset: off, crc: crc32.Checksum(data, crcTable)})
+			if err := c.send(frameData, buf[:dataHeaderLen+n]); err != nil {
+				return netErr(err)
+			}
+			off += n
+			chunks++
+			rec.BytesDone.Add(n)
+		}
+	}
+	if err := c.sendJSON(frameDone, doneMsg{Chunks: chunks}); err != nil {
+		return netErr(err)
+	}
+	return nil
+}
+
+// recvTensors writes incoming chunks into dest until the done frame, and
+// checks that every byte of every tensor arrived exactly once and intact.
+func (s *Service) recvTensors(c *conn, dest Dest, metas []Meta, rec *Record) error {
+	got := make([]int64, len(metas))
+	var chunks int64
+	for {
+		typ, p, err := c.recv()
+		if err != nil {
+			return netErr(err)
+		}
+		switch typ {
+		case frameData:
+			h, data, err := parseChunk(p)
+			if err != nil {
+				return netErr(err)
+			}
+			if int(h.index) >= len(metas) || h.offset+int64(len(data)) > metas[h.index].NBytes {
+				return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: chunk [%d, +%d) of tensor %d is outside it", c.peer, h.offset, len(data), h.index)}
+			}
+			if crc32.Checksum(data, crcTable) != h.crc {
+				return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: CRC32C mismatch in %q at %d", c.peer, metas[h.index].Rel, h.offset)}
+			}
+			if err := dest.WriteAt(int(h.index), data, h.offset); err != nil {
+				return err
+			}
+			got[h.index] += int64(len(data))
+			chunks++
+			rec.BytesDone.Add(int64(len(data)))
+		case frameDone:
+			for i, m := range metas {
+				if got[i] != m.NBytes {
+					return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: %q: %d of %d bytes arrived", c.peer, m.Rel, got[i], m.NBytes)}
+				}
+			}
+			return nil
+		case frameError:
+			var we wireError
+			if json.Unmarshal(p, &we) != nil {
+				return &Error{Errno: syscall.EPROTO, Msg: "malformed error frame"}
+			}
+			return &Error{Errno: errnoNames[we.Errno], Msg: fmt.Sprintf("%s: %s", c.peer, we.Message)}
+		default:
+			return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: frame type %d in a data stream", c.peer, typ)}
+		}
+	}
+}
+
+// checkMetas validates a peer's tensor list: relative paths without "..",
+// non-negative sizes, one tensor with Rel "" for a file copy.
+func checkMetas(metas []Meta, isDir bool) error {
+	if !isDir && (len(metas) != 1 || metas[0].Rel != "") {
+		return &Error{Errno: syscall.EPROTO, Msg: "a file copy carries exactly one tensor"}
+	}
+	seen := map[string]bool{}
+	for _, m := range metas {
+		if m.NBytes < 0 {
+			return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("tensor %q of %d bytes", m.Rel, m.NBytes)}
+		}
+		if isDir {
+			if _, err := CleanRel(m.Rel); err != nil || seen[m.Rel] {
+				return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("tensor path %q", m.Rel)}
+			}
+			seen[m.Rel] = true
+		}
+	}
+	return nil
+}

@@ -1,0 +1,116 @@
+// Package transfer is tensorfs's peer service: it authenticates peers with a
+// shared secret, and moves tensors between nodes over TCP streams in
+// pipelined, CRC32C-checked chunks. It knows nothing of FUSE: the node's own
+// tensors are reached through the Local interface, which the fs package
+// implements.
+package transfer
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// ProtocolVersion is the version of the wire protocol below; peers with
+// another version are refused at the handshake with both versions named.
+const ProtocolVersion = 1
+
+// Frame types. Control frames carry JSON; data frames carry a binary chunk
+// header (see dataHeaderLen) followed by the bytes.
+const (
+	frameHello     byte = 1 // client -> server: hello
+	frameChallenge byte = 2 // server -> client: challenge (with the server's proof)
+	frameAuth      byte = 3 // client -> server: auth (the client's proof)
+	frameOK        byte = 4 // either way: a JSON reply
+	frameError     byte = 5 // either way: a JSON wireError
+	frameRequest   byte = 6 // client -> server: a JSON request
+	frameData      byte = 7 // either way: one chunk of one tensor
+	frameDone      byte = 8 // either way: the end of a data stream (JSON summary)
+)
+
+// MaxFrame is the largest frame a node accepts (type byte and payload), in
+// bytes: a 4 MiB chunk, its header, and room for control frames.
+const MaxFrame = 4<<20 + 4096
+
+// ErrFrame: a malformed frame (bad length or type), e.g. from a hostile or
+// confused peer; the connection is dropped.
+var ErrFrame = errors.New("malformed frame")
+
+// writeFrame writes one frame: a 4-byte big-endian length of what follows,
+// the type byte, then the payload.
+func writeFrame(w io.Writer, typ byte, payload []byte) error {
+	if len(payload)+1 > MaxFrame {
+		return fmt.Errorf("frame of %d bytes: %w", len(payload)+1, ErrFrame)
+	}
+	var hdr [5]byte
+	binary.BigEndian.PutUint32(hdr[:4], uint32(len(payload)+1))
+	hdr[4] = typ
+	if _, err := w.Write(hdr[:]); err != nil {
+		return err
+	}
+	_, err := w.Write(payload)
+	return err
+}
+
+// readFrame reads one frame into buf (grown as needed) and returns its type
+// and payload. Errors: ErrFrame for a length of 0 or over MaxFrame or an
+// unknown type; io errors as they come.
+func readFrame(r io.Reader, buf []byte) (typ byte, payload []byte, err error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:4])
+	if n == 0 || n > MaxFrame {
+		return 0, nil, fmt.Errorf("frame length %d: %w", n, ErrFrame)
+	}
+	typ = hdr[4]
+	if typ < frameHello || typ > frameDone {
+		return 0, nil, fmt.Errorf("frame type %d: %w", typ, ErrFrame)
+	}
+	if cap(buf) < int(n-1) {
+		buf = make([]byte, n-1)
+	}
+	payload = buf[:n-1]
+	if _, err := io.ReadFull(r, payload); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, err
+	}
+	return typ, payload, nil
+}
+
+// dataHeaderLen is the chunk header of a data frame: tensor index (4 bytes),
+// byte offset in the tensor (8), CRC32C of the bytes (4), all big-endian.
+const dataHeaderLen = 16
+
+type chunkHeader struct {
+	index  uint32
+	offset int64
+	crc    uint32
+}
+
+func putChunkHeader(b []byte, h chunkHeader) {
+	binary.BigEndian.PutUint32(b[0:4], h.index)
+	binary.BigEndian.PutUint64(b[4:12], uint64(h.offset))
+	binary.BigEndian.PutUint32(b[12:16], h.crc)
+}
+
+// parseChunk splits a data frame's payload. Errors: ErrFrame when it is
+// shorter than its header or its offset is negative.
+func parseChunk(p []byte) (chunkHeader, []byte, error) {
+	if len(p) < dataHeaderLen {
+		return chunkHeader{}, nil, fmt.Errorf("data frame of %d bytes: %w", len(p), ErrFrame)
+	}
+	h := chunkHeader{
+		index:  binary.BigEndian.Uint32(p[0:4]),
+		offset: int64(binary.BigEndian.Uint64(p[4:12])),
+		crc:    binary.BigEndian.Uint32(p[12:16]),
+	}
+	if h.offset < 0 {
+		return chunkHeader{}, nil, fmt.Errorf("chunk offset %d: %w", h.offset, ErrFrame)
+	}
+	return h, p[dataHeaderLen:], nil
+}

@@ -1,0 +1,430 @@
+package transfer
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"log"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Local is the node's own tensor namespace, as the peer service needs it;
+// the fs package implements it. Paths are mount-relative and already checked
+// (absolute, no "..").
+type Local interface {
+	// Get opens the tensors at path for reading: a file gives one source with
+	// Rel "", a directory every tensor below it (isDir true). Errors carry an
+	// errno (ENOENT, ...).
+	Get(path string) (srcs []Source, isDir bool, err error)
+	// Put prepares the destination of a copy of the given tensors at path: a
+	// file (isDir false, one Meta with Rel "") or a directory tree.
+	Put(path string, isDir bool, metas []Meta) (Dest, error)
+}
+
+// Source is one tensor being read for a copy; it stays readable (pinned)
+// until Close, even if unlinked meanwhile.
+type Source interface {
+	Meta() Meta
+	ReadAt(p []byte, off int64) (int, error)
+	Close()
+}
+
+// Dest receives the tensors of one copy under temporary names; Commit puts
+// them in place (each atomically) and returns how many it placed, Abort
+// removes everything and leaves the destination as it was.
+type Dest interface {
+	WriteAt(i int, p []byte, off int64) error
+	Commit() (int, error)
+	Abort()
+}
+
+// Config configures a node's peer service.
+type Config struct {
+	// Name is this node's name, used in peer paths (NAME:/path).
+	Name string
+	// HostID is this node's host identity (default: the kernel's boot id);
+	// peers with the same HostID are on the same host.
+	HostID string
+	// Listen is HOST:PORT to accept peers on; "" accepts none.
+	Listen string
+	// Peers maps peer names to HOST:PORT.
+	Peers map[string]string
+	// Secret is the shared secret for peer authentication (HMAC challenge-
+	// response); nil means none, allowed only on loopback.
+	Secret []byte
+	// Timeout bounds every network wait (dial, handshake, each frame): a
+	// dead peer fails a copy within it. Default 10 s.
+	Timeout time.Duration
+	// ChunkSize is the bytes per data frame (default 1 MiB, at most 4 MiB).
+	ChunkSize int
+}
+
+// Service is a node's peer service: a listener for peers and the client side
+// of copies to and from them.
+type Service struct {
+	cfg   Config
+	local Local
+	ln    net.Listener
+	wg    sync.WaitGroup
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+
+	copies   [3]atomic.Int64 // local, ipc, tcp
+	active   atomic.Int64
+	recentMu sync.Mutex
+	recent   []*Record
+}
+
+// Path kinds, the index into copies.
+const (
+	PathLocal = iota
+	PathIPC
+	PathTCP
+)
+
+// Record is one transfer, for stats: progress while it runs, the outcome
+// after.
+type Record struct {
+	Src, Dst, Path      string
+	BytesDone           atomic.Int64
+	BytesTotal, Tensors int64
+	err                 atomic.Value // string
+}
+
+// ErrConfig: a configuration the service refuses to start with.
+var ErrConfig = errors.New("invalid peer configuration")
+
+// New returns a service; call Start to listen. Errors: ErrConfig for a
+// non-loopback Listen without a secret, or a secret under 16 bytes.
+func New(cfg Config, local Local) (*Service, error) {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.ChunkSize <= 0 {
+		cfg.ChunkSize = 1 << 20
+	}
+	cfg.ChunkSize = min(cfg.ChunkSize, 4<<20)
+	if cfg.Secret != nil && len(cfg.Secret) < 16 {
+		return nil, fmt.Errorf("secret of %d bytes, want at least 16: %w", len(cfg.Secret), ErrConfig)
+	}
+	if cfg.Listen != "" && cfg.Secret == nil {
+		host, _, err := net.SplitHostPort(cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("--listen %q: %v: %w", cfg.Listen, err, ErrConfig)
+		}
+		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			return nil, fmt.Errorf("--listen %s is not a loopback address and no --secret-file is given: %w", cfg.Listen, ErrConfig)
+		}
+	}
+	return &Service{cfg: cfg, local: local, conns: map[net.Conn]struct{}{}}, nil
+}
+
+// Start listens on cfg.Listen (if set) and serves peers until Close.
+func (s *Service) Start() error {
+	if s.cfg.Listen == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", s.cfg.Listen, err)
+	}
+	s.ln = ln
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if !s.track(c) {
+				c.Close()
+				return
+			}
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				defer s.untrack(c)
+				s.serve(c)
+			}()
+		}
+	}()
+	return nil
+}
+
+// Name is this node's name.
+func (s *Service) Name() string { return s.cfg.Name }
+
+// HostID is this node's host identity.
+func (s *Service) HostID() string { return s.cfg.HostID }
+
+// Addr is the listening address (useful with port 0), or nil.
+func (s *Service) Addr() net.Addr {
+	if s.ln == nil {
+		return nil
+	}
+	return s.ln.Addr()
+}
+
+func (s *Service) track(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.conns[c] = struct{}{}
+	return true
+}
+
+func (s *Service) untrack(c net.Conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	c.Close()
+}
+
+// Close stops listening, drops every connection (aborting their copies) and
+// waits for the handlers to finish.
+func (s *Service) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	s.wg.Wait()
+	return nil
+}
+
+// conn is one authenticated connection with deadline handling.
+type conn struct {
+	c       net.Conn
+	r       *bufio.Reader
+	w       *bufio.Writer
+	timeout time.Duration
+	buf     []byte
+	peer    string
+	hostID  string
+}
+
+func (c *conn) send(typ byte, payload []byte) error {
+	c.c.SetWriteDeadline(time.Now().Add(c.timeout))
+	if err := writeFrame(c.w, typ, payload); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (c *conn) flush() error {
+	c.c.SetWriteDeadline(time.Now().Add(c.timeout))
+	return c.w.Flush()
+}
+
+func (c *conn) sendJSON(typ byte, v any) error {
+	if err := c.send(typ, marshal(v)); err != nil {
+		return err
+	}
+	return c.flush()
+}
+
+func (c *conn) recv() (byte, []byte, error) {
+	c.c.SetReadDeadline(time.Now().Add(c.timeout))
+	typ, p, err := readFrame(c.r, c.buf)
+	if err == nil && cap(p) > cap(c.buf) {
+		c.buf = p[:0]
+	}
+	return typ, p, err
+}
+
+// recvJSON reads a frame of type want into v; an error frame becomes *Error.
+func (c *conn) recvJSON(want byte, v any) error {
+	typ, p, err := c.recv()
+	if err != nil {
+		return netErr(err)
+	}
+	if typ == frameError {
+		var we wireError
+		json.Unmarshal(p, &we)
+		return &Error{Errno: errnoNames[we.Errno], Msg: fmt.Sprintf("%s: %s", c.peer, we.Message), Copied: we.Copied}
+	}
+	if typ != want {
+		return fmt.Errorf("%s: frame type %d, want %d: %w", c.peer, typ, want, ErrFrame)
+	}
+	if v != nil {
+		if err := json.Unmarshal(p, v); err != nil {
+			return fmt.Errorf("%s: %v: %w", c.peer, err, ErrFrame)
+		}
+	}
+	return nil
+}
+
+func (c *conn) sendError(err error) {
+	we := wireError{Errno: errnoName(Errno(err)), Message: err.Error()}
+	var te *Error
+	if errors.As(err, &te) {
+		we.Copied = te.Copied
+	}
+	c.sendJSON(frameError, we)
+}
+
+// netErr turns network failures into errnos a copy can report: a deadline
+// is ETIMEDOUT, a closed connection EIO.
+func netErr(err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return &Error{Errno: syscall.ETIMEDOUT, Msg: err.Error()}
+	}
+	if errors.Is(err, ErrFrame) {
+		return &Error{Errno: syscall.EPROTO, Msg: err.Error()}
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return err
+	}
+	return &Error{Errno: syscall.EIO, Msg: err.Error()}
+}
+
+func nonce() []byte {
+	b := make([]byte, 32)
+	rand.Read(b)
+	return b
+}
+
+// dial connects and authenticates to a named peer. Errors: ENOENT for an
+// unknown peer, the dial's errno (ECONNREFUSED, EHOSTUNREACH, ETIMEDOUT),
+// EACCES for a refused authentication, EPROTO for a version mismatch.
+func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
+	addr, ok := s.cfg.Peers[peer]
+	if !ok {
+		return nil, &Error{Errno: syscall.ENOENT, Msg: fmt.Sprintf("unknown peer %q (known: --peer NAME=HOST:PORT)", peer)}
+	}
+	d := net.Dialer{Timeout: s.cfg.Timeout}
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			return nil, &Error{Errno: errno, Msg: fmt.Sprintf("peer %s at %s: %v", peer, addr, err)}
+		}
+		return nil, netErr(err)
+	}
+	c := &conn{c: nc, r: bufio.NewReaderSize(nc, 256<<10), w: bufio.NewWriterSize(nc, 256<<10), timeout: s.cfg.Timeout, peer: peer}
+	cn := nonce()
+	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn}); err != nil {
+		nc.Close()
+		return nil, netErr(err)
+	}
+	var ch challenge
+	if err := c.recvJSON(frameChallenge, &ch); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	if !hmac32Equal(ch.Proof, proof(s.cfg.Secret, "server", cn, ch.Nonce, s.cfg.Name, ch.Name)) {
+		nc.Close()
+		return nil, &Error{Errno: syscall.EACCES, Msg: fmt.Sprintf("peer %s at %s failed to prove the shared secret", peer, addr)}
+	}
+	if err := c.sendJSON(frameAuth, authMsg{Proof: proof(s.cfg.Secret, "client", cn, ch.Nonce, s.cfg.Name, ch.Name)}); err != nil {
+		nc.Close()
+		return nil, netErr(err)
+	}
+	if err := c.recvJSON(frameOK, nil); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	c.hostID = ch.HostID
+	return c, nil
+}
+
+// handshake authenticates an accepted connection.
+func (s *Service) handshake(nc net.Conn) (*conn, error) {
+	c := &conn{c: nc, r: bufio.NewReaderSize(nc, 256<<10), w: bufio.NewWriterSize(nc, 256<<10), timeout: s.cfg.Timeout, peer: nc.RemoteAddr().String()}
+	typ, p, err := c.recv()
+	if err != nil {
+		return nil, err
+	}
+	var h hello
+	if typ != frameHello || json.Unmarshal(p, &h) != nil {
+		return nil, fmt.Errorf("%s: no hello: %w", c.peer, ErrFrame)
+	}
+	if h.Version != ProtocolVersion {
+		err := &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("protocol version mismatch: peer %s speaks %d, node %s speaks %d", h.Name, h.Version, s.cfg.Name, ProtocolVersion)}
+		c.sendError(err)
+		return nil, err
+	}
+	c.peer = h.Name
+	sn := nonce()
+	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name)}); err != nil {
+		return nil, err
+	}
+	var a authMsg
+	if err := c.recvJSON(frameAuth, &a); err != nil {
+		return nil, err
+	}
+	if !hmac32Equal(a.Proof, proof(s.cfg.Secret, "client", h.Nonce, sn, h.Name, s.cfg.Name)) {
+		err := &Error{Errno: syscall.EACCES, Msg: fmt.Sprintf("peer %s (%s) failed to prove the shared secret", h.Name, nc.RemoteAddr())}
+		c.sendError(err)
+		return nil, err
+	}
+	if err := c.sendJSON(frameOK, reply{}); err != nil {
+		return nil, err
+	}
+	c.hostID = h.HostID
+	return c, nil
+}
+
+// serve runs one accepted connection: the handshake, then requests.
+func (s *Service) serve(nc net.Conn) {
+	c, err := s.handshake(nc)
+	if err != nil {
+		log.Printf("peer %s: %v", nc.RemoteAddr(), err)
+		return
+	}
+	for {
+		var req request
+		typ, p, err := c.recv()
+		if err != nil {
+			return // the peer hung up, or went silent past the timeout
+		}
+		if typ != frameRequest || json.Unmarshal(p, &req) != nil {
+			c.sendError(&Error{Errno: syscall.EPROTO, Msg: "expected a request"})
+			return
+		}
+		var rerr error
+		switch req.Op {
+		case "put":
+			rerr = s.servePut(c, req)
+		case "get":
+			rerr = s.serveGet(c, req)
+		default:
+			rerr = &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("unknown op %q", req.Op)}
+			c.sendError(rerr)
+		}
+		if rerr != nil {
+			log.Printf("peer %s: %s %s: %v", c.peer, req.Op, req.Path, rerr)
+			var te *Error
+			if !errors.As(rerr, &te) || te.Errno == syscall.EPROTO || te.Errno == syscall.ETIMEDOUT || te.Errno == syscall.EIO {
+				return // the stream is in an unknown state: drop the connection
+			}
+		}
+	}
+}
+
+func hmac32Equal(a, b []byte) bool {
+	return len(a) == len(b) && subtleEqual(a, b)
+}
+
+// crcTable is CRC32C (Castagnoli), checked per chunk so corruption is an EIO,
+// not bad data.
+var crcTable = crc32.MakeTable(crc32.Castagnoli)

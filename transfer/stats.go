@@ -1,0 +1,91 @@
+package transfer
+
+// recentMax is how many finished transfers stats keeps.
+const recentMax = 16
+
+// Track records a transfer (for stats and logs) of total bytes in tensors
+// tensors along path ("local", "ipc" or "tcp"); call end with its outcome.
+// Completed ones count in the copies of their path.
+func (s *Service) Track(src, dst, path string, total, tensors int64) (rec *Record, end func(error)) {
+	rec = &Record{Src: src, Dst: dst, Path: path, BytesTotal: total, Tensors: tensors}
+	rec.err.Store("")
+	s.active.Add(1)
+	s.recentMu.Lock()
+	s.recent = append(s.recent, rec)
+	if len(s.recent) > recentMax {
+		s.recent = s.recent[len(s.recent)-recentMax:]
+	}
+	s.recentMu.Unlock()
+	return rec, func(err error) {
+		s.active.Add(-1)
+		if err != nil {
+			rec.err.Store(err.Error())
+			return
+		}
+		switch path {
+		case "local":
+			s.copies[PathLocal].Add(1)
+		case "ipc":
+			s.copies[PathIPC].Add(1)
+		case "tcp":
+			s.copies[PathTCP].Add(1)
+		}
+	}
+}
+
+// Stats is the peer part of the stats document.
+type Stats struct {
+	Copies struct {
+		Local int64 `json:"local"`
+		IPC   int64 `json:"ipc"`
+		TCP   int64 `json:"tcp"`
+	} `json:"copies"`
+	Transfers struct {
+		Active int64          `json:"active"`
+		Recent []RecordReport `json:"recent"`
+	} `json:"transfers"`
+	Peers map[string]PeerReport `json:"peers"`
+}
+
+// RecordReport is one transfer in stats.
+type RecordReport struct {
+	Src        string `json:"src"`
+	Dst        string `json:"dst"`
+	Path       string `json:"path"`
+	BytesDone  int64  `json:"bytes_done"`
+	BytesTotal int64  `json:"bytes_total"`
+	Tensors    int64  `json:"tensors"`
+	Error      string `json:"error"`
+}
+
+// PeerReport is one configured peer in stats.
+type PeerReport struct {
+	Addr string `json:"addr"`
+}
+
+// Stats returns the copies, transfers and peers now. A nil service (no peer
+// configuration) reports zeros.
+func (s *Service) Stats() Stats {
+	var st Stats
+	st.Transfers.Recent = []RecordReport{}
+	st.Peers = map[string]PeerReport{}
+	if s == nil {
+		return st
+	}
+	st.Copies.Local = s.copies[PathLocal].Load()
+	st.Copies.IPC = s.copies[PathIPC].Load()
+	st.Copies.TCP = s.copies[PathTCP].Load()
+	st.Transfers.Active = s.active.Load()
+	s.recentMu.Lock()
+	for _, r := range s.recent {
+		st.Transfers.Recent = append(st.Transfers.Recent, RecordReport{
+			Src: r.Src, Dst: r.Dst, Path: r.Path, BytesDone: r.BytesDone.Load(),
+			BytesTotal: r.BytesTotal, Tensors: r.Tensors, Error: r.err.Load().(string),
+		})
+	}
+	s.recentMu.Unlock()
+	for name, addr := range s.cfg.Peers {
+		st.Peers[name] = PeerReport{Addr: addr}
+	}
+	return st
+}

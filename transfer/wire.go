@@ -1,0 +1,142 @@
+package transfer
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"syscall"
+)
+
+// hello opens a connection (client -> server).
+type hello struct {
+	Version int    `json:"version"`
+	Name    string `json:"name"`
+	HostID  string `json:"host_id"`
+	Nonce   []byte `json:"nonce"`
+}
+
+// challenge answers hello (server -> client) and proves the server knows the
+// secret.
+type challenge struct {
+	Version int    `json:"version"`
+	Name    string `json:"name"`
+	HostID  string `json:"host_id"`
+	Nonce   []byte `json:"nonce"`
+	Proof   []byte `json:"proof"`
+}
+
+// authMsg proves the client knows the secret (client -> server).
+type authMsg struct {
+	Proof []byte `json:"proof"`
+}
+
+// proof is HMAC-SHA256(secret, role, both nonces, both names): the secret
+// never crosses the wire, and a proof cannot be replayed on another
+// connection (fresh nonces) or reflected to the other role.
+func proof(secret []byte, role string, clientNonce, serverNonce []byte, client, server string) []byte {
+	m := hmac.New(sha256.New, secret)
+	for _, part := range [][]byte{[]byte(role), clientNonce, serverNonce, []byte(client), []byte(server)} {
+		var n [4]byte
+		n[0], n[1], n[2], n[3] = byte(len(part)>>24), byte(len(part)>>16), byte(len(part)>>8), byte(len(part))
+		m.Write(n[:])
+		m.Write(part)
+	}
+	return m.Sum(nil)
+}
+
+// Meta describes one tensor of a transfer.
+type Meta struct {
+	// Rel is the tensor's path relative to the transfer's root: "" when the
+	// root is the tensor itself, else "a/b" under the root directory.
+	Rel string `json:"rel"`
+	// DType is the canonical dtype ("F32"); Shape is comma-separated dims.
+	DType string `json:"dtype"`
+	Shape string `json:"shape"`
+	// NBytes is the tensor's size in bytes.
+	NBytes int64 `json:"nbytes"`
+}
+
+// request is what a client asks (client -> server).
+type request struct {
+	// Op is "put" (the client sends tensors to Path) or "get" (the server
+	// sends the tensors at Path).
+	Op   string `json:"op"`
+	Path string `json:"path"`
+	// Dir says the put's source is a directory tree (Path names a directory).
+	Dir     bool   `json:"dir,omitempty"`
+	Tensors []Meta `json:"tensors,omitempty"`
+}
+
+// reply is a frameOK payload.
+type reply struct {
+	Dir     bool   `json:"dir,omitempty"`
+	Tensors []Meta `json:"tensors,omitempty"`
+	Copied  int    `json:"copied,omitempty"`
+}
+
+// doneMsg ends a data stream.
+type doneMsg struct {
+	Chunks int64 `json:"chunks"`
+}
+
+// wireError is a frameError payload: an errno name and a message.
+type wireError struct {
+	Errno   string `json:"errno"`
+	Message string `json:"message"`
+	Copied  int    `json:"copied,omitempty"`
+}
+
+// Error is a failure reported by, or about, a peer. Errno is what the
+// filesystem returns for it; Copied counts tensors already in place when a
+// directory copy failed part-way.
+type Error struct {
+	Errno  syscall.Errno
+	Msg    string
+	Copied int
+}
+
+func (e *Error) Error() string {
+	if e.Copied > 0 {
+		return fmt.Sprintf("%s (%d tensors copied before the failure)", e.Msg, e.Copied)
+	}
+	return e.Msg
+}
+
+// Unwrap lets errors.Is(err, syscall.ENOENT) and the like match.
+func (e *Error) Unwrap() error { return e.Errno }
+
+// errnoNames are the errnos that cross the wire by name.
+var errnoNames = map[string]syscall.Errno{
+	"ENOENT": syscall.ENOENT, "EINVAL": syscall.EINVAL, "EACCES": syscall.EACCES,
+	"EIO": syscall.EIO, "EISDIR": syscall.EISDIR, "ENOTDIR": syscall.ENOTDIR,
+	"ENOSPC": syscall.ENOSPC, "EFBIG": syscall.EFBIG, "EEXIST": syscall.EEXIST,
+	"EPROTO": syscall.EPROTO, "ETIMEDOUT": syscall.ETIMEDOUT, "EBUSY": syscall.EBUSY,
+	"EPERM": syscall.EPERM, "ENAMETOOLONG": syscall.ENAMETOOLONG, "ESTALE": syscall.ESTALE,
+	"ENOTEMPTY": syscall.ENOTEMPTY, "ECONNREFUSED": syscall.ECONNREFUSED,
+}
+
+func errnoName(e syscall.Errno) string {
+	for n, v := range errnoNames {
+		if v == e {
+			return n
+		}
+	}
+	return "EIO"
+}
+
+// Errno extracts the errno an error should surface as: the one it wraps, or
+// EIO.
+func Errno(err error) syscall.Errno {
+	var e syscall.Errno
+	if errors.As(err, &e) && e != 0 {
+		return e
+	}
+	return syscall.EIO
+}
+
+func marshal(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}
