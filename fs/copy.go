@@ -363,4 +363,3 @@ func copyErrno(op string, err error) syscall.Errno {
 	}
 	return toErrno(op, err)
 }
-

@@ -155,8 +155,8 @@ type destItem struct {
 	dirRel string // mount-relative path of dir ("/" for the root)
 	tmp    string // temporary name in dir, or "" when adopting into target
 	final  string
-	f      *File  // the temporary's node
-	target *File  // adopt mode: the file whose data is replaced in place
+	f      *File // the temporary's node
+	target *File // adopt mode: the file whose data is replaced in place
 	temp   *tensor.Tensor
 	h      *tensor.Handle
 }
