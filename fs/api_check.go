@@ -21,6 +21,9 @@ var (
 	_ = (gofs.NodeSetxattrer)((*Dir)(nil))
 	_ = (gofs.NodeRemovexattrer)((*Dir)(nil))
 	_ = (gofs.NodeListxattrer)((*Dir)(nil))
+	_ = (gofs.NodeStatxer)((*Dir)(nil))
+	_ = (gofs.NodeFsyncer)((*Dir)(nil))
+	_ = (gofs.NodeReaddirer)((*Dir)(nil))
 
 	_ = (gofs.NodeGetattrer)((*File)(nil))
 	_ = (gofs.NodeSetattrer)((*File)(nil))
@@ -36,4 +39,5 @@ var (
 	_ = (gofs.NodeSetxattrer)((*File)(nil))
 	_ = (gofs.NodeRemovexattrer)((*File)(nil))
 	_ = (gofs.NodeListxattrer)((*File)(nil))
+	_ = (gofs.NodeStatxer)((*File)(nil))
 )

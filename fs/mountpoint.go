@@ -58,6 +58,10 @@ func abortConnection(dir string) {
 	}
 }
 
+// IsMounted reports whether dir is the mountpoint of a tensorfs FUSE mount
+// (per /proc/self/mounts); it makes no request on the mount.
+func IsMounted(dir string) bool { return isMountpoint(dir) }
+
 // isMountpoint reports whether dir is the mountpoint of a FUSE mount named
 // tensorfs in /proc/self/mounts.
 func isMountpoint(dir string) bool {

@@ -133,13 +133,21 @@ func (h *Host) reserve(n int64) error {
 	}
 }
 
+// pageSize is the unit the kernel commits memfd memory in.
+var pageSize = int64(os.Getpagesize())
+
+// committed is what an n-byte memfd really holds: whole pages. The cap,
+// statfs and stats count this, so a thousand 1-byte tensors cost 4 MiB there
+// as they do in the machine's memory.
+func committed(n int64) int64 { return (n + pageSize - 1) / pageSize * pageSize }
+
 // Alloc implements Device. Every host buffer is its own memfd, so owner needs
-// no separation here.
+// no separation here (it keys the recycling of freed buffers).
 func (h *Host) Alloc(nbytes int64, owner uint32) (Buffer, error) {
-	if nbytes <= 0 || int64(int(nbytes)) != nbytes {
+	if nbytes <= 0 || int64(int(nbytes)) != nbytes || nbytes > 1<<62 {
 		return nil, fmt.Errorf("host alloc of %d bytes: %w", nbytes, ErrInvalidSize)
 	}
-	if err := h.reserve(nbytes); err != nil {
+	if err := h.reserve(committed(nbytes)); err != nil {
 		return nil, err
 	}
 	if b := h.reuse(nbytes, owner); b != nil {
@@ -147,7 +155,7 @@ func (h *Host) Alloc(nbytes int64, owner uint32) (Buffer, error) {
 	}
 	b, err := newHostBuffer(h, nbytes, owner)
 	if err != nil {
-		h.used.Add(-nbytes)
+		h.used.Add(-committed(nbytes))
 		return nil, err
 	}
 	return b, nil
@@ -164,7 +172,7 @@ func (h *Host) reuse(n int64, owner uint32) *hostBuffer {
 	}
 	sp := l[len(l)-1]
 	h.spares[k] = l[:len(l)-1]
-	h.spareBytes -= n
+	h.spareBytes -= committed(n)
 	h.spareMu.Unlock()
 	clear(sp.mem)
 	return &hostBuffer{dev: h, id: newAllocID(), fd: sp.fd, mem: sp.mem, owner: owner}
@@ -179,7 +187,7 @@ func (h *Host) keep(fd int, mem []byte, owner uint32) bool {
 	}
 	h.spareMu.Lock()
 	defer h.spareMu.Unlock()
-	if h.spareBytes+n > spareMaxBytes {
+	if h.spareBytes+committed(n) > spareMaxBytes {
 		return false
 	}
 	if h.spares == nil {
@@ -187,7 +195,7 @@ func (h *Host) keep(fd int, mem []byte, owner uint32) bool {
 	}
 	k := spareKey{n, owner}
 	h.spares[k] = append(h.spares[k], &spare{fd: fd, mem: mem, freed: time.Now()})
-	h.spareBytes += n
+	h.spareBytes += committed(n)
 	if !h.trimming {
 		h.trimming = true
 		time.AfterFunc(spareTTL, h.trim)
@@ -205,7 +213,7 @@ func (h *Host) trim() {
 		for _, sp := range l {
 			if sp.freed.Before(cutoff) {
 				drop = append(drop, sp)
-				h.spareBytes -= k.n
+				h.spareBytes -= committed(k.n)
 			} else {
 				kept = append(kept, sp)
 			}
@@ -229,6 +237,11 @@ func (h *Host) trim() {
 
 func newHostBuffer(h *Host, nbytes int64, owner uint32) (*hostBuffer, error) {
 	fd, err := unix.MemfdCreate("tensorfs", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err == unix.EMFILE || err == unix.ENFILE {
+		// Each host tensor holds a file descriptor: running out is running
+		// out of room for tensors (ENOSPC), not the caller's EMFILE.
+		return nil, fmt.Errorf("memfd_create: %v (one fd per tensor; raise the daemon's RLIMIT_NOFILE): %w", err, ErrOutOfMemory)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create: %w", err)
 	}
@@ -353,7 +366,7 @@ func (b *hostBuffer) Free() error {
 		return ErrFreed
 	}
 	n := int64(len(b.mem))
-	b.dev.used.Add(-n)
+	b.dev.used.Add(-committed(n))
 	if b.dev.keep(b.fd, b.mem, b.owner) {
 		b.mem = nil
 		return nil

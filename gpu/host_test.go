@@ -109,3 +109,24 @@ func TestHostRecyclesSmallBuffers(t *testing.T) {
 		return len(h.spares) == 0 && h.spareBytes == 0
 	}, 5*time.Second, 50*time.Millisecond, "spares are released when idle")
 }
+
+// TestHostCountsWholePages: the cap counts what the kernel commits (pages),
+// so many tiny tensors cannot exceed it.
+func TestHostCountsWholePages(t *testing.T) {
+	h, err := NewHost(16 * pageSize)
+	require.NoError(t, err)
+	defer h.Close()
+	var bufs []Buffer
+	for i := 0; i < 16; i++ {
+		b, err := h.Alloc(1, 0)
+		require.NoError(t, err)
+		bufs = append(bufs, b)
+	}
+	require.EqualValues(t, 16*pageSize, h.MemInfo().Used)
+	_, err = h.Alloc(1, 0)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	for _, b := range bufs {
+		require.NoError(t, b.Free())
+	}
+	require.Zero(t, h.MemInfo().Used)
+}

@@ -143,7 +143,7 @@ func (s *Store) New(tmpl Template) (*Tensor, error) {
 		t.device = s.def.Name()
 	}
 	if tmpl.Shape != nil {
-		if err := t.setShapeLocked(tmpl.Shape); err != nil {
+		if _, err := t.setShapeLocked(tmpl.Shape); err != nil {
 			return nil, err
 		}
 	}

@@ -213,6 +213,9 @@ func (t *Tensor) Allocate(off, n int64, keepSize bool) error {
 	if err == nil && !keepSize && end > t.size {
 		err = t.setSize(end)
 	}
+	if err == nil && t.shape == nil {
+		t.dtype, t.shape = fitShape(t.dtype, t.shape, t.size)
+	}
 	t.mu.Unlock()
 	t.s.retire(old)
 	return err
@@ -225,7 +228,8 @@ func (t *Tensor) ReadAt(p []byte, off int64) (int, error) {
 	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	if off >= t.size {
+	if t.alloc == nil || off >= t.size {
+		// A released tensor has no memory left (unmount racing a read).
 		return 0, nil
 	}
 	n := min(int64(len(p)), t.size-off)
@@ -316,13 +320,17 @@ func (t *Tensor) SetShape(s string) error {
 		return err
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.setShapeLocked(sh)
+	old, err := t.setShapeLocked(sh)
+	t.mu.Unlock()
+	t.s.retire(old)
+	return err
 }
 
-func (t *Tensor) setShapeLocked(sh Shape) error {
+// setShapeLocked sets the shape (see SetShape); t.mu is held. It returns the
+// allocation it replaced, for retirement once t.mu is dropped.
+func (t *Tensor) setShapeLocked(sh Shape) (old *allocation, err error) {
 	if t.released {
-		return ErrReleased
+		return nil, ErrReleased
 	}
 	d := t.dtype
 	if d == "" {
@@ -330,22 +338,24 @@ func (t *Tensor) setShapeLocked(sh Shape) error {
 	}
 	nb, err := NBytes(d, sh)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if t.alloc != nil || t.size > 0 {
+	if t.size > 0 {
 		if nb != t.size {
-			return fmt.Errorf("shape %s of %s is %d bytes, the tensor holds %d: %w", sh, d, nb, t.size, ErrInvalid)
+			return nil, fmt.Errorf("shape %s of %s is %d bytes, the tensor holds %d: %w", sh, d, nb, t.size, ErrInvalid)
 		}
 		t.dtype, t.shape = d, sh
-		return nil
+		return nil, nil
 	}
+	// An empty tensor (never sized, or preallocated with KEEP_SIZE, or
+	// truncated to 0) takes the shape's size, in its allocation when it fits.
 	if nb > 0 {
-		if _, err := t.resize(nb, nb); err != nil {
-			return err
+		if old, err = t.resize(nb, nb); err != nil {
+			return nil, err
 		}
 	}
 	t.dtype, t.shape, t.size = d, sh, nb
-	return nil
+	return old, nil
 }
 
 // SetDevice places an unallocated tensor on a device. Errors: ErrBusy when the

@@ -155,6 +155,9 @@ func newUnmountCmd() *cobra.Command {
 		Short: "Unmount a tensor filesystem (the daemon then frees everything and exits 0)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if !fs.IsMounted(args[0]) {
+				return fmt.Errorf("unmount %s: not a tensorfs mount", args[0])
+			}
 			err := syscall.Unmount(args[0], 0)
 			if err == syscall.EBUSY {
 				return fmt.Errorf("unmount %s: busy (a process has files open there)", args[0])
