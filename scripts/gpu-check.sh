@@ -20,7 +20,8 @@
 # result; the exit status is non-zero when any step failed. Needs root (FUSE).
 #
 # Environment: BENCHTIME (default 1s) for the benchmarks; TIMEOUT (default 9m)
-# per step.
+# per step; CORE_ARGS, extra flags for the core step's test binary (e.g.
+# -test.skip=TestStartFailuresOneLine).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -82,7 +83,7 @@ run() {
 		env) step env env.txt env_info ;;
 		unit) step unit cuda-unit.txt bash -c "cd gpu/cuda && TENSORFS_CUDA_REAL=1 timeout $TIMEOUT ../../gpubin/cuda.test -test.v -test.count=1 -test.bench=Real -test.benchtime=$BENCHTIME" ;;
 		gpu) step gpu gpu-tests.txt bash -c "cd tests && TENSORFS_REQUIRE_GPU=1 timeout $TIMEOUT ../gpubin/tests.test -test.v -test.count=1 -test.run=GPU" ;;
-		core) step core core-cuda.txt bash -c "cd tests && TENSORFS_TEST_DEVICE=cuda:0 timeout $TIMEOUT ../gpubin/tests.test -test.v -test.count=1 -test.timeout=$TIMEOUT" ;;
+		core) step core core-cuda.txt bash -c "cd tests && TENSORFS_TEST_DEVICE=cuda:0 timeout $TIMEOUT ../gpubin/tests.test -test.v -test.count=1 -test.timeout=$TIMEOUT ${CORE_ARGS:-}" ;;
 		bench) step bench gpu-bench.txt bash -c "cd tests && TENSORFS_REQUIRE_GPU=1 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench=GPU -test.benchtime=$BENCHTIME -test.count=1 -test.benchmem=false" ;;
 		*) echo "gpu-check.sh: unknown step $s (env unit gpu core bench)" >&2; exit 64 ;;
 		esac
