@@ -637,3 +637,35 @@ func TestArenaLinger(t *testing.T) {
 	require.NoError(t, d.Close())
 	require.Empty(t, f.state().allocs)
 }
+
+// TestLingeringArenasNeverCostENOSPC: an idle arena counts against the cap,
+// so an allocation that does not fit frees idle arenas and tries again.
+func TestLingeringArenasNeverCostENOSPC(t *testing.T) {
+	_, devs := openFake(t, 1, 4<<20)
+	d := devs[0]
+	d.linger = time.Hour
+	idle := func(owner uint32) {
+		b, err := d.Alloc(4096, owner)
+		require.NoError(t, err)
+		require.NoError(t, b.Free())
+	}
+	idle(1)
+	idle(2)
+	require.EqualValues(t, 4<<20, d.MemInfo().Used, "two idle arenas fill the cap")
+	big, err := d.Alloc(3<<20, 3)
+	require.NoError(t, err, "a large buffer reclaims them")
+	require.EqualValues(t, 4<<20, d.MemInfo().Used)
+	require.NoError(t, big.Free())
+
+	idle(1)
+	keep, err := d.Alloc(4096, 2)
+	require.NoError(t, err)
+	small, err := d.Alloc(4096, 3)
+	require.NoError(t, err, "a new arena reclaims owner 1's idle one")
+	require.EqualValues(t, 4<<20, d.MemInfo().Used)
+	require.NoError(t, keep.Free())
+	require.NoError(t, small.Free())
+	_, err = d.flushIdle()
+	require.NoError(t, err)
+	require.Zero(t, d.MemInfo().Used)
+}

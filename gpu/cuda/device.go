@@ -19,6 +19,7 @@ package cuda
 
 import (
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log"
 	"runtime"
@@ -250,7 +251,13 @@ func (d *Device) Alloc(nbytes int64, owner uint32) (gpu.Buffer, error) {
 
 // allocWhole gives a large buffer an allocation of its own.
 func (d *Device) allocWhole(nbytes int64, owner uint32) (gpu.Buffer, error) {
-	a, err := d.newAllocation(roundUp(nbytes, ArenaSize), owner, false)
+	size := roundUp(nbytes, ArenaSize)
+	a, err := d.newAllocation(size, owner, false)
+	if errors.Is(err, gpu.ErrOutOfMemory) {
+		if n, _ := d.flushIdle(); n > 0 {
+			a, err = d.newAllocation(size, owner, false)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -273,6 +280,11 @@ func (d *Device) allocPiece(nbytes int64, owner uint32) (gpu.Buffer, error) {
 		// concurrent small allocations wait for this arena rather than each
 		// making one of their own.
 		na, err := d.newAllocation(ArenaSize, owner, true)
+		if errors.Is(err, gpu.ErrOutOfMemory) {
+			if n, _ := d.reclaimIdleLocked(); n > 0 {
+				na, err = d.newAllocation(ArenaSize, owner, true)
+			}
+		}
 		if err != nil {
 			d.amu.Unlock()
 			return nil, err
@@ -372,26 +384,31 @@ func (d *Device) expire(a *allocation, gen uint64) {
 	}
 }
 
-// flushIdle frees every idle arena now.
-func (d *Device) flushIdle() error {
+// flushIdle frees every idle arena now and returns how many it freed.
+func (d *Device) flushIdle() (int, error) {
 	d.amu.Lock()
+	defer d.amu.Unlock()
+	return d.reclaimIdleLocked()
+}
+
+// reclaimIdleLocked frees every idle arena (d.amu is held: the driver's
+// cuMemFree takes no lock of ours). An allocation that does not fit calls it
+// before giving up, so lingering arenas never cost an ENOSPC.
+func (d *Device) reclaimIdleLocked() (int, error) {
 	var idle []*allocation
 	for _, p := range d.pools {
 		if p.idle != nil && p.idle.inUse == 0 {
 			idle = append(idle, p.idle)
 		}
 	}
-	for _, a := range idle {
-		d.pools.drop(a)
-	}
-	d.amu.Unlock()
 	var first error
 	for _, a := range idle {
+		d.pools.drop(a)
 		if err := d.freeAllocation(a); err != nil && first == nil {
 			first = err
 		}
 	}
-	return first
+	return len(idle), first
 }
 
 // Close implements gpu.Device: it frees the staging buffers and streams and
@@ -408,7 +425,7 @@ func (d *Device) Close() error {
 			first = err
 		}
 	}
-	if err := d.flushIdle(); err != nil {
+	if _, err := d.flushIdle(); err != nil {
 		keep(err)
 	}
 	d.smu.Lock()
