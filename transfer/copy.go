@@ -3,16 +3,24 @@ package transfer
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"syscall"
+	"time"
 )
 
 // Send copies srcs (the tensors at a local path; isDir when that path is a
 // directory) to remotePath on peer, and returns how many tensors were put in
 // place. It returns when the peer has committed them all, or with an error
 // carrying an errno (see dial; EIO for a broken stream or a CRC mismatch).
+//
+// The caller keeps ownership of srcs (Send does not close them).
 func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Source, isDir bool, src string) (int, error) {
+	remotePath, err := CleanPath(remotePath)
+	if err != nil {
+		return 0, err
+	}
 	metas := make([]Meta, len(srcs))
 	var total int64
 	for i, sc := range srcs {
@@ -39,14 +47,62 @@ func (s *Service) send(ctx context.Context, peer, remotePath string, srcs []Sour
 	if err := c.recvJSON(frameOK, nil); err != nil {
 		return 0, err
 	}
-	if err := s.sendTensors(c, srcs, rec); err != nil {
-		return 0, err
+	// The destination may fail part-way (ENOSPC, a bad chunk): its error
+	// frame is read while the data still goes out, so the sender stops and
+	// reports it instead of a broken pipe. The read has no deadline while
+	// sending (the destination says nothing until the end); once the data is
+	// out, the usual timeout applies.
+	type result struct {
+		r   reply
+		err error
 	}
-	var r reply
-	if err := c.recvJSON(frameOK, &r); err != nil {
-		return 0, err
+	res := make(chan result, 1)
+	c.c.SetReadDeadline(time.Time{})
+	go func() {
+		var r reply
+		typ, p, err := readFrame(c.r, nil, c.max)
+		switch {
+		case err != nil:
+			res <- result{err: netErr(err)}
+		case typ == frameError:
+			res <- result{err: wireToError(c.peer, p)}
+		case typ != frameOK || json.Unmarshal(p, &r) != nil:
+			res <- result{err: &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: unexpected frame %d", c.peer, typ)}}
+		default:
+			res <- result{r: r}
+		}
+	}()
+	sendErr := make(chan error, 1)
+	go func() { sendErr <- s.sendTensors(c, srcs, rec) }()
+	select {
+	case r := <-res:
+		c.c.Close() // stops the sender if it is still going
+		<-sendErr
+		if r.err != nil {
+			return 0, r.err
+		}
+		return r.r.Copied, nil
+	case err := <-sendErr:
+		if err != nil {
+			c.c.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
+			// Prefer the destination's own reason, if it sent one in time.
+			select {
+			case r := <-res:
+				if r.err != nil {
+					return 0, r.err
+				}
+			case <-time.After(100 * time.Millisecond):
+			}
+			c.c.Close()
+			return 0, err
+		}
+		c.c.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
+		r := <-res
+		if r.err != nil {
+			return 0, r.err
+		}
+		return r.r.Copied, nil
 	}
-	return r.Copied, nil
 }
 
 // Receive copies the tensors at remotePath on peer into this node: prepare
@@ -54,6 +110,10 @@ func (s *Service) send(ctx context.Context, peer, remotePath string, srcs []Sour
 // where to write them; Receive commits the Dest when every byte has arrived
 // intact, and aborts it otherwise. It returns how many tensors were placed.
 func (s *Service) Receive(ctx context.Context, peer, remotePath, dst string, prepare func(isDir bool, metas []Meta) (Dest, error)) (int, error) {
+	remotePath, err := CleanPath(remotePath)
+	if err != nil {
+		return 0, err
+	}
 	rec, end := s.Track(peer+":"+remotePath, dst, "tcp", 0, 0)
 	n, err := s.receive(ctx, peer, remotePath, prepare, rec)
 	end(err)
@@ -79,9 +139,9 @@ func (s *Service) receive(ctx context.Context, peer, remotePath string, prepare 
 		return 0, err
 	}
 	for _, m := range r.Tensors {
-		rec.BytesTotal += m.NBytes
+		rec.BytesTotal.Add(m.NBytes)
 	}
-	rec.Tensors = int64(len(r.Tensors))
+	rec.Tensors.Store(int64(len(r.Tensors)))
 	dest, err := prepare(r.Dir, r.Tensors)
 	if err != nil {
 		return 0, err
@@ -119,6 +179,11 @@ func (s *Service) servePut(c *conn, req request) error {
 		dest.Abort()
 		end(err)
 		c.sendError(err)
+		if !isNetErr(err) {
+			// Tell the sender why, then discard what it still sends until it
+			// stops, so the connection stays in step for the next request.
+			drain(c)
+		}
 		return err
 	}
 	n, err := dest.Commit()
@@ -204,8 +269,13 @@ func (s *Service) recvTensors(c *conn, dest Dest, metas []Meta, rec *Record) err
 			if err != nil {
 				return netErr(err)
 			}
-			if int(h.index) >= len(metas) || h.offset+int64(len(data)) > metas[h.index].NBytes {
+			if int(h.index) >= len(metas) || h.offset > metas[h.index].NBytes-int64(len(data)) {
 				return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: chunk [%d, +%d) of tensor %d is outside it", c.peer, h.offset, len(data), h.index)}
+			}
+			if h.offset != got[h.index] {
+				// Chunks of a tensor come in order; anything else would leave
+				// holes or write twice.
+				return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: chunk at %d of %q, expected %d", c.peer, h.offset, metas[h.index].Rel, got[h.index])}
 			}
 			if crc32.Checksum(data, crcTable) != h.crc {
 				return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: CRC32C mismatch in %q at %d", c.peer, metas[h.index].Rel, h.offset)}
@@ -224,13 +294,27 @@ func (s *Service) recvTensors(c *conn, dest Dest, metas []Meta, rec *Record) err
 			}
 			return nil
 		case frameError:
-			var we wireError
-			if json.Unmarshal(p, &we) != nil {
-				return &Error{Errno: syscall.EPROTO, Msg: "malformed error frame"}
-			}
-			return &Error{Errno: errnoNames[we.Errno], Msg: fmt.Sprintf("%s: %s", c.peer, we.Message)}
+			return wireToError(c.peer, p)
 		default:
 			return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: frame type %d in a data stream", c.peer, typ)}
+		}
+	}
+}
+
+// isNetErr reports whether err is the connection's failure (nothing more
+// can be said on it) rather than a refusal the peer should hear.
+func isNetErr(err error) bool {
+	var te *Error
+	return errors.As(err, &te) && te.broken
+}
+
+// drain discards frames until the sender's done frame or the connection's
+// end (bounded by the timeout of each read).
+func drain(c *conn) {
+	for {
+		typ, _, err := c.recv()
+		if err != nil || typ == frameDone {
+			return
 		}
 	}
 }

@@ -53,16 +53,20 @@ func writeFrame(w io.Writer, typ byte, payload []byte) error {
 	return err
 }
 
-// readFrame reads one frame into buf (grown as needed) and returns its type
-// and payload. Errors: ErrFrame for a length of 0 or over MaxFrame or an
-// unknown type; io errors as they come.
-func readFrame(r io.Reader, buf []byte) (typ byte, payload []byte, err error) {
+// maxHandshakeFrame bounds frames before a peer has authenticated, in bytes:
+// a stranger must not make the node allocate MaxFrame per connection.
+const maxHandshakeFrame = 64 << 10
+
+// readFrame reads one frame of at most max bytes into buf (grown as needed)
+// and returns its type and payload. Errors: ErrFrame for a length of 0 or
+// over max or an unknown type; io errors as they come.
+func readFrame(r io.Reader, buf []byte, max uint32) (typ byte, payload []byte, err error) {
 	var hdr [5]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return 0, nil, err
 	}
 	n := binary.BigEndian.Uint32(hdr[:4])
-	if n == 0 || n > MaxFrame {
+	if n == 0 || n > max {
 		return 0, nil, fmt.Errorf("frame length %d: %w", n, ErrFrame)
 	}
 	typ = hdr[4]

@@ -62,7 +62,7 @@ func FuzzReadFrame(f *testing.F) {
 			before := len(in) - r.Len()
 			runtime.ReadMemStats(&ms)
 			alloc0 := ms.TotalAlloc
-			typ, p, err := readFrame(r, buf)
+			typ, p, err := readFrame(r, buf, MaxFrame)
 			runtime.ReadMemStats(&ms)
 			if d := ms.TotalAlloc - alloc0; d > MaxFrame+64<<10 {
 				t.Fatalf("readFrame allocated %d bytes (MaxFrame %d)", d, MaxFrame)
@@ -170,7 +170,7 @@ func serveSeeds() (authed, raw [][]byte) {
 func hasMalformedFrame(b []byte) bool {
 	r := bytes.NewReader(b)
 	for {
-		_, _, err := readFrame(r, nil)
+		_, _, err := readFrame(r, nil, MaxFrame)
 		if err != nil {
 			return errors.Is(err, ErrFrame)
 		}

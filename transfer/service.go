@@ -95,10 +95,11 @@ const (
 // Record is one transfer, for stats: progress while it runs, the outcome
 // after.
 type Record struct {
-	Src, Dst, Path      string
-	BytesDone           atomic.Int64
-	BytesTotal, Tensors int64
-	err                 atomic.Value // string
+	Src, Dst, Path string
+	BytesDone      atomic.Int64
+	BytesTotal     atomic.Int64
+	Tensors        atomic.Int64
+	err            atomic.Value // string
 }
 
 // ErrConfig: a configuration the service refuses to start with.
@@ -126,6 +127,11 @@ func New(cfg Config, local Local) (*Service, error) {
 			return nil, fmt.Errorf("--listen %s is not a loopback address and no --secret-file is given: %w", cfg.Listen, ErrConfig)
 		}
 	}
+	peers := make(map[string]string, len(cfg.Peers))
+	for k, v := range cfg.Peers {
+		peers[k] = v
+	}
+	cfg.Peers = peers
 	return &Service{cfg: cfg, local: local, conns: map[net.Conn]struct{}{}}, nil
 }
 
@@ -145,7 +151,13 @@ func (s *Service) Start() error {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
-				return
+				if errors.Is(err, net.ErrClosed) {
+					return
+				}
+				// EMFILE and the like: keep serving once they pass.
+				log.Printf("accept on %s: %v", s.cfg.Listen, err)
+				time.Sleep(50 * time.Millisecond)
+				continue
 			}
 			if !s.track(c) {
 				c.Close()
@@ -218,6 +230,7 @@ type conn struct {
 	buf     []byte
 	peer    string
 	hostID  string
+	max     uint32 // largest frame accepted now
 }
 
 func (c *conn) send(typ byte, payload []byte) error {
@@ -242,7 +255,11 @@ func (c *conn) sendJSON(typ byte, v any) error {
 
 func (c *conn) recv() (byte, []byte, error) {
 	c.c.SetReadDeadline(time.Now().Add(c.timeout))
-	typ, p, err := readFrame(c.r, c.buf)
+	max := c.max
+	if max == 0 {
+		max = maxHandshakeFrame
+	}
+	typ, p, err := readFrame(c.r, c.buf, max)
 	if err == nil && cap(p) > cap(c.buf) {
 		c.buf = p[:0]
 	}
@@ -256,9 +273,7 @@ func (c *conn) recvJSON(want byte, v any) error {
 		return netErr(err)
 	}
 	if typ == frameError {
-		var we wireError
-		json.Unmarshal(p, &we)
-		return &Error{Errno: errnoNames[we.Errno], Msg: fmt.Sprintf("%s: %s", c.peer, we.Message), Copied: we.Copied}
+		return wireToError(c.peer, p)
 	}
 	if typ != want {
 		return fmt.Errorf("%s: frame type %d, want %d: %w", c.peer, typ, want, ErrFrame)
@@ -269,6 +284,20 @@ func (c *conn) recvJSON(want byte, v any) error {
 		}
 	}
 	return nil
+}
+
+// wireToError decodes an error frame; an errno name this node does not know
+// is EIO.
+func wireToError(peer string, p []byte) error {
+	var we wireError
+	if json.Unmarshal(p, &we) != nil {
+		return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: malformed error frame", peer)}
+	}
+	errno, ok := errnoNames[we.Errno]
+	if !ok {
+		errno = syscall.EIO
+	}
+	return &Error{Errno: errno, Msg: fmt.Sprintf("%s: %s", peer, we.Message), Copied: we.Copied}
 }
 
 func (c *conn) sendError(err error) {
@@ -285,16 +314,21 @@ func (c *conn) sendError(err error) {
 func netErr(err error) error {
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
-		return &Error{Errno: syscall.ETIMEDOUT, Msg: err.Error()}
+		return &Error{Errno: syscall.ETIMEDOUT, Msg: err.Error(), broken: true}
 	}
 	if errors.Is(err, ErrFrame) {
-		return &Error{Errno: syscall.EPROTO, Msg: err.Error()}
+		return &Error{Errno: syscall.EPROTO, Msg: err.Error(), broken: true}
 	}
-	var errno syscall.Errno
-	if errors.As(err, &errno) {
+	var te *Error
+	if errors.As(err, &te) {
 		return err
 	}
-	return &Error{Errno: syscall.EIO, Msg: err.Error()}
+	var errno syscall.Errno
+	if errors.As(err, &errno) && (errno == syscall.ECONNREFUSED || errno == syscall.EHOSTUNREACH || errno == syscall.ENETUNREACH || errno == syscall.ETIMEDOUT) {
+		return &Error{Errno: errno, Msg: err.Error(), broken: true}
+	}
+	// A broken connection (EPIPE, ECONNRESET, EOF) mid-copy is an I/O error.
+	return &Error{Errno: syscall.EIO, Msg: err.Error(), broken: true}
 }
 
 func nonce() []byte {
@@ -331,6 +365,10 @@ func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
 		nc.Close()
 		return nil, err
 	}
+	if ch.Version != ProtocolVersion {
+		nc.Close()
+		return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("protocol version mismatch: peer %s speaks %d, node %s speaks %d", peer, ch.Version, s.cfg.Name, ProtocolVersion)}
+	}
 	if !hmac32Equal(ch.Proof, proof(s.cfg.Secret, "server", cn, ch.Nonce, s.cfg.Name, ch.Name)) {
 		nc.Close()
 		return nil, &Error{Errno: syscall.EACCES, Msg: fmt.Sprintf("peer %s at %s failed to prove the shared secret", peer, addr)}
@@ -344,6 +382,7 @@ func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
 		return nil, err
 	}
 	c.hostID = ch.HostID
+	c.max = MaxFrame
 	return c, nil
 }
 
@@ -381,6 +420,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 		return nil, err
 	}
 	c.hostID = h.HostID
+	c.max = MaxFrame
 	return c, nil
 }
 
@@ -402,6 +442,12 @@ func (s *Service) serve(nc net.Conn) {
 			return
 		}
 		var rerr error
+		if p, err := CleanPath(req.Path); err != nil {
+			c.sendError(err)
+			continue
+		} else {
+			req.Path = p
+		}
 		switch req.Op {
 		case "put":
 			rerr = s.servePut(c, req)

@@ -739,7 +739,7 @@ func TestVersionMismatch(t *testing.T) {
 	defer nc.Close()
 	nc.SetDeadline(time.Now().Add(5 * time.Second))
 	require.NoError(t, writeFrame(nc, frameHello, marshal(hello{Version: 99, Name: "future", Nonce: nonce()})))
-	typ, p, err := readFrame(nc, nil)
+	typ, p, err := readFrame(nc, nil, MaxFrame)
 	require.NoError(t, err)
 	require.Equal(t, frameError, typ, "payload %s", p)
 	var we wireError
@@ -748,7 +748,7 @@ func TestVersionMismatch(t *testing.T) {
 	require.Contains(t, we.Message, "99")
 	require.Contains(t, we.Message, fmt.Sprintf("speaks %d", ProtocolVersion))
 	require.Contains(t, we.Message, "future")
-	_, _, err = readFrame(nc, nil)
+	_, _, err = readFrame(nc, nil, MaxFrame)
 	require.ErrorIs(t, err, io.EOF, "the server keeps the connection")
 
 	// the Service as a client: a version-mismatch error frame is EPROTO
@@ -1170,7 +1170,7 @@ func TestMissingBytesNotCommitted(t *testing.T) {
 	require.NoError(t, c.send(frameData, dataFrame(0, 4, half, crcOf(half))))
 	require.NoError(t, c.sendJSON(frameDone, doneMsg{Chunks: 1}))
 	we := expectError(t, c)
-	require.Equal(t, "EIO", we.Errno)
+	require.Equal(t, "EPROTO", we.Errno, "a chunk past a hole is out of order")
 	require.Equal(t, before, b.snapshot())
 	requireClean(t, b)
 	require.Equal(t, 1, b.counts().Aborts)

@@ -7,7 +7,9 @@ const recentMax = 16
 // tensors along path ("local", "ipc" or "tcp"); call end with its outcome.
 // Completed ones count in the copies of their path.
 func (s *Service) Track(src, dst, path string, total, tensors int64) (rec *Record, end func(error)) {
-	rec = &Record{Src: src, Dst: dst, Path: path, BytesTotal: total, Tensors: tensors}
+	rec = &Record{Src: src, Dst: dst, Path: path}
+	rec.BytesTotal.Store(total)
+	rec.Tensors.Store(tensors)
 	rec.err.Store("")
 	s.active.Add(1)
 	s.recentMu.Lock()
@@ -80,7 +82,7 @@ func (s *Service) Stats() Stats {
 	for _, r := range s.recent {
 		st.Transfers.Recent = append(st.Transfers.Recent, RecordReport{
 			Src: r.Src, Dst: r.Dst, Path: r.Path, BytesDone: r.BytesDone.Load(),
-			BytesTotal: r.BytesTotal, Tensors: r.Tensors, Error: r.err.Load().(string),
+			BytesTotal: r.BytesTotal.Load(), Tensors: r.Tensors.Load(), Error: r.err.Load().(string),
 		})
 	}
 	s.recentMu.Unlock()

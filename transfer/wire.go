@@ -95,6 +95,8 @@ type Error struct {
 	Errno  syscall.Errno
 	Msg    string
 	Copied int
+	// broken: the connection itself failed (nothing more can be said on it).
+	broken bool
 }
 
 func (e *Error) Error() string {
