@@ -95,7 +95,10 @@ func (f *FS) within(p string, dir *Dir) bool {
 // copyTo pushes node src (a file, or a directory tree) to a peer path. It
 // ignores the request's cancellation (FUSE interrupts): a copy runs to
 // completion or failure.
-func (f *FS) copyTo(src gofs.InodeEmbedder, value string) error {
+//
+// viaMount lets the final renames go through the mount (so inotify watchers
+// see arrivals); batch turns it off, since the kernel holds the root's lock.
+func (f *FS) copyTo(src gofs.InodeEmbedder, value string, viaMount bool) error {
 	peer, dst, err := f.parseTarget(value)
 	if err != nil {
 		return err
@@ -133,7 +136,9 @@ func (f *FS) copyTo(src gofs.InodeEmbedder, value string) error {
 			}
 		}
 	}
-	n, err := f.localCopy(label, dst, srcs, isDir, nil)
+	n, err := f.localCopy(label, dst, srcs, isDir, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
+		return f.prepare(dst, isDir, metas, nil, viaMount)
+	})
 	logCopy(label, dst, n, err)
 	return err
 }
@@ -156,7 +161,7 @@ func (f *FS) copyFrom(dst gofs.InodeEmbedder, value string) error {
 			}
 			return nil, errf(syscall.ENOTDIR, "%s is a file; the source %s is a directory", dstPath, value)
 		}
-		return f.prepare(dstPath, isDir, metas, dst)
+		return f.prepare(dstPath, isDir, metas, dst, false)
 	}
 	if peer != "" {
 		if f.peers == nil {
@@ -206,13 +211,7 @@ func (f *FS) localCopy(label, dst string, srcs []transfer.Source, isDir bool, pr
 	if f.peers != nil {
 		rec, end = f.peers.Track(label, dst, "local", total, int64(len(srcs)))
 	}
-	var d transfer.Dest
-	var err error
-	if prepare != nil {
-		d, err = prepare(isDir, metas)
-	} else {
-		d, err = f.Put(dst, isDir, metas)
-	}
+	d, err := prepare(isDir, metas)
 	if err != nil {
 		end(err)
 		return 0, err
@@ -320,15 +319,15 @@ func (f *FS) batch(value string) error {
 		if err != nil {
 			return err
 		}
-		if err := f.copyTo(n, o[1]); err != nil {
+		if err := f.copyTo(n, o[1], false); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// pullTo copies peer:src to dst in this mount (a batch line), renaming into
-// place through the mount.
+// pullTo copies peer:src to dst in this mount (a batch line). It renames into
+// place inside the daemon: the kernel holds the root's lock for the batch.
 func (f *FS) pullTo(peer, src, dst string) error {
 	if f.peers == nil {
 		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
@@ -341,7 +340,7 @@ func (f *FS) pullTo(peer, src, dst string) error {
 				}
 			}
 		}
-		return f.prepare(dst, isDir, metas, nil)
+		return f.prepare(dst, isDir, metas, nil, false)
 	})
 	logCopy(peer+":"+src, dst, n, err)
 	return err

@@ -146,7 +146,7 @@ func (f *FS) Get(p string) ([]transfer.Source, bool, error) {
 // renamed into place through the mount at Commit (so inotify watchers see
 // IN_MOVED_TO).
 func (f *FS) Put(p string, isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
-	return f.prepare(p, isDir, metas, nil)
+	return f.prepare(p, isDir, metas, nil, true)
 }
 
 // destItem is one tensor of a copy's destination.
@@ -174,9 +174,12 @@ type dest struct {
 // prepare builds a destination at p. adoptTarget, when set, is the node whose
 // xattr is being set (copy_from): its lock is held by the kernel, so nothing
 // may be renamed over it or created in it through the mount: files there are
-// replaced by adoption and new names inserted internally.
-func (f *FS) prepare(p string, isDir bool, metas []transfer.Meta, adoptTarget gofs.InodeEmbedder) (*dest, error) {
-	d := &dest{fsys: f, rename: adoptTarget == nil && f.mnt != ""}
+// replaced by adoption and new names inserted internally. viaMount says the
+// final renames may go through the mount (so inotify sees them); it is false
+// when the kernel may hold the lock of a destination directory (batch holds
+// the root's).
+func (f *FS) prepare(p string, isDir bool, metas []transfer.Meta, adoptTarget gofs.InodeEmbedder, viaMount bool) (*dest, error) {
+	d := &dest{fsys: f, rename: adoptTarget == nil && viaMount && f.mnt != ""}
 	ok := false
 	defer func() {
 		if !ok {

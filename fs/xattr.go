@@ -116,7 +116,7 @@ func (f *File) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	case "device":
 		err = f.t.SetDevice(val)
 	case "copy_to":
-		return copyErrno("copy_to", f.fsys.copyTo(f, val))
+		return copyErrno("copy_to", f.fsys.copyTo(f, val, true))
 	case "copy_from":
 		return copyErrno("copy_from", f.fsys.copyFrom(f, val))
 	default:
@@ -211,7 +211,7 @@ func (d *Dir) Setxattr(ctx context.Context, attr string, data []byte, flags uint
 	}
 	switch {
 	case name == "copy_to":
-		return copyErrno("copy_to", d.fsys.copyTo(d, string(data)))
+		return copyErrno("copy_to", d.fsys.copyTo(d, string(data), true))
 	case name == "copy_from":
 		return copyErrno("copy_from", d.fsys.copyFrom(d, string(data)))
 	case name == "batch" && d.isRoot():

@@ -280,18 +280,25 @@ func getx(t *testing.T, path, name string) string {
 	return v
 }
 
-// getxErr reads an xattr with a size probe first, as getfattr does.
+// getxErr reads an xattr with a size probe first, as getfattr does, and
+// probes again when the value grew in between (ERANGE), as robust clients do:
+// stats changes while copies run.
 func getxErr(path, name string) (string, error) {
-	n, err := unix.Getxattr(path, name, nil)
-	if err != nil {
-		return "", err
+	for {
+		n, err := unix.Getxattr(path, name, nil)
+		if err != nil {
+			return "", err
+		}
+		buf := make([]byte, n)
+		n, err = unix.Getxattr(path, name, buf)
+		if err == unix.ERANGE {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
 	}
-	buf := make([]byte, n)
-	n, err = unix.Getxattr(path, name, buf)
-	if err != nil {
-		return "", err
-	}
-	return string(buf[:n]), nil
 }
 
 // setx sets an xattr, failing the test on error.
@@ -306,4 +313,10 @@ func mkTemplateDir(t *testing.T, dir, dtype, shape string) {
 	require.NoError(t, os.Mkdir(dir, 0o755))
 	setx(t, dir, "user.tensorfs.dtype", dtype)
 	setx(t, dir, "user.tensorfs.shape", shape)
+}
+
+// runCmd runs a command and returns its combined output.
+func runCmd(name string, args ...string) (string, error) {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	return string(out), err
 }

@@ -1,0 +1,366 @@
+package tests
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// secretFile writes a 0600 secret file and returns its path.
+func secretFile(t *testing.T, secret string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "secret")
+	require.NoError(t, os.WriteFile(p, []byte(secret+"\n"), 0o600))
+	return p
+}
+
+// cluster starts named daemons that know each other, all with the same
+// secret, each with extra flags.
+func cluster(t *testing.T, names []string, extra ...string) map[string]*daemon {
+	t.Helper()
+	ports := map[string]int{}
+	for _, n := range names {
+		ports[n] = freePort(t)
+	}
+	secret := secretFile(t, "a shared secret of enough bytes")
+	ds := map[string]*daemon{}
+	for _, n := range names {
+		flags := []string{"--name", n, "--listen", fmt.Sprintf("127.0.0.1:%d", ports[n]), "--secret-file", secret, "--host-id", "host-" + n, "--timeout", "3s"}
+		for _, o := range names {
+			if o != n {
+				flags = append(flags, "--peer", fmt.Sprintf("%s=127.0.0.1:%d", o, ports[o]))
+			}
+		}
+		ds[n] = startDaemon(t, append(flags, extra...)...)
+	}
+	return ds
+}
+
+// kill ends a daemon with SIGKILL and lazily unmounts its dead mount.
+func (d *daemon) kill() {
+	d.cmd.Process.Kill()
+	<-d.exit
+	d.state = "stopped"
+	syscall.Unmount(d.mnt, syscall.MNT_DETACH)
+}
+
+func fill(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i*7)
+	}
+	return b
+}
+
+// TestPeerCopies: push and pull of files and directory trees between two
+// daemons; the destination gets the source's dtype and shape; an existing
+// destination is replaced whatever its size; copies are counted.
+func TestPeerCopies(t *testing.T) {
+	ds := cluster(t, []string{"a", "b"})
+	a, b := ds["a"], ds["b"]
+	mkTemplateDir(t, a.path("kv"), "BF16", "16,8")
+	data := fill(256, 3)
+	require.NoError(t, os.WriteFile(a.path("kv/blk"), data, 0o644))
+	require.NoError(t, os.Mkdir(b.path("kv"), 0o755))
+
+	// Push a file, then again over an existing destination of another size.
+	setx(t, a.path("kv/blk"), "user.tensorfs.copy_to", "b:/kv/blk")
+	got, err := os.ReadFile(b.path("kv/blk"))
+	require.NoError(t, err)
+	require.Equal(t, data, got)
+	require.Equal(t, "BF16", getx(t, b.path("kv/blk"), "user.tensorfs.dtype"))
+	require.Equal(t, "16,8", getx(t, b.path("kv/blk"), "user.tensorfs.shape"))
+	require.NoError(t, os.WriteFile(b.path("kv/other"), make([]byte, 1000), 0o644))
+	setx(t, a.path("kv/blk"), "user.tensorfs.copy_to", "b:/kv/other")
+	got, err = os.ReadFile(b.path("kv/other"))
+	require.NoError(t, err)
+	require.Equal(t, data, got, "replaced whatever its size")
+
+	// Pull into an existing file (copy_from: the target adopts the new data).
+	require.NoError(t, os.WriteFile(b.path("kv/new"), fill(64, 9), 0o644))
+	require.NoError(t, os.WriteFile(a.path("pulled"), []byte("old"), 0o644))
+	f, err := os.Open(a.path("pulled")) // an open reader keeps working
+	require.NoError(t, err)
+	setx(t, a.path("pulled"), "user.tensorfs.copy_from", "b:/kv/new")
+	got, err = os.ReadFile(a.path("pulled"))
+	require.NoError(t, err)
+	require.Equal(t, fill(64, 9), got)
+	require.NoError(t, f.Close())
+
+	// A tree of 1000 small tensors in one directory copy, there and back.
+	mkTemplateDir(t, a.path("tree"), "F32", "16")
+	for i := 0; i < 1000; i++ {
+		sub := a.path("tree", fmt.Sprintf("l%d", i%10))
+		os.Mkdir(sub, 0o755)
+		require.NoError(t, os.WriteFile(filepath.Join(sub, fmt.Sprintf("t%03d", i)), fill(64, byte(i)), 0o644))
+	}
+	setx(t, a.path("tree"), "user.tensorfs.copy_to", "b:/tree")
+	for _, i := range []int{0, 1, 517, 999} {
+		got, err := os.ReadFile(b.path("tree", fmt.Sprintf("l%d", i%10), fmt.Sprintf("t%03d", i)))
+		require.NoError(t, err)
+		require.Equal(t, fill(64, byte(i)), got, "tensor %d", i)
+	}
+	n := 0
+	filepath.Walk(b.path("tree"), func(p string, fi os.FileInfo, err error) error {
+		if err == nil && !fi.IsDir() {
+			n++
+		}
+		return nil
+	})
+	require.Equal(t, 1000, n)
+	require.NoError(t, os.Mkdir(a.path("back"), 0o755))
+	setx(t, a.path("back"), "user.tensorfs.copy_from", "b:/tree")
+	got, err = os.ReadFile(a.path("back/l7/t517"))
+	require.NoError(t, err)
+	require.Equal(t, fill(64, byte(517%256)), got)
+
+	sa, sb := a.stats(), b.stats()
+	// a: two file pushes, a file pull, a tree push, a tree pull; b served them.
+	require.Equal(t, 5, sa.Copies["tcp"], "%v", sa.Copies)
+	require.Equal(t, 5, sb.Copies["tcp"], "%v", sb.Copies)
+	require.Zero(t, sa.Transfers.Active)
+
+	for _, d := range []*daemon{a, b} {
+		for _, p := range []string{"kv", "tree", "back", "pulled"} {
+			os.RemoveAll(d.path(p))
+		}
+		d.requireClean()
+	}
+}
+
+// TestPeerArrivalNotifies: the final rename on the destination is a real
+// rename on that mount, so an inotify watcher sees IN_MOVED_TO.
+func TestPeerArrivalNotifies(t *testing.T) {
+	ds := cluster(t, []string{"a", "b"})
+	a, b := ds["a"], ds["b"]
+	require.NoError(t, os.WriteFile(a.path("t"), fill(4096, 1), 0o644))
+	require.NoError(t, os.Mkdir(b.path("in"), 0o755))
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	_, err = unix.InotifyAddWatch(fd, b.path("in"), unix.IN_MOVED_TO)
+	require.NoError(t, err)
+	setx(t, a.path("t"), "user.tensorfs.copy_to", "b:/in/arrived")
+	buf := make([]byte, 4096)
+	unix.SetNonblock(fd, true)
+	var names []string
+	deadline := time.Now().Add(5 * time.Second)
+	for len(names) == 0 && time.Now().Before(deadline) {
+		n, err := unix.Read(fd, buf)
+		if err == unix.EAGAIN {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		require.NoError(t, err)
+		for off := 0; off < n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
+			if ev.Mask&unix.IN_MOVED_TO != 0 {
+				names = append(names, name)
+			}
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+		}
+	}
+	require.Equal(t, []string{"arrived"}, names)
+	require.NoError(t, os.Remove(a.path("t")))
+	require.NoError(t, os.RemoveAll(b.path("in")))
+	a.requireClean()
+	b.requireClean()
+}
+
+// TestLocalCopies: a path with no NAME: copies inside this mount, device to
+// device; onto itself or into its own subtree is EINVAL (a rename over the
+// file whose xattr is being set would hang); a file onto a directory EISDIR.
+func TestLocalCopies(t *testing.T) {
+	d := startDaemon(t)
+	mkTemplateDir(t, d.path("w"), "I32", "8")
+	require.NoError(t, os.WriteFile(d.path("w/x"), fill(32, 5), 0o644))
+	setx(t, d.path("w/x"), "user.tensorfs.copy_to", "/w/y")
+	got, err := os.ReadFile(d.path("w/y"))
+	require.NoError(t, err)
+	require.Equal(t, fill(32, 5), got)
+	require.NoError(t, os.WriteFile(d.path("z"), nil, 0o644))
+	setx(t, d.path("z"), "user.tensorfs.copy_from", "/w/x")
+	got, err = os.ReadFile(d.path("z"))
+	require.NoError(t, err)
+	require.Equal(t, fill(32, 5), got)
+	require.Equal(t, "I32", getx(t, d.path("z"), "user.tensorfs.dtype"))
+	setx(t, d.path("w"), "user.tensorfs.copy_to", "/w2")
+	got, err = os.ReadFile(d.path("w2/y"))
+	require.NoError(t, err)
+	require.Equal(t, fill(32, 5), got)
+
+	set := func(p, name, v string) error { return unix.Setxattr(p, name, []byte(v), 0) }
+	require.ErrorIs(t, set(d.path("w/x"), "user.tensorfs.copy_to", "/w/x"), syscall.EINVAL)
+	require.ErrorIs(t, set(d.path("w/x"), "user.tensorfs.copy_from", "/w/x"), syscall.EINVAL)
+	require.ErrorIs(t, set(d.path("w"), "user.tensorfs.copy_to", "/w/sub"), syscall.EINVAL)
+	require.ErrorIs(t, set(d.path("w/x"), "user.tensorfs.copy_to", "/w2"), syscall.EISDIR)
+	require.ErrorIs(t, set(d.path("w/x"), "user.tensorfs.copy_to", "/missing/x"), syscall.ENOENT)
+	require.ErrorIs(t, set(d.path("z"), "user.tensorfs.copy_from", "/missing"), syscall.ENOENT)
+	require.Equal(t, 3, d.stats().Copies["local"])
+	for _, p := range []string{"w", "w2", "z"} {
+		require.NoError(t, os.RemoveAll(d.path(p)))
+	}
+	d.requireClean()
+}
+
+// TestPeerRefusals: wrong secret, unknown peer, a peer that is down, bad
+// start-up configurations.
+func TestPeerRefusals(t *testing.T) {
+	pb := freePort(t)
+	b := startDaemon(t, "--name", "b", "--listen", fmt.Sprintf("127.0.0.1:%d", pb), "--secret-file", secretFile(t, "the right secret, long enough"))
+	a := startDaemon(t, "--name", "a", "--secret-file", secretFile(t, "a wrong secret, also long enough"),
+		"--peer", fmt.Sprintf("b=127.0.0.1:%d", pb), "--peer", fmt.Sprintf("down=127.0.0.1:%d", freePort(t)), "--timeout", "2s")
+	require.NoError(t, os.WriteFile(a.path("t"), fill(100, 1), 0o644))
+	set := func(v string) error { return unix.Setxattr(a.path("t"), "user.tensorfs.copy_to", []byte(v), 0) }
+	require.ErrorIs(t, set("b:/t"), syscall.EACCES)
+	require.ErrorIs(t, set("nobody:/t"), syscall.ENOENT)
+	require.ErrorIs(t, set("down:/t"), syscall.ECONNREFUSED)
+	_, err := os.Stat(b.path("t"))
+	require.ErrorIs(t, err, syscall.ENOENT, "nothing arrived")
+	require.Contains(t, a.log.String(), "failed to prove the shared secret")
+	require.NoError(t, os.Remove(a.path("t")))
+	a.requireClean()
+	b.requireClean()
+
+	mnt := t.TempDir()
+	loose := filepath.Join(t.TempDir(), "loose")
+	require.NoError(t, os.WriteFile(loose, []byte("a secret of enough bytes\n"), 0o644))
+	short := secretFile(t, "short")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--listen", "0.0.0.0:0"}, "no --secret-file"},
+		{[]string{"--secret-file", loose}, "readable by group or others"},
+		{[]string{"--secret-file", short}, "at least 16"},
+		{[]string{"--peer", "nonsense"}, "NAME=HOST:PORT"},
+	} {
+		out, err := runCmd(bin, append([]string{"mount", mnt}, tc.args...)...)
+		require.Error(t, err, "%v", tc.args)
+		require.Contains(t, out, tc.want)
+		require.False(t, mounted(mnt))
+	}
+}
+
+// TestPeerKilledMidCopy: a destination killed in the middle of a 1 GiB push,
+// and a source killed in the middle of a 1 GiB pull, fail the setfattr within
+// the timeout, leave the surviving side's destination as it was (no
+// temporary visible), and leak nothing there.
+func TestPeerKilledMidCopy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moves 1 GiB twice; not in -short")
+	}
+	for _, victim := range []string{"destination", "source"} {
+		t.Run(victim, func(t *testing.T) {
+			ds := cluster(t, []string{"a", "b"})
+			a, b := ds["a"], ds["b"]
+			big := b.path("big")
+			if victim == "destination" {
+				big = a.path("big")
+			}
+			require.NoError(t, os.WriteFile(big, nil, 0o644))
+			require.NoError(t, os.Truncate(big, 1<<30))
+			require.NoError(t, os.WriteFile(a.path("keep"), []byte("unchanged"), 0o644))
+			base := a.stats().Live
+			done := make(chan error, 1)
+			start := time.Now()
+			go func() {
+				if victim == "destination" {
+					done <- unix.Setxattr(a.path("big"), "user.tensorfs.copy_to", []byte("b:/big"), 0)
+				} else {
+					done <- unix.Setxattr(a.path("keep"), "user.tensorfs.copy_from", []byte("b:/big"), 0)
+				}
+			}()
+			// Kill b once bytes are moving.
+			require.Eventually(t, func() bool {
+				s := a.stats()
+				for _, r := range s.Transfers.Recent {
+					if strings.Contains(string(r), `"bytes_done":0,`) {
+						return false
+					}
+				}
+				return len(s.Transfers.Recent) > 0
+			}, 10*time.Second, time.Millisecond)
+			b.kill()
+			select {
+			case err := <-done:
+				require.Error(t, err)
+			case <-time.After(15 * time.Second):
+				t.Fatal("setfattr did not fail within 15 s of the peer's death")
+			}
+			require.Less(t, time.Since(start), 20*time.Second)
+			data, err := os.ReadFile(a.path("keep"))
+			require.NoError(t, err)
+			require.Equal(t, "unchanged", string(data))
+			ents, err := os.ReadDir(a.mnt)
+			require.NoError(t, err)
+			for _, e := range ents {
+				require.False(t, strings.HasPrefix(e.Name(), ".tensorfs-tmp"), "temporary %s left", e.Name())
+			}
+			require.Eventually(t, func() bool { return a.stats().Live == base }, 5*time.Second, 20*time.Millisecond,
+				"a's stats back to its baseline %+v: %+v", base, a.stats().Live)
+			os.Remove(a.path("keep"))
+			os.Remove(a.path("big"))
+			a.requireClean()
+		})
+	}
+}
+
+// TestBatch: one batch xattr on the root pushes many tensors to two peers
+// (one pipelined transfer per peer) and copies locally.
+func TestBatch(t *testing.T) {
+	ds := cluster(t, []string{"a", "b", "c"})
+	a := ds["a"]
+	mkTemplateDir(t, a.path("kv"), "U8", "100")
+	var lines []string
+	for i := 0; i < 20; i++ {
+		require.NoError(t, os.WriteFile(a.path("kv", fmt.Sprint(i)), fill(100, byte(i)), 0o644))
+		peer := "b"
+		if i%2 == 1 {
+			peer = "c"
+		}
+		lines = append(lines, fmt.Sprintf("/kv/%d %s:/batch/%d", i, peer, i))
+	}
+	lines = append(lines, "/kv/0 /local0")
+	setx(t, a.mnt, "user.tensorfs.batch", strings.Join(lines, "\n"))
+	for i := 0; i < 20; i++ {
+		peer := ds["b"]
+		if i%2 == 1 {
+			peer = ds["c"]
+		}
+		got, err := os.ReadFile(peer.path("batch", fmt.Sprint(i)))
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(fill(100, byte(i)), got), "tensor %d", i)
+	}
+	got, err := os.ReadFile(a.path("local0"))
+	require.NoError(t, err)
+	require.Equal(t, fill(100, 0), got)
+	require.Equal(t, 2, a.stats().Copies["tcp"], "one transfer per peer")
+	os.RemoveAll(a.path("kv"))
+	os.Remove(a.path("local0"))
+	for _, n := range []string{"b", "c"} {
+		os.RemoveAll(ds[n].path("batch"))
+		ds[n].requireClean()
+	}
+	a.requireClean()
+}
