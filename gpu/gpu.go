@@ -97,8 +97,13 @@ func Copy(dst Buffer, dstOff int64, src Buffer, srcOff int64, n int64) error {
 	if n == 0 {
 		return nil
 	}
-	if c, ok := dst.(copierFrom); ok {
-		if done, err := c.copyFrom(dstOff, src, srcOff, n); done {
+	if c, ok := dst.(DirectCopier); ok {
+		if done, err := c.CopyFrom(dstOff, src, srcOff, n); done {
+			return err
+		}
+	}
+	if c, ok := src.(DirectCopierTo); ok {
+		if done, err := c.CopyTo(srcOff, dst, dstOff, n); done {
 			return err
 		}
 	}
@@ -118,10 +123,18 @@ func Copy(dst Buffer, dstOff int64, src Buffer, srcOff int64, n int64) error {
 	return nil
 }
 
-// copierFrom is implemented by buffers that have a direct path from some
-// sources; done=false means "not from this source, use the generic path".
-type copierFrom interface {
-	copyFrom(dstOff int64, src Buffer, srcOff, n int64) (done bool, err error)
+// DirectCopier is implemented by buffers that have a direct path from some
+// sources (host memmove, CUDA device-to-device or peer copies). Copy calls it
+// with a range already checked; done=false means "not from this source: use
+// the generic path".
+type DirectCopier interface {
+	CopyFrom(dstOff int64, src Buffer, srcOff, n int64) (done bool, err error)
+}
+
+// DirectCopierTo is DirectCopier from the source's side (CUDA to host through
+// its pinned staging buffers).
+type DirectCopierTo interface {
+	CopyTo(srcOff int64, dst Buffer, dstOff, n int64) (done bool, err error)
 }
 
 func checkRange(size, off, n int64) error {

@@ -19,8 +19,9 @@ const HostName = "host"
 
 var nextAllocID atomic.Uint64
 
-// newAllocID returns a process-wide allocation id, starting at 1, never reused.
-func newAllocID() uint64 { return nextAllocID.Add(1) }
+// NewAllocID returns a process-wide allocation id, starting at 1, never
+// reused; every backend takes its ids here, so ids are unique across devices.
+func NewAllocID() uint64 { return nextAllocID.Add(1) }
 
 // Host is the host-memory backend: each buffer is a sealed memfd, committed with
 // fallocate and mapped shared into the daemon, exported to other processes as
@@ -175,7 +176,7 @@ func (h *Host) reuse(n int64, owner uint32) *hostBuffer {
 	h.spareBytes -= committed(n)
 	h.spareMu.Unlock()
 	clear(sp.mem)
-	return &hostBuffer{dev: h, id: newAllocID(), fd: sp.fd, mem: sp.mem, owner: owner}
+	return &hostBuffer{dev: h, id: NewAllocID(), fd: sp.fd, mem: sp.mem, owner: owner}
 }
 
 // keep takes a freed buffer's memory for reuse; false when it is not worth
@@ -268,7 +269,7 @@ func newHostBuffer(h *Host, nbytes int64, owner uint32) (*hostBuffer, error) {
 	if err != nil {
 		return fail("mmap", err)
 	}
-	return &hostBuffer{dev: h, id: newAllocID(), fd: fd, mem: mem, owner: owner}, nil
+	return &hostBuffer{dev: h, id: NewAllocID(), fd: fd, mem: mem, owner: owner}, nil
 }
 
 type hostBuffer struct {
@@ -340,8 +341,8 @@ func (b *hostBuffer) Zero(off, n int64) error {
 	return nil
 }
 
-// copyFrom is the host-to-host direct path: one memmove, no staging.
-func (b *hostBuffer) copyFrom(dstOff int64, src Buffer, srcOff, n int64) (bool, error) {
+// CopyFrom implements DirectCopier: host to host is one memmove, no staging.
+func (b *hostBuffer) CopyFrom(dstOff int64, src Buffer, srcOff, n int64) (bool, error) {
 	s, ok := src.(*hostBuffer)
 	if !ok {
 		return false, nil

@@ -39,7 +39,7 @@ func TestStartFailuresOneLine(t *testing.T) {
 		want string
 	}{
 		{[]string{"mount", mnt, "--max-memory", "banana"}, "--max-memory"},
-		{[]string{"mount", mnt, "--device", "cuda:0"}, "cuda:0"},
+		{[]string{"mount", mnt, "--device", "cuda:99"}, "cuda:99"},
 		{[]string{"mount", mnt, "--device", "tpu"}, "tpu"},
 		{[]string{"mount", mnt + "/missing"}, "missing"},
 		{[]string{"mount", file}, "not a directory"},

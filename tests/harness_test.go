@@ -134,7 +134,7 @@ func startDaemon(t *testing.T, flags ...string) *daemon {
 	mnt := t.TempDir()
 	ours.Store(mnt, true)
 	d := &daemon{t: t, mnt: mnt, log: &syncBuffer{}, exit: make(chan error, 1)}
-	d.cmd = exec.Command(bin, append([]string{"mount", mnt}, flags...)...)
+	d.cmd = exec.Command(bin, append(testDeviceFlags([]string{"mount", mnt}), flags...)...)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	require.NoError(t, d.cmd.Start())
 	go func() { d.exit <- d.cmd.Wait() }()
@@ -154,6 +154,16 @@ func startDaemon(t *testing.T, flags ...string) *daemon {
 	d.fds = d.countFDs()
 	t.Cleanup(func() { d.stop() })
 	return d
+}
+
+// testDeviceFlags adds --device $TENSORFS_TEST_DEVICE (e.g. cuda:0, to run
+// the whole suite on GPU memory) before a test's own flags, so a test that
+// names a device keeps it (the last flag wins).
+func testDeviceFlags(args []string) []string {
+	if dev := os.Getenv("TENSORFS_TEST_DEVICE"); dev != "" {
+		return append(args, "--device", dev)
+	}
+	return args
 }
 
 // mounted reports whether mnt is a FUSE mount in /proc/self/mounts.

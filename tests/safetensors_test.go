@@ -431,11 +431,13 @@ func TestSafetensorsCorrupt(t *testing.T) {
 // TestSafetensorsImportPartialFailure: running out of device memory part way
 // exits non-zero, says how many tensors were imported, and leaves them.
 func TestSafetensorsImportPartialFailure(t *testing.T) {
-	d := startDaemon(t, "--max-memory", "1MiB")
+	// 2 MiB tensors under a 5 MiB cap stop after two on every backend (CUDA
+	// allocates in 2 MiB granules).
+	d := startDaemon(t, "--max-memory", "5MiB")
 	src, raw := stBuild(t, []stSpec{
-		{"a", "U8", tensor.Shape{400_000}},
-		{"b", "U8", tensor.Shape{400_000}},
-		{"c", "U8", tensor.Shape{400_000}},
+		{"a", "U8", tensor.Shape{2 << 20}},
+		{"b", "U8", tensor.Shape{2 << 20}},
+		{"c", "U8", tensor.Shape{2 << 20}},
 	}, nil)
 	dir := d.path("partial")
 	_, stderr, code := stRun(t, "import", src, dir)

@@ -16,7 +16,7 @@ import (
 // TestTemplateCreate: a file created in a templated directory is allocated and
 // registered at once, with every xattr of the spec; mkdir copies the template.
 func TestTemplateCreate(t *testing.T) {
-	d := startDaemon(t)
+	d := startDaemon(t, "--device", "host") // checks memfd handles and exact bytes
 	kv := d.path("kv")
 	mkTemplateDir(t, kv, "bfloat16", "16,8,128")
 	require.Equal(t, "BF16", getx(t, kv, "user.tensorfs.dtype"), "torch spelling stored canonically")
@@ -194,7 +194,7 @@ func TestUnlinkWhileOpen(t *testing.T) {
 // TestStatfs: df shows the --max-memory cap as total and what tensorfs holds
 // as used.
 func TestStatfs(t *testing.T) {
-	d := startDaemon(t, "--max-memory", "64MiB")
+	d := startDaemon(t, "--device", "host", "--max-memory", "64MiB") // exact byte accounting
 	var st unix.Statfs_t
 	require.NoError(t, unix.Statfs(d.mnt, &st))
 	require.EqualValues(t, 64<<20, st.Blocks*uint64(st.Bsize))

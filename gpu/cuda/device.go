@@ -44,14 +44,9 @@ const (
 	maxStagers = 8
 )
 
-// nextAllocID numbers allocations. It starts above the host backend's ids
-// (package gpu counts from 1 and cannot share its counter here), so ids never
-// collide within a process and are never reused.
-var nextAllocID atomic.Uint64
-
-func init() { nextAllocID.Store(1 << 32) }
-
-func newAllocID() uint64 { return nextAllocID.Add(1) }
+// newAllocID numbers allocations from the process-wide counter every backend
+// shares, so ids never collide across devices and are never reused.
+func newAllocID() uint64 { return gpu.NewAllocID() }
 
 // Device is one GPU, "cuda:N". It implements gpu.Device; its methods are safe
 // for concurrent use.
