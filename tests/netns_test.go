@@ -238,10 +238,16 @@ func TestNetnsPeers(t *testing.T) {
 	}
 	require.Error(t, err, "listening on %s without --secret-file must be refused:\n%s", netnsAddrA, out)
 	require.NotErrorIs(t, ctx.Err(), context.DeadlineExceeded, "the refused start did not exit")
-	line := strings.TrimSpace(string(out))
-	require.NotContains(t, line, "\n", "one line, got:\n%s", line)
-	require.Contains(t, line, "not a loopback address")
-	require.Contains(t, line, "no --secret-file")
+	// One line says why (other lines are the log's, e.g. the device choice).
+	var why []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(l, "tensorfs: ") {
+			why = append(why, l)
+		}
+	}
+	require.Len(t, why, 1, "one line saying why, in:\n%s", out)
+	require.Contains(t, why[0], "not a loopback address")
+	require.Contains(t, why[0], "no --secret-file")
 
 	secret := secretFile(t, "the netns pair's shared secret")
 	a, b := netnsPeers(t, p, secret)
@@ -326,7 +332,8 @@ func TestNetnsPeers(t *testing.T) {
 	require.ErrorIs(t, err, syscall.EACCES)
 	_, err = os.Stat(b.path("intruder"))
 	require.ErrorIs(t, err, syscall.ENOENT, "nothing arrived")
-	require.Contains(t, c.log.String(), "failed to prove the shared secret")
+	require.Eventually(t, func() bool { return strings.Contains(c.log.String(), "failed to prove the shared secret") },
+		5*time.Second, 10*time.Millisecond, "c's log says why:\n%s", c.log.String())
 	require.Equal(t, 4, b.stats().Copies["tcp"])
 	require.NoError(t, os.Remove(c.path("t")))
 	c.requireClean()
@@ -365,6 +372,7 @@ func TestNetnsPeerKilledMidPush(t *testing.T) {
 			if r.Dst == "b:/big" && r.BytesTotal == size && r.BytesDone > 0 && r.BytesDone < size {
 				require.Equal(t, "tcp", r.Path)
 				moving = true
+				t.Logf("killing b at %d of %d bytes", r.BytesDone, r.BytesTotal)
 			}
 		}
 	}
