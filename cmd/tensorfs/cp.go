@@ -1,0 +1,527 @@
+package main
+
+// cp is a client of the copy_to / copy_from xattrs, like setfattr: it names
+// the copy with one setxattr on the mount (which returns when the copy is
+// done) and, meanwhile, reads progress from the root's stats document, the
+// only channel through which a daemon reports bytes and error text (an xattr
+// write returns nothing but an errno).
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/dustin/go-humanize"
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/transfer"
+)
+
+const (
+	xattrCopyTo   = "user.tensorfs.copy_to"
+	xattrCopyFrom = "user.tensorfs.copy_from"
+	xattrStats    = "user.tensorfs.stats"
+	// cpFSType is the filesystem type /proc/self/mounts shows for tensorfs.
+	cpFSType = "fuse.tensorfs"
+	// cpPoll is how often progress is read from stats while a copy runs.
+	cpPoll = 100 * time.Millisecond
+)
+
+func newCpCmd() *cobra.Command {
+	var quiet, progress bool
+	cmd := &cobra.Command{
+		Use:   "cp SRC DST",
+		Short: "Copy a tensor or a directory tree between tensorfs nodes, with a progress bar",
+		Long: `Copy a tensor (or a directory tree of tensors) to or from a peer, or inside
+one mount. SRC and DST are each a path in a mounted tensorfs (an ordinary path,
+like /mnt/tfs/kv/layer0) or a peer path NAME:/path (relative to that peer's
+mount). Exactly one side must be a local path in a tensorfs mount, or both in
+the same mount (a local copy). A path whose first ':' comes before any '/' is
+a peer path; write ./a:b for a local file named a:b.
+
+  tensorfs cp /mnt/tfs/kv/layer0 nodeB:/kv/layer0   push: copy_to on SRC
+  tensorfs cp nodeB:/kv/layer0 /mnt/tfs/kv/layer0   pull: copy_from on DST
+  tensorfs cp /mnt/tfs/kv /mnt/tfs/kv-old           local: copy_to on SRC
+
+The destination names the target exactly, as for the xattrs: a file onto an
+existing directory is an error, not a copy into it. A pull into a missing DST
+creates it as an empty file first (its directory must exist) and removes it
+again if the copy fails; so a directory pull needs DST to be an existing
+directory. The copy itself runs in the daemons: interrupting cp does not stop
+it (the destination ends up as the old tensor or the new one).
+
+While the copy runs, cp reads user.tensorfs.stats on the mount's root every
+100 ms and draws a progress bar on stderr when stderr is a terminal (always
+with --progress), then prints one summary line: tensors, bytes, seconds and
+throughput. --quiet prints nothing on success. A failure exits non-zero with
+one line: the errno's text and, in parentheses, the daemon's error text from
+stats when it has one.`,
+		Args: twoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runCp(args[0], args[1], cpOptions{quiet: quiet, progress: progress}, cmd.ErrOrStderr())
+		},
+	}
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print nothing on success")
+	cmd.Flags().BoolVar(&progress, "progress", false, "draw the progress bar even when stderr is not a terminal")
+	return cmd
+}
+
+type cpOptions struct {
+	quiet    bool
+	progress bool
+}
+
+// cpEnd is SRC or DST, parsed.
+type cpEnd struct {
+	arg  string
+	peer string // the peer's name, for a peer path
+	rel  string // path relative to the mount (the peer's, or the local one), cleaned
+	// For a local path:
+	local  string // the path with symlinks resolved
+	mnt    string // its tensorfs mountpoint
+	exists bool
+	isDir  bool
+}
+
+// cpError is cp's one-line failure: "cp SRC DST: <errno text> (<detail>)".
+type cpError struct {
+	src, dst string
+	err      error // an errno where there is one
+	detail   string
+}
+
+func (e *cpError) Error() string {
+	s := fmt.Sprintf("cp %s %s: %s", e.src, e.dst, errText(e.err))
+	if e.detail != "" {
+		s += " (" + oneLine(e.detail) + ")"
+	}
+	return s
+}
+
+func (e *cpError) Unwrap() error { return e.err }
+
+// errText is an error's text, an errno's as strerror spells it ("No such
+// file or directory": Go's table has it in lower case), which is what users
+// see from setfattr and cp for the same failure.
+func errText(err error) string {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		s := errno.Error()
+		r, n := utf8.DecodeRuneInString(s)
+		return string(unicode.ToUpper(r)) + s[n:]
+	}
+	return err.Error()
+}
+
+// oneLine keeps a daemon's error text on the one line cp promises.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// runCp copies src to dst (see newCpCmd), writing progress and the summary
+// to w.
+func runCp(src, dst string, opt cpOptions, w io.Writer) error {
+	fail := func(err error, detail string, a ...any) error {
+		return &cpError{src: src, dst: dst, err: err, detail: fmt.Sprintf(detail, a...)}
+	}
+	s, err := parseCpEnd(src)
+	if err != nil {
+		return fail(err, "SRC: %s", cpDetail(err))
+	}
+	d, err := parseCpEnd(dst)
+	if err != nil {
+		return fail(err, "DST: %s", cpDetail(err))
+	}
+	for _, e := range []struct {
+		name string
+		end  *cpEnd
+	}{{"SRC", s}, {"DST", d}} {
+		if e.end.peer == "" && e.end.mnt == "" {
+			return fail(syscall.EINVAL, "%s %s is not in a mounted tensorfs; a local side must be a path in one", e.name, e.end.arg)
+		}
+	}
+
+	// job is the one setxattr that does the copy, and how its transfer shows
+	// in stats: the daemon records a push as (SRC's mount path, peer:path) and
+	// a pull as (peer:path, DST's mount path); a peer named by this node's own
+	// name is this mount, recorded without the "NAME:".
+	var job struct {
+		mnt, target, attr, value string
+		srcs, dsts               []string
+	}
+	createdDst := false
+	switch {
+	case s.peer != "" && d.peer != "":
+		return fail(syscall.EINVAL, "both are peer paths; one side must be a path in a mounted tensorfs")
+	case s.peer == "" && d.peer == "" && s.mnt != d.mnt:
+		return fail(syscall.EXDEV, "SRC is in the tensorfs mount %s and DST in %s; name one side as a peer path NAME:/path", s.mnt, d.mnt)
+	case s.peer == "":
+		if !s.exists {
+			return fail(syscall.ENOENT, "SRC %s does not exist", src)
+		}
+		job.mnt, job.target, job.attr = s.mnt, s.local, xattrCopyTo
+		job.srcs = []string{s.rel}
+		if d.peer == "" {
+			job.value = d.rel
+			job.dsts = []string{d.rel}
+		} else {
+			job.value = dst
+			job.dsts = []string{d.peer + ":" + d.rel, d.rel}
+		}
+	default:
+		job.mnt, job.target, job.attr, job.value = d.mnt, d.local, xattrCopyFrom, src
+		job.srcs = []string{s.peer + ":" + s.rel, s.rel}
+		job.dsts = []string{d.rel}
+		if !d.exists {
+			// copy_from needs a node to set it on. A file is the guess: a
+			// directory source then fails with ENOTDIR, and the file goes.
+			f, err := os.OpenFile(d.local, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o666)
+			if errors.Is(err, iofs.ErrNotExist) {
+				return fail(err, "the directory of DST, %s, does not exist", filepath.Dir(dst))
+			}
+			if err != nil {
+				return fail(err, "creating DST %s: %s", dst, cpDetail(err))
+			}
+			if err := f.Close(); err != nil {
+				os.Remove(d.local)
+				return fail(err, "creating DST %s: %s", dst, cpDetail(err))
+			}
+			createdDst = true
+		}
+	}
+
+	show := !opt.quiet && (opt.progress || isTerminal(w))
+	mon := &cpMonitor{mnt: job.mnt, srcs: job.srcs, dsts: job.dsts}
+	mon.baseline()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- unix.Setxattr(job.target, job.attr, []byte(job.value), 0) }()
+	tick := time.NewTicker(cpPoll)
+	defer tick.Stop()
+	var bar *progressbar.ProgressBar
+wait:
+	for {
+		select {
+		case err = <-done:
+			break wait
+		case <-tick.C:
+			if show {
+				bar = drawProgress(bar, mon.latest(true), w)
+			}
+		case sig := <-sigs:
+			// The daemon ignores FUSE interrupts and finishes the copy; say
+			// so rather than let the user think it was cancelled.
+			if bar != nil {
+				bar.Exit()
+				bar.Clear()
+			}
+			fmt.Fprintf(w, "tensorfs: cp %s %s: %v: cp stops watching, but the copy goes on in the daemon, which completes or fails it on its own (see %s on %s)\n",
+				src, dst, sig, xattrStats, job.mnt)
+			os.Exit(130)
+		}
+	}
+	elapsed := time.Since(start)
+	rec := mon.latest(false)
+	if bar != nil {
+		bar.Exit()
+		bar.Clear()
+	}
+	if err != nil {
+		detail := ""
+		if rec != nil {
+			detail = rec.Error
+		}
+		if createdDst {
+			os.Remove(d.local)
+			if errors.Is(err, syscall.ENOTDIR) {
+				hint := "for a directory pull, DST must be an existing directory"
+				if detail != "" {
+					hint = detail + "; " + hint
+				}
+				detail = hint
+			}
+		}
+		return fail(err, "%s", detail)
+	}
+	if !opt.quiet {
+		fmt.Fprintln(w, cpSummary(src, dst, rec, s, d, elapsed))
+	}
+	return nil
+}
+
+// cpDetail is the part of an error worth a parenthesis beside its errno's
+// text: a transfer.Error's message, or nothing for a bare errno.
+func cpDetail(err error) string {
+	var te *transfer.Error
+	if errors.As(err, &te) {
+		return te.Msg
+	}
+	var pe *iofs.PathError
+	if errors.As(err, &pe) {
+		return pe.Op + " " + pe.Path
+	}
+	return ""
+}
+
+// parseCpEnd parses one side: a peer path as the daemons parse it (a ':'
+// before any '/'), else a local path, which is resolved and located in its
+// tensorfs mount (mnt stays "" when it is in none).
+func parseCpEnd(arg string) (*cpEnd, error) {
+	e := &cpEnd{arg: arg}
+	if i := strings.IndexByte(arg, ':'); i >= 0 && !strings.Contains(arg[:i], "/") {
+		peer, p, err := transfer.ParsePeerPath(arg)
+		if err != nil {
+			return nil, err
+		}
+		e.peer, e.rel = peer, p
+		return e, nil
+	}
+	abs, err := filepath.Abs(arg)
+	if err != nil {
+		return nil, err
+	}
+	if e.local, err = resolveMissing(abs); err != nil {
+		return nil, err
+	}
+	fi, err := os.Stat(e.local)
+	switch {
+	case err == nil:
+		e.exists, e.isDir = true, fi.IsDir()
+	case !errors.Is(err, iofs.ErrNotExist):
+		return nil, err
+	}
+	mounts, err := readMounts()
+	if err != nil {
+		return nil, err
+	}
+	if mp, fstype := mountOf(mounts, e.local); fstype == cpFSType {
+		e.mnt = mp
+		e.rel = "/" + strings.TrimPrefix(strings.TrimPrefix(e.local, mp), "/")
+	}
+	return e, nil
+}
+
+// resolveMissing resolves symlinks in abs, which need not exist: its deepest
+// existing ancestor is resolved and the rest appended, so a destination yet
+// to be created still maps onto its mount.
+func resolveMissing(abs string) (string, error) {
+	var rest []string
+	for p := abs; ; p = filepath.Dir(p) {
+		r, err := filepath.EvalSymlinks(p)
+		if err == nil {
+			for i := len(rest) - 1; i >= 0; i-- {
+				r = filepath.Join(r, rest[i])
+			}
+			return r, nil
+		}
+		if !errors.Is(err, iofs.ErrNotExist) || p == "/" {
+			return "", err
+		}
+		rest = append(rest, filepath.Base(p))
+	}
+}
+
+// cpMount is one line of /proc/self/mounts.
+type cpMount struct{ dir, fstype string }
+
+func readMounts() ([]cpMount, error) {
+	f, err := os.Open("/proc/self/mounts")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var ms []cpMount
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 3 {
+			ms = append(ms, cpMount{dir: unescapeMountField(fields[1]), fstype: fields[2]})
+		}
+	}
+	return ms, sc.Err()
+}
+
+// unescapeMountField undoes /proc/mounts' octal escapes (\040 for a space).
+func unescapeMountField(s string) string {
+	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
+}
+
+// mountOf finds the mount that serves path p: the nearest mountpoint
+// walking up from p, and of several on one directory the last mounted
+// (which hides the others). A path under a directory that another
+// filesystem is mounted over is not in the tensorfs below it.
+func mountOf(ms []cpMount, p string) (dir, fstype string) {
+	for q := p; ; q = filepath.Dir(q) {
+		for i := len(ms) - 1; i >= 0; i-- {
+			if ms[i].dir == q {
+				return ms[i].dir, ms[i].fstype
+			}
+		}
+		if q == "/" {
+			return "", ""
+		}
+	}
+}
+
+// isTerminal reports whether w is a terminal: a progress bar redraws its
+// line with carriage returns, which only clutter a log or a pipe.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// cpMonitor finds this copy's transfer in the stats document of the mount
+// at mnt. Records carry no id, so a record is this copy's when it is new
+// since the baseline (read before the setxattr) and its src and dst are
+// among the strings the daemon would record for it.
+type cpMonitor struct {
+	mnt        string
+	srcs, dsts []string
+	before     []transfer.RecordReport
+	ok         bool // the baseline was read
+}
+
+func (m *cpMonitor) baseline() {
+	m.before, m.ok = m.recent()
+}
+
+// recent reads transfers.recent, robustly: stats changes while copies run,
+// so its length may change between the size probe and the read.
+func (m *cpMonitor) recent() ([]transfer.RecordReport, bool) {
+	v, ok, err := getxattrString(func(b []byte) (int, error) { return unix.Getxattr(m.mnt, xattrStats, b) })
+	if err != nil || !ok {
+		return nil, false
+	}
+	var st transfer.Stats
+	if json.Unmarshal([]byte(v), &st) != nil {
+		return nil, false
+	}
+	return st.Transfers.Recent, true
+}
+
+// latest returns this copy's record, nil when there is none (yet); with
+// sized, only one whose bytes_total is known (a pull learns it from the
+// peer).
+func (m *cpMonitor) latest(sized bool) *transfer.RecordReport {
+	if !m.ok {
+		return nil
+	}
+	after, ok := m.recent()
+	if !ok {
+		return nil
+	}
+	fresh := newRecords(m.before, after)
+	for i := len(fresh) - 1; i >= 0; i-- {
+		r := fresh[i]
+		if contains(m.srcs, r.Src) && contains(m.dsts, r.Dst) && (!sized || r.BytesTotal > 0) {
+			return &r
+		}
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// newRecords returns the records of after that are not in before. The list
+// only grows at its end and drops its oldest entries past a cap, so before's
+// tail and after's head overlap; a record's src, dst and path never change
+// (its counters do). Of the possible overlaps the longest is taken: when
+// repeated copies make it ambiguous, cp then misses its record (and reports
+// less) rather than take an older copy's numbers or error for its own.
+func newRecords(before, after []transfer.RecordReport) []transfer.RecordReport {
+	same := func(a, b transfer.RecordReport) bool { return a.Src == b.Src && a.Dst == b.Dst && a.Path == b.Path }
+	for k := min(len(before), len(after)); k > 0; k-- {
+		match := true
+		for i := 0; i < k && match; i++ {
+			match = same(before[len(before)-k+i], after[i])
+		}
+		if match {
+			return after[k:]
+		}
+	}
+	return after
+}
+
+// drawProgress shows rec on bar, creating the bar at the first record with a
+// known size (until then there is nothing to draw a fraction of).
+func drawProgress(bar *progressbar.ProgressBar, rec *transfer.RecordReport, w io.Writer) *progressbar.ProgressBar {
+	if rec == nil {
+		return bar
+	}
+	if bar == nil {
+		bar = progressbar.NewOptions64(rec.BytesTotal,
+			progressbar.OptionSetWriter(w),
+			progressbar.OptionSetDescription(fmt.Sprintf("%d %s", rec.Tensors, plural(rec.Tensors, "tensor"))),
+			progressbar.OptionShowBytes(true),
+			progressbar.OptionSetWidth(30),
+			progressbar.OptionThrottle(cpPoll),
+			progressbar.OptionClearOnFinish(),
+		)
+	} else if bar.GetMax64() != rec.BytesTotal {
+		bar.ChangeMax64(rec.BytesTotal)
+	}
+	bar.Set64(rec.BytesDone)
+	return bar
+}
+
+func plural(n int64, noun string) string {
+	if n == 1 {
+		return noun
+	}
+	return noun + "s"
+}
+
+// cpSummary is the line printed after a copy: its record's counts, or, when
+// stats had no record of it (pushed out of the list by many concurrent
+// copies), the local side's file size for a single tensor.
+func cpSummary(src, dst string, rec *transfer.RecordReport, s, d *cpEnd, elapsed time.Duration) string {
+	var tensors, nbytes int64 = -1, -1
+	if rec != nil {
+		tensors, nbytes = rec.Tensors, rec.BytesDone
+	} else {
+		local := s
+		if s.peer != "" {
+			local = d
+		}
+		if fi, err := os.Stat(local.local); err == nil && !fi.IsDir() {
+			tensors, nbytes = 1, fi.Size()
+		}
+	}
+	secs := elapsed.Seconds()
+	if nbytes < 0 {
+		return fmt.Sprintf("copied %s to %s in %.2f s (no record of it in %s to count bytes)", src, dst, secs, xattrStats)
+	}
+	rate := ""
+	if nbytes > 0 && secs > 0 {
+		rate = ", " + humanize.Bytes(uint64(float64(nbytes)/secs)) + "/s"
+	}
+	return fmt.Sprintf("copied %d %s, %s bytes (%s), from %s to %s in %.2f s%s",
+		tensors, plural(tensors, "tensor"), humanize.Comma(nbytes), humanize.IBytes(uint64(nbytes)), src, dst, secs, rate)
+}
