@@ -1,0 +1,604 @@
+package tests
+
+// Benchmarks of peer copies (copy_to through setxattr, pushed over TCP
+// loopback from one real daemon to another), each next to a raw Go TCP
+// baseline measured in the same run:
+//
+//   - BenchmarkPeerCopy1G: a 1 GiB host tensor of random bytes pushed to a
+//     peer, into a new destination and over an existing one of the same size,
+//     against one raw TCP stream of 1 GiB into a freshly allocated buffer and
+//     into a reused one.
+//   - BenchmarkPeerTree1000x64K: 1000 tensors of 64 KiB as one directory
+//     copy_to, against one copy_to per file.
+//   - BenchmarkPeerSmallCopy4K: the round trip of a 4 KiB copy_to (p50, p99),
+//     against a 4 KiB request and its reply on an open TCP connection.
+//
+// The daemons are the real binary (`tensorfs mount --device host` with
+// --listen, --peer, --secret-file and distinct --host-id, so the TCP path is
+// taken, as in peers_test.go's cluster). scripts/peerbench.sh runs these and
+// prints the ratios; docs/performance.md ("Peer copies") has the method and
+// the figures.
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// peerBigSize is the tensor of BenchmarkPeerCopy1G.
+	peerBigSize = 1 << 30
+	// peerTreeN and peerTreeSize make the tree of BenchmarkPeerTree1000x64K.
+	peerTreeN    = 1000
+	peerTreeSize = 64 << 10
+	// peerSmallSize is the tensor of BenchmarkPeerSmallCopy4K, and
+	// peerSmallCopies the copies timed one by one per benchmark op.
+	peerSmallSize   = 4 << 10
+	peerSmallCopies = 1000
+	// peerIOSize is the size of the pwrites and preads that fill and check
+	// tensors through the mount.
+	peerIOSize = 1 << 20
+)
+
+// BenchmarkPeerCopy1G: per op, one copy of a 1 GiB host tensor of random
+// bytes to a peer (setxattr user.tensorfs.copy_to "b:/dst" on daemon a's
+// mount; it returns when b has put the tensor in place), or one raw TCP stream
+// of the same 1 GiB on one connection, from one buffer of this process to
+// another, acknowledged by the receiver with 8 bytes. Reported as MB/s.
+//
+//   - tensorfs-new: the destination does not exist (it is unlinked, untimed,
+//     after each copy, and b's memory waited back to zero).
+//   - raw-new: the receiver receives into a make([]byte) of 1 GiB made for
+//     this transfer (inside the timed region; the previous one is collected
+//     and returned to the OS, untimed, in between).
+//   - tensorfs-existing: the destination exists, a 1 GiB tensor from the
+//     previous copy (an untimed first copy makes it).
+//   - raw-existing: the receiver reuses one 1 GiB buffer, touched beforehand.
+func BenchmarkPeerCopy1G(b *testing.B) {
+	data := peerBenchBigData()
+	b.Run("tensorfs-new", func(b *testing.B) {
+		a, d := peerBenchPair(b)
+		src := a.path("src")
+		peerBenchWriteFile(b, src, data)
+		dst := d.path("dst")
+		b.SetBytes(peerBigSize)
+		copies := 0
+		for b.Loop() {
+			peerBenchCopyTo(b, src, "b:/dst")
+			copies++
+			b.StopTimer()
+			peerBenchCheckFile(b, dst, data, copies == 1)
+			mustNo(b, os.Remove(dst))
+			d.waitLiveBytes(0)
+			b.StartTimer()
+		}
+		a.requireTCPCopies(copies)
+	})
+	b.Run("raw-new", func(b *testing.B) {
+		got := make(chan []byte, 1)
+		c := peerBenchRawPeer(b, func(c net.Conn) error {
+			for {
+				n, err := peerBenchReadHeader(c)
+				if err != nil {
+					return err
+				}
+				buf := make([]byte, n) // fresh memory, touched by the receive
+				if _, err := io.ReadFull(c, buf); err != nil {
+					return err
+				}
+				if _, err := c.Write(make([]byte, 8)); err != nil {
+					return err
+				}
+				got <- buf
+			}
+		})
+		b.SetBytes(peerBigSize)
+		first := true
+		for b.Loop() {
+			peerBenchRawSend(b, c, data)
+			b.StopTimer()
+			buf := <-got
+			if first && !bytes.Equal(buf, data) {
+				b.Fatal("raw stream: the received bytes differ from the sent ones")
+			}
+			first = false
+			buf = nil
+			runtime.GC()
+			debug.FreeOSMemory()
+			b.StartTimer()
+		}
+	})
+	b.Run("tensorfs-existing", func(b *testing.B) {
+		a, d := peerBenchPair(b)
+		src := a.path("src")
+		peerBenchWriteFile(b, src, data)
+		dst := d.path("dst")
+		peerBenchCopyTo(b, src, "b:/dst") // the destination now exists
+		d.waitLiveBytes(peerBigSize)
+		b.SetBytes(peerBigSize)
+		copies := 1
+		for b.Loop() {
+			peerBenchCopyTo(b, src, "b:/dst")
+			copies++
+			b.StopTimer()
+			// The replaced tensor is freed at the rename; wait for it so
+			// that every copy starts from the same state.
+			d.waitLiveBytes(peerBigSize)
+			b.StartTimer()
+		}
+		peerBenchCheckFile(b, dst, data, true)
+		a.requireTCPCopies(copies)
+	})
+	b.Run("raw-existing", func(b *testing.B) {
+		buf := make([]byte, peerBigSize)
+		for i := 0; i < len(buf); i += 4096 {
+			buf[i] = 1 // touched: the memory is there before the first receive
+		}
+		done := make(chan struct{}, 1)
+		c := peerBenchRawPeer(b, func(c net.Conn) error {
+			for {
+				n, err := peerBenchReadHeader(c)
+				if err != nil {
+					return err
+				}
+				if _, err := io.ReadFull(c, buf[:n]); err != nil {
+					return err
+				}
+				if _, err := c.Write(make([]byte, 8)); err != nil {
+					return err
+				}
+				done <- struct{}{}
+			}
+		})
+		b.SetBytes(peerBigSize)
+		for b.Loop() {
+			peerBenchRawSend(b, c, data)
+			<-done
+		}
+		if !bytes.Equal(buf, data) {
+			b.Fatal("raw stream: the received bytes differ from the sent ones")
+		}
+	})
+}
+
+// BenchmarkPeerTree1000x64K: per op, the same 1000 tensors of 64 KiB of
+// random bytes (daemon a's /blocks/t000../t999, dtype U8, shape 65536) copied
+// to peer b, over destinations that exist from an untimed first copy:
+//
+//   - dir: one setxattr user.tensorfs.copy_to "b:/blocks" on the directory
+//     (one connection, one pipelined transfer, 1000 renames into place on b).
+//   - files: 1000 setxattr user.tensorfs.copy_to "b:/files/tNNN", one per
+//     file, one after the other.
+//
+// Reported as tensors/s and MB/s (the tensors' bytes, 64 MiB per op).
+func BenchmarkPeerTree1000x64K(b *testing.B) {
+	for _, mode := range []string{"dir", "files"} {
+		b.Run(mode, func(b *testing.B) {
+			a, d := peerBenchPair(b)
+			blocks := a.path("blocks")
+			peerBenchTemplateDir(b, blocks, "U8", fmt.Sprint(peerTreeSize))
+			names := make([]string, peerTreeN)
+			contents := make([][]byte, peerTreeN)
+			rng := rand.NewChaCha8([32]byte{2})
+			for i := range names {
+				names[i] = fmt.Sprintf("t%03d", i)
+				contents[i] = make([]byte, peerTreeSize)
+				rng.Read(contents[i])
+				mustNo(b, os.WriteFile(filepath.Join(blocks, names[i]), contents[i], 0o644))
+			}
+			dstDir := d.path(mode)
+			once := func() {
+				if mode == "dir" {
+					peerBenchCopyTo(b, blocks, "b:/dir")
+					return
+				}
+				for _, n := range names {
+					peerBenchCopyTo(b, filepath.Join(blocks, n), "b:/files/"+n)
+				}
+			}
+			if mode == "files" {
+				mustNo(b, os.Mkdir(dstDir, 0o755))
+			}
+			once() // the destinations now exist
+			ops := 1
+			b.SetBytes(peerTreeN * peerTreeSize)
+			for b.Loop() {
+				once()
+				ops++
+			}
+			b.ReportMetric(float64(peerTreeN)*float64(b.N)/b.Elapsed().Seconds(), "tensors/s")
+			ents, err := os.ReadDir(dstDir)
+			mustNo(b, err)
+			if len(ents) != peerTreeN {
+				b.Fatalf("%s holds %d entries, want %d", dstDir, len(ents), peerTreeN)
+			}
+			for _, i := range []int{0, 1, 517, peerTreeN - 1} {
+				got, err := os.ReadFile(filepath.Join(dstDir, names[i]))
+				mustNo(b, err)
+				if !bytes.Equal(got, contents[i]) {
+					b.Fatalf("%s/%s differs from its source", dstDir, names[i])
+				}
+			}
+			if mode == "dir" {
+				a.requireTCPCopies(ops)
+			} else {
+				a.requireTCPCopies(ops * peerTreeN)
+			}
+		})
+	}
+}
+
+// BenchmarkPeerSmallCopy4K: per op, peerSmallCopies round trips, each timed
+// on its own; reported as the p50 and p99 of all of them, in µs ("p50-us",
+// "p99-us"), and their mean ("us/copy").
+//
+//   - tensorfs: setxattr user.tensorfs.copy_to "b:/small" of a 4 KiB tensor
+//     of random bytes over an existing destination (one untimed copy first):
+//     a's FUSE request, a new authenticated connection to b, the 4 KiB and
+//     b's reply once the tensor is renamed into place.
+//   - raw: 4 KiB written on an open TCP connection (no Nagle delay: Go sets
+//     TCP_NODELAY) and an 8-byte reply read back.
+func BenchmarkPeerSmallCopy4K(b *testing.B) {
+	data := make([]byte, peerSmallSize)
+	rand.NewChaCha8([32]byte{3}).Read(data)
+	b.Run("tensorfs", func(b *testing.B) {
+		a, d := peerBenchPair(b)
+		src := a.path("small")
+		mustNo(b, os.WriteFile(src, data, 0o644))
+		peerBenchCopyTo(b, src, "b:/small")
+		lat := make([]time.Duration, 0, peerSmallCopies)
+		copies := 1
+		for b.Loop() {
+			for range peerSmallCopies {
+				t := time.Now()
+				peerBenchCopyTo(b, src, "b:/small")
+				lat = append(lat, time.Since(t))
+			}
+			copies += peerSmallCopies
+		}
+		peerBenchReportLatency(b, lat)
+		got, err := os.ReadFile(d.path("small"))
+		mustNo(b, err)
+		if !bytes.Equal(got, data) {
+			b.Fatal("b:/small differs from its source")
+		}
+		a.requireTCPCopies(copies)
+	})
+	b.Run("raw", func(b *testing.B) {
+		c := peerBenchRawPeer(b, func(c net.Conn) error {
+			buf := make([]byte, peerSmallSize)
+			reply := make([]byte, 8)
+			for {
+				if _, err := io.ReadFull(c, buf); err != nil {
+					return err
+				}
+				if _, err := c.Write(reply); err != nil {
+					return err
+				}
+			}
+		})
+		reply := make([]byte, 8)
+		lat := make([]time.Duration, 0, peerSmallCopies)
+		for b.Loop() {
+			for range peerSmallCopies {
+				t := time.Now()
+				if _, err := c.Write(data); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(c, reply); err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(t))
+			}
+		}
+		peerBenchReportLatency(b, lat)
+	})
+}
+
+// peerBenchReportLatency reports the p50, p99 and mean of lat in µs.
+func peerBenchReportLatency(b *testing.B, lat []time.Duration) {
+	if len(lat) < peerSmallCopies {
+		b.Fatalf("%d samples, want at least %d", len(lat), peerSmallCopies)
+	}
+	slices.Sort(lat)
+	q := func(p float64) float64 {
+		return float64(lat[int(p*float64(len(lat)-1)+0.5)]) / 1e3
+	}
+	var sum time.Duration
+	for _, l := range lat {
+		sum += l
+	}
+	b.ReportMetric(q(0.50), "p50-us")
+	b.ReportMetric(q(0.99), "p99-us")
+	b.ReportMetric(float64(sum)/float64(len(lat))/1e3, "us/copy")
+}
+
+var peerBenchBig struct {
+	once sync.Once
+	data []byte
+}
+
+// peerBenchBigData returns the 1 GiB of random bytes (a fixed ChaCha8 seed)
+// of BenchmarkPeerCopy1G, made once per process.
+func peerBenchBigData() []byte {
+	peerBenchBig.once.Do(func() {
+		peerBenchBig.data = make([]byte, peerBigSize)
+		rand.NewChaCha8([32]byte{1}).Read(peerBenchBig.data)
+	})
+	return peerBenchBig.data
+}
+
+// peerBenchDaemon is one `tensorfs mount` of a benchmark.
+type peerBenchDaemon struct {
+	b   *testing.B
+	mnt string
+	cmd *exec.Cmd
+	log *syncBuffer
+}
+
+func (d *peerBenchDaemon) path(elem ...string) string {
+	return filepath.Join(append([]string{d.mnt}, elem...)...)
+}
+
+// stats reads the daemon's stats document.
+func (d *peerBenchDaemon) stats() statsDoc {
+	d.b.Helper()
+	v, err := getxErr(d.mnt, "user.tensorfs.stats")
+	mustNo(d.b, err)
+	var s statsDoc
+	if err := json.Unmarshal([]byte(v), &s); err != nil {
+		d.b.Fatalf("stats %q: %v", v, err)
+	}
+	return s
+}
+
+// waitLiveBytes waits (untimed by its callers) until the daemon's live bytes
+// are n: memory of unlinked or replaced tensors goes back asynchronously.
+func (d *peerBenchDaemon) waitLiveBytes(n int64) {
+	d.b.Helper()
+	var s statsDoc
+	for start := time.Now(); time.Since(start) < 10*time.Second; time.Sleep(5 * time.Millisecond) {
+		if s = d.stats(); s.Live.Bytes == n {
+			return
+		}
+	}
+	d.b.Fatalf("%s: live bytes %d after 10 s, want %d", d.mnt, s.Live.Bytes, n)
+}
+
+// requireTCPCopies checks that the benchmark measured what it means to: n
+// completed copies, all over TCP, none failed.
+func (d *peerBenchDaemon) requireTCPCopies(n int) {
+	d.b.Helper()
+	s := d.stats()
+	if s.Copies["tcp"] != n || s.Copies["local"] != 0 || s.Copies["ipc"] != 0 {
+		d.b.Fatalf("copies %v, want %d over tcp and no other", s.Copies, n)
+	}
+	for _, r := range s.Transfers.Recent {
+		if !strings.Contains(string(r), `"path":"tcp"`) || !strings.Contains(string(r), `"error":""`) {
+			d.b.Fatalf("a transfer that is not a successful TCP one: %s", r)
+		}
+	}
+}
+
+// peerBenchPair starts daemons a and b on host memory that know each other
+// (as peers_test.go's cluster does) and registers their clean-up: everything
+// left in the mounts is removed, the live stats must drop to zero, and the
+// daemons must exit 0 on SIGTERM with no mount left.
+func peerBenchPair(b *testing.B) (a, d *peerBenchDaemon) {
+	b.Helper()
+	secret := filepath.Join(b.TempDir(), "secret")
+	mustNo(b, os.WriteFile(secret, []byte("a shared secret of enough bytes\n"), 0o600))
+	names := []string{"a", "b"}
+	ports := map[string]int{}
+	for _, n := range names {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		mustNo(b, err)
+		ports[n] = ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+	}
+	ds := map[string]*peerBenchDaemon{}
+	for _, n := range names {
+		flags := []string{"--device", "host", "--name", n, "--listen", fmt.Sprintf("127.0.0.1:%d", ports[n]),
+			"--secret-file", secret, "--host-id", "bench-host-" + n, "--timeout", "30s"}
+		for _, o := range names {
+			if o != n {
+				flags = append(flags, "--peer", fmt.Sprintf("%s=127.0.0.1:%d", o, ports[o]))
+			}
+		}
+		ds[n] = peerBenchStart(b, flags...)
+	}
+	return ds["a"], ds["b"]
+}
+
+// peerBenchStart mounts the tensorfs binary with flags on a fresh directory.
+func peerBenchStart(b *testing.B, flags ...string) *peerBenchDaemon {
+	b.Helper()
+	mnt := b.TempDir()
+	ours.Store(mnt, true) // TestMain's leftover check looks at our mounts
+	d := &peerBenchDaemon{b: b, mnt: mnt, log: &syncBuffer{}}
+	d.cmd = exec.Command(bin, append([]string{"mount", mnt}, flags...)...)
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	mustNo(b, d.cmd.Start())
+	exit := make(chan error, 1)
+	go func() { exit <- d.cmd.Wait() }()
+	stopped := false
+	b.Cleanup(func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		if mounted(mnt) {
+			ents, _ := os.ReadDir(mnt)
+			for _, e := range ents {
+				os.RemoveAll(filepath.Join(mnt, e.Name()))
+			}
+			waitTensorfsIdle(b, mnt)
+		}
+		d.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-exit:
+			if err != nil {
+				b.Errorf("tensorfs exited with %v\n%s", err, d.log.String())
+			}
+		case <-time.After(15 * time.Second):
+			d.cmd.Process.Kill()
+			b.Errorf("tensorfs did not exit within 15s of SIGTERM\n%s", d.log.String())
+		}
+		if mounted(mnt) {
+			syscall.Unmount(mnt, syscall.MNT_DETACH)
+			b.Errorf("mount %s still present after the daemon exited", mnt)
+		}
+	})
+	deadline := time.Now().Add(15 * time.Second)
+	for !mounted(mnt) {
+		select {
+		case err := <-exit:
+			stopped = true
+			b.Fatalf("tensorfs mount exited before mounting: %v\n%s", err, d.log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("mount did not appear within 15s\n%s", d.log.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return d
+}
+
+// peerBenchCopyTo sets user.tensorfs.copy_to on p; it returns when the copy
+// is complete.
+func peerBenchCopyTo(b *testing.B, p, target string) {
+	if err := unix.Setxattr(p, "user.tensorfs.copy_to", []byte(target), 0); err != nil {
+		b.Fatalf("setxattr %s user.tensorfs.copy_to=%q: %v", p, target, err)
+	}
+}
+
+// peerBenchTemplateDir makes a directory with a dtype/shape template.
+func peerBenchTemplateDir(b *testing.B, dir, dtype, shape string) {
+	b.Helper()
+	mustNo(b, os.Mkdir(dir, 0o755))
+	mustNo(b, unix.Setxattr(dir, "user.tensorfs.dtype", []byte(dtype), 0))
+	mustNo(b, unix.Setxattr(dir, "user.tensorfs.shape", []byte(shape), 0))
+}
+
+// peerBenchWriteFile creates p sized to len(data) (ftruncate, so the tensor
+// is allocated once) and fills it with 1 MiB pwrites.
+func peerBenchWriteFile(b *testing.B, p string, data []byte) {
+	b.Helper()
+	fd, err := unix.Open(p, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+	mustNo(b, err)
+	defer unix.Close(fd)
+	mustNo(b, unix.Ftruncate(fd, int64(len(data))))
+	for off := 0; off < len(data); off += peerIOSize {
+		end := min(off+peerIOSize, len(data))
+		if n, err := unix.Pwrite(fd, data[off:end], int64(off)); err != nil || n != end-off {
+			b.Fatalf("pwrite %s at %d: %d bytes, %v", p, off, n, err)
+		}
+	}
+}
+
+// peerBenchCheckFile checks p's size and, when full, that its bytes are data.
+func peerBenchCheckFile(b *testing.B, p string, data []byte, full bool) {
+	b.Helper()
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	mustNo(b, err)
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	mustNo(b, unix.Fstat(fd, &st))
+	if st.Size != int64(len(data)) {
+		b.Fatalf("%s: %d bytes, want %d", p, st.Size, len(data))
+	}
+	if !full {
+		return
+	}
+	buf := make([]byte, peerIOSize)
+	for off := 0; off < len(data); off += peerIOSize {
+		end := min(off+peerIOSize, len(data))
+		n, err := unix.Pread(fd, buf[:end-off], int64(off))
+		if err != nil || n != end-off {
+			b.Fatalf("pread %s at %d: %d bytes, %v", p, off, n, err)
+		}
+		if !bytes.Equal(buf[:n], data[off:end]) {
+			b.Fatalf("%s differs from its source at [%d, %d)", p, off, end)
+		}
+	}
+}
+
+// peerBenchRawPeer starts a TCP listener on loopback whose one accepted
+// connection is served by serve until it returns, and returns the client end
+// of that connection. The clean-up closes both and waits for serve.
+func peerBenchRawPeer(b *testing.B, serve func(net.Conn) error) net.Conn {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	mustNo(b, err)
+	served := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			served <- err
+			return
+		}
+		defer c.Close()
+		served <- serve(c)
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		ln.Close()
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		c.Close()
+		if err := <-served; err != nil && !errors.Is(err, io.EOF) {
+			b.Errorf("raw peer: %v", err)
+		}
+		ln.Close()
+	})
+	return c
+}
+
+// peerBenchRawSend sends data as one stream, after an 8-byte length, and
+// waits for the receiver's 8-byte acknowledgement.
+func peerBenchRawSend(b *testing.B, c net.Conn, data []byte) {
+	var hdr [8]byte
+	binary.BigEndian.PutUint64(hdr[:], uint64(len(data)))
+	if _, err := c.Write(hdr[:]); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := c.Write(data); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// peerBenchReadHeader reads the 8-byte length of peerBenchRawSend.
+func peerBenchReadHeader(c net.Conn) (int, error) {
+	var hdr [8]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return 0, err
+	}
+	n := binary.BigEndian.Uint64(hdr[:])
+	if n > peerBigSize {
+		return 0, fmt.Errorf("raw stream of %d bytes", n)
+	}
+	return int(n), nil
+}
