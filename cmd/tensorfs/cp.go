@@ -61,7 +61,8 @@ existing directory is an error, not a copy into it. A pull into a missing DST
 creates it as an empty file first (its directory must exist) and removes it
 again if the copy fails; so a directory pull needs DST to be an existing
 directory. The copy itself runs in the daemons: interrupting cp does not stop
-it (the destination ends up as the old tensor or the new one).
+it (the destination ends up as the old tensor or the new one; a DST that cp
+created stays, empty if the copy then fails).
 
 While the copy runs, cp reads user.tensorfs.stats on the mount's root every
 100 ms and draws a progress bar on stderr when stderr is a terminal (always
@@ -93,7 +94,6 @@ type cpEnd struct {
 	local  string // the path with symlinks resolved
 	mnt    string // its tensorfs mountpoint
 	exists bool
-	isDir  bool
 }
 
 // cpError is cp's one-line failure: "cp SRC DST: <errno text> (<detail>)".
@@ -137,13 +137,24 @@ func runCp(src, dst string, opt cpOptions, w io.Writer) error {
 	fail := func(err error, detail string, a ...any) error {
 		return &cpError{src: src, dst: dst, err: err, detail: fmt.Sprintf(detail, a...)}
 	}
-	s, err := parseCpEnd(src)
-	if err != nil {
-		return fail(err, "SRC: %s", cpDetail(err))
+	parse := func(name, arg string) (*cpEnd, error) {
+		e, err := parseCpEnd(arg)
+		if err != nil {
+			detail := name
+			if d := cpDetail(err); d != "" {
+				detail += ": " + d
+			}
+			return nil, fail(err, "%s", detail)
+		}
+		return e, nil
 	}
-	d, err := parseCpEnd(dst)
+	s, err := parse("SRC", src)
 	if err != nil {
-		return fail(err, "DST: %s", cpDetail(err))
+		return err
+	}
+	d, err := parse("DST", dst)
+	if err != nil {
+		return err
 	}
 	for _, e := range []struct {
 		name string
@@ -167,7 +178,7 @@ func runCp(src, dst string, opt cpOptions, w io.Writer) error {
 	case s.peer != "" && d.peer != "":
 		return fail(syscall.EINVAL, "both are peer paths; one side must be a path in a mounted tensorfs")
 	case s.peer == "" && d.peer == "" && s.mnt != d.mnt:
-		return fail(syscall.EXDEV, "SRC is in the tensorfs mount %s and DST in %s; name one side as a peer path NAME:/path", s.mnt, d.mnt)
+		return fail(syscall.EXDEV, "SRC and DST are in different tensorfs mounts, %s and %s; name one side as a peer path NAME:/path", s.mnt, d.mnt)
 	case s.peer == "":
 		if !s.exists {
 			return fail(syscall.ENOENT, "SRC %s does not exist", src)
@@ -193,11 +204,11 @@ func runCp(src, dst string, opt cpOptions, w io.Writer) error {
 				return fail(err, "the directory of DST, %s, does not exist", filepath.Dir(dst))
 			}
 			if err != nil {
-				return fail(err, "creating DST %s: %s", dst, cpDetail(err))
+				return fail(err, "creating DST %s", dst)
 			}
 			if err := f.Close(); err != nil {
 				os.Remove(d.local)
-				return fail(err, "creating DST %s: %s", dst, cpDetail(err))
+				return fail(err, "creating DST %s", dst)
 			}
 			createdDst = true
 		}
@@ -233,7 +244,7 @@ wait:
 			}
 			fmt.Fprintf(w, "tensorfs: cp %s %s: %v: cp stops watching, but the copy goes on in the daemon, which completes or fails it on its own (see %s on %s)\n",
 				src, dst, sig, xattrStats, job.mnt)
-			os.Exit(130)
+			os.Exit(128 + int(sig.(syscall.Signal)))
 		}
 	}
 	elapsed := time.Since(start)
@@ -299,10 +310,10 @@ func parseCpEnd(arg string) (*cpEnd, error) {
 	if e.local, err = resolveMissing(abs); err != nil {
 		return nil, err
 	}
-	fi, err := os.Stat(e.local)
+	_, err = os.Stat(e.local)
 	switch {
 	case err == nil:
-		e.exists, e.isDir = true, fi.IsDir()
+		e.exists = true
 	case !errors.Is(err, iofs.ErrNotExist):
 		return nil, err
 	}
@@ -480,6 +491,7 @@ func drawProgress(bar *progressbar.ProgressBar, rec *transfer.RecordReport, w io
 			progressbar.OptionSetWriter(w),
 			progressbar.OptionSetDescription(fmt.Sprintf("%d %s", rec.Tensors, plural(rec.Tensors, "tensor"))),
 			progressbar.OptionShowBytes(true),
+			progressbar.OptionShowCount(),
 			progressbar.OptionSetWidth(30),
 			progressbar.OptionThrottle(cpPoll),
 			progressbar.OptionClearOnFinish(),

@@ -1,0 +1,219 @@
+package tests
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// tcp runs `tensorfs cp` with args and returns its stdout and stderr apart:
+// cp promises to write only to stderr.
+func tcp(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var o, e bytes.Buffer
+	c := exec.Command(bin, append([]string{"cp"}, args...)...)
+	c.Stdout, c.Stderr = &o, &e
+	err = c.Run()
+	return o.String(), e.String(), err
+}
+
+// cpOK runs a cp that must succeed and print nothing on stdout.
+func cpOK(t *testing.T, args ...string) (stderr string) {
+	t.Helper()
+	out, errOut, err := tcp(t, args...)
+	require.NoError(t, err, "tensorfs cp %v: %s", args, errOut)
+	require.Empty(t, out, "stdout of cp %v", args)
+	return errOut
+}
+
+// cpFails runs a cp that must fail, with exactly one line on stderr that
+// names the command and contains each of want.
+func cpFails(t *testing.T, args []string, want ...string) string {
+	t.Helper()
+	out, errOut, err := tcp(t, args...)
+	require.Error(t, err, "tensorfs cp %v succeeded: %s", args, errOut)
+	require.Empty(t, out)
+	require.Equal(t, 1, strings.Count(errOut, "\n"), "one line: %q", errOut)
+	require.True(t, strings.HasPrefix(errOut, "tensorfs: cp "), errOut)
+	for _, w := range want {
+		require.Contains(t, errOut, w)
+	}
+	t.Logf("cp %v: %s", args, strings.TrimSpace(errOut))
+	return errOut
+}
+
+// sameFile requires the file at p to hold want (without a 64 MiB diff in the
+// failure message).
+func sameFile(t *testing.T, p string, want []byte) {
+	t.Helper()
+	got, err := os.ReadFile(p)
+	require.NoError(t, err)
+	require.Equal(t, len(want), len(got), "size of %s", p)
+	require.True(t, bytes.Equal(want, got), "bytes of %s", p)
+}
+
+// TestCpPush: cp of a 64 MiB tensor to a peer moves its bytes, dtype and
+// shape, and prints one summary line on stderr (nothing with --quiet, before
+// or after the arguments).
+func TestCpPush(t *testing.T) {
+	ds := cluster(t, []string{"a", "b"})
+	a, b := ds["a"], ds["b"]
+	mkTemplateDir(t, a.path("kv"), "F32", "4096,4096") // 64 MiB
+	data := fill(64<<20, 11)
+	require.NoError(t, os.WriteFile(a.path("kv/layer0"), data, 0o644))
+	require.NoError(t, os.Mkdir(b.path("kv"), 0o755))
+
+	errOut := cpOK(t, a.path("kv/layer0"), "b:/kv/layer0")
+	sameFile(t, b.path("kv/layer0"), data)
+	require.Equal(t, "F32", getx(t, b.path("kv/layer0"), "user.tensorfs.dtype"))
+	require.Equal(t, "4096,4096", getx(t, b.path("kv/layer0"), "user.tensorfs.shape"))
+	// Not a terminal: no bar, one summary line with the transfer's counts.
+	require.Equal(t, 1, strings.Count(errOut, "\n"), "%q", errOut)
+	require.Contains(t, errOut, "copied 1 tensor, 67,108,864 bytes (64 MiB)")
+	require.Regexp(t, `in [0-9.]+ s, [0-9.]+ [kMG]B/s\n$`, errOut)
+
+	// --progress draws the bar anyway; it ends cleared, before the summary.
+	errOut = cpOK(t, "--progress", a.path("kv/layer0"), "b:/kv/bar")
+	sameFile(t, b.path("kv/bar"), data)
+	require.Contains(t, errOut, "copied 1 tensor, 67,108,864 bytes")
+
+	for _, args := range [][]string{
+		{"-q", a.path("kv/layer0"), "b:/kv/q1"},
+		{a.path("kv/layer0"), "b:/kv/q2", "--quiet"},
+	} {
+		require.Empty(t, cpOK(t, args...), "%v", args)
+	}
+	sameFile(t, b.path("kv/q2"), data)
+	require.Equal(t, 4, b.stats().Copies["tcp"])
+
+	os.RemoveAll(a.path("kv"))
+	os.RemoveAll(b.path("kv"))
+	a.requireClean()
+	b.requireClean()
+}
+
+// TestCpPull: cp from a peer path replaces an existing file, creates a
+// missing one (its directory must exist), and leaves nothing behind when it
+// fails.
+func TestCpPull(t *testing.T) {
+	ds := cluster(t, []string{"a", "b"})
+	a, b := ds["a"], ds["b"]
+	mkTemplateDir(t, b.path("kv"), "BF16", "64,8")
+	data := fill(1024, 5)
+	require.NoError(t, os.WriteFile(b.path("kv/blk"), data, 0o644))
+
+	// Into an existing file, of another size.
+	require.NoError(t, os.WriteFile(a.path("old"), []byte("old bytes"), 0o644))
+	errOut := cpOK(t, "b:/kv/blk", a.path("old"))
+	sameFile(t, a.path("old"), data)
+	require.Equal(t, "BF16", getx(t, a.path("old"), "user.tensorfs.dtype"))
+	require.Contains(t, errOut, "copied 1 tensor, 1,024 bytes (1.0 KiB), from b:/kv/blk to "+a.path("old"))
+
+	// Into a missing file, named relative to the working directory.
+	require.NoError(t, os.Mkdir(a.path("in"), 0o755))
+	c := exec.Command(bin, "cp", "-q", "b:/kv/blk", "in/new")
+	c.Dir = a.mnt
+	out, err := c.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Empty(t, out)
+	sameFile(t, a.path("in/new"), data)
+	require.Equal(t, "64,8", getx(t, a.path("in/new"), "user.tensorfs.shape"))
+
+	// A missing source or a missing directory: nothing is created.
+	cpFails(t, []string{"b:/kv/missing", a.path("in/none")}, "No such file")
+	_, err = os.Stat(a.path("in/none"))
+	require.ErrorIs(t, err, os.ErrNotExist, "the empty DST cp made was removed")
+	cpFails(t, []string{"b:/kv/blk", a.path("nodir/x")}, "No such file", "does not exist")
+
+	for _, p := range []string{"old", "in"} {
+		require.NoError(t, os.RemoveAll(a.path(p)))
+	}
+	require.NoError(t, os.RemoveAll(b.path("kv")))
+	a.requireClean()
+	b.requireClean()
+}
+
+// TestCpDir: a directory tree goes to a peer and comes back with cp; a
+// directory pull into a missing DST fails with a hint and leaves nothing.
+func TestCpDir(t *testing.T) {
+	ds := cluster(t, []string{"a", "b"})
+	a, b := ds["a"], ds["b"]
+	mkTemplateDir(t, a.path("tree"), "I32", "16")
+	for i := 0; i < 30; i++ {
+		sub := a.path("tree", fmt.Sprintf("l%d", i%3))
+		os.Mkdir(sub, 0o755)
+		require.NoError(t, os.WriteFile(filepath.Join(sub, fmt.Sprint(i)), fill(64, byte(i)), 0o644))
+	}
+	errOut := cpOK(t, a.path("tree"), "b:/tree")
+	require.Contains(t, errOut, "copied 30 tensors, 1,920 bytes")
+	for i := 0; i < 30; i++ {
+		sameFile(t, b.path("tree", fmt.Sprintf("l%d", i%3), fmt.Sprint(i)), fill(64, byte(i)))
+	}
+
+	require.NoError(t, os.Mkdir(a.path("back"), 0o755))
+	errOut = cpOK(t, "b:/tree/", a.path("back")+"/")
+	require.Contains(t, errOut, "copied 30 tensors, 1,920 bytes")
+	sameFile(t, a.path("back/l2/29"), fill(64, 29))
+
+	cpFails(t, []string{"b:/tree", a.path("missing")}, "Not a directory", "DST must be an existing directory")
+	_, err := os.Stat(a.path("missing"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+
+	for _, p := range []string{"tree", "back"} {
+		require.NoError(t, os.RemoveAll(a.path(p)))
+	}
+	require.NoError(t, os.RemoveAll(b.path("tree")))
+	a.requireClean()
+	b.requireClean()
+}
+
+// TestCpLocal: both sides in one mount is a local copy (device to device,
+// counted as local); a copy onto itself is refused.
+func TestCpLocal(t *testing.T) {
+	ds := cluster(t, []string{"a", "b"})
+	a, b := ds["a"], ds["b"]
+	mkTemplateDir(t, a.path("w"), "U8", "4096")
+	require.NoError(t, os.WriteFile(a.path("w/x"), fill(4096, 2), 0o644))
+	errOut := cpOK(t, a.path("w/x"), a.path("w/y"))
+	sameFile(t, a.path("w/y"), fill(4096, 2))
+	require.Contains(t, errOut, "copied 1 tensor, 4,096 bytes")
+	cpOK(t, "-q", a.path("w"), a.path("w2"))
+	sameFile(t, a.path("w2/y"), fill(4096, 2))
+	require.Equal(t, 2, a.stats().Copies["local"])
+	require.Zero(t, b.stats().Copies["tcp"])
+
+	cpFails(t, []string{a.path("w/x"), a.path("w/x")}, "Invalid argument")
+
+	for _, p := range []string{"w", "w2"} {
+		require.NoError(t, os.RemoveAll(a.path(p)))
+	}
+	a.requireClean()
+	b.requireClean()
+}
+
+// TestCpErrors: each failure is a non-zero exit and one line with the
+// errno's text and, where the daemon has one, its reason.
+func TestCpErrors(t *testing.T) {
+	ds := cluster(t, []string{"a", "b"})
+	a, b := ds["a"], ds["b"]
+	require.NoError(t, os.WriteFile(a.path("t"), fill(100, 1), 0o644))
+
+	cpFails(t, []string{a.path("t"), "nobody:/t"}, "No such file", `unknown peer "nobody"`)
+	cpFails(t, []string{"a:/t", "b:/t"}, "Invalid argument", "both are peer paths")
+	cpFails(t, []string{a.path("missing"), "b:/t"}, "No such file", "SRC "+a.path("missing")+" does not exist")
+	cpFails(t, []string{t.TempDir(), "b:/t"}, "not in a mounted tensorfs")
+	cpFails(t, []string{a.path("t"), "b:t"}, "Invalid argument", "not absolute")
+	cpFails(t, []string{a.path("t"), b.path("t")}, "different", "peer path")
+	_, err := os.Stat(b.path("t"))
+	require.ErrorIs(t, err, os.ErrNotExist, "nothing arrived")
+
+	require.NoError(t, os.Remove(a.path("t")))
+	a.requireClean()
+	b.requireClean()
+}
