@@ -273,6 +273,47 @@ func TestGPUSecondDevice(t *testing.T) {
 	d.requireClean()
 }
 
+// TestGPUCopiesAcrossDevices: copy_to and copy_from inside one daemon between
+// cuda:0, cuda:1 and host go device to device (peer access between GPUs), and
+// a push between two daemons on GPUs goes over TCP through pinned staging.
+func TestGPUCopiesAcrossDevices(t *testing.T) {
+	if n := requireGPU(t); n < 2 {
+		t.Skipf("only %d GPU: copies across GPUs need two", n)
+	}
+	ds := cluster(t, []string{"a", "b"}, "--device", "cuda:0")
+	a, b := ds["a"], ds["b"]
+	for _, dev := range []string{"cuda:1", "host"} {
+		dir := a.path("on-" + strings.ReplaceAll(dev, ":", ""))
+		require.NoError(t, os.Mkdir(dir, 0o755))
+		setx(t, dir, "user.tensorfs.device", dev)
+	}
+	src := a.path("src")
+	data := gpuPattern(6<<20+123, 9) // spans several arenas' worth, odd size
+	require.NoError(t, os.WriteFile(src, data, 0o644))
+	require.Equal(t, "cuda:0", getx(t, src, "user.tensorfs.device"))
+	setx(t, src, "user.tensorfs.copy_to", "/on-cuda1/x")
+	setx(t, src, "user.tensorfs.copy_to", "/on-host/x")
+	require.NoError(t, os.WriteFile(a.path("back"), nil, 0o644))
+	setx(t, a.path("back"), "user.tensorfs.copy_from", "/on-cuda1/x")
+	setx(t, src, "user.tensorfs.copy_to", "b:/x")
+	for p, dev := range map[string]string{
+		a.path("on-cuda1/x"): "cuda:1", a.path("on-host/x"): "host", a.path("back"): "cuda:0", b.path("x"): "cuda:0",
+	} {
+		require.Equal(t, dev, getx(t, p, "user.tensorfs.device"), p)
+		got, err := os.ReadFile(p)
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(data, got), "%s: bytes differ", p)
+	}
+	require.Equal(t, 3, a.stats().Copies["local"])
+	require.Equal(t, 1, a.stats().Copies["tcp"])
+	for _, p := range []string{"src", "back", "on-cuda1", "on-host"} {
+		require.NoError(t, os.RemoveAll(a.path(p)))
+	}
+	require.NoError(t, os.Remove(b.path("x")))
+	a.requireClean()
+	b.requireClean()
+}
+
 // pyClient is the Python client; $TENSORFS_PY_CLIENT overrides it for runs
 // of a prebuilt test binary outside the source tree.
 func pyClient() string {
