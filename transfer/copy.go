@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -57,10 +58,17 @@ func (s *Service) send(ctx context.Context, peer, remotePath string, srcs []Sour
 		err error
 	}
 	res := make(chan result, 1)
+	var sent atomic.Bool // the data is out: silence now counts against the timeout
 	c.c.SetReadDeadline(time.Time{})
 	go func() {
 		var r reply
 		typ, p, err := readFrame(c.r, nil, c.max)
+		for err == nil && typ == frameKeepalive {
+			if sent.Load() {
+				c.c.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
+			}
+			typ, p, err = readFrame(c.r, nil, c.max)
+		}
 		switch {
 		case err != nil:
 			res <- result{err: netErr(err)}
@@ -96,6 +104,7 @@ func (s *Service) send(ctx context.Context, peer, remotePath string, srcs []Sour
 			c.c.Close()
 			return 0, err
 		}
+		sent.Store(true)
 		c.c.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
 		r := <-res
 		if r.err != nil {
@@ -164,7 +173,11 @@ func (s *Service) servePut(c *conn, req request) error {
 		total += m.NBytes
 	}
 	rec, end := s.Track(c.peer, req.Path, "tcp", total, int64(len(req.Tensors)))
-	dest, err := s.local.Put(req.Path, req.Dir, req.Tensors)
+	var dest Dest
+	err := c.whileSilent(func() (err error) {
+		dest, err = s.local.Put(req.Path, req.Dir, req.Tensors)
+		return err
+	})
 	if err != nil {
 		end(err)
 		c.sendError(err)
@@ -186,7 +199,11 @@ func (s *Service) servePut(c *conn, req request) error {
 		}
 		return err
 	}
-	n, err := dest.Commit()
+	var n int
+	err = c.whileSilent(func() (err error) {
+		n, err = dest.Commit()
+		return err
+	})
 	end(err)
 	if err != nil {
 		c.sendError(&Error{Errno: Errno(err), Msg: err.Error(), Copied: n})

@@ -27,6 +27,10 @@ const (
 	frameRequest   byte = 6 // client -> server: a JSON request
 	frameData      byte = 7 // either way: one chunk of one tensor
 	frameDone      byte = 8 // either way: the end of a data stream (JSON summary)
+	// frameKeepalive says "still working" while a node prepares or commits a
+	// large copy with nothing else to send, so that the peer's timeout
+	// measures silence, not work. Receivers skip it.
+	frameKeepalive byte = 9
 )
 
 // MaxFrame is the largest frame a node accepts (type byte and payload), in
@@ -70,7 +74,7 @@ func readFrame(r io.Reader, buf []byte, max uint32) (typ byte, payload []byte, e
 		return 0, nil, fmt.Errorf("frame length %d: %w", n, ErrFrame)
 	}
 	typ = hdr[4]
-	if typ < frameHello || typ > frameDone {
+	if typ < frameHello || typ > frameKeepalive {
 		return 0, nil, fmt.Errorf("frame type %d: %w", typ, ErrFrame)
 	}
 	if cap(buf) < int(n-1) {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // memTensor is one tensor of a memLocal: its metadata (Rel unused) and bytes.
@@ -36,6 +37,8 @@ type memLocal struct {
 	// large transfers where only the outcome matters. A committed sink
 	// tensor holds no data (nil) but its Meta.
 	sink bool
+	// commitDelay makes every Commit take this long (a large tree's renames).
+	commitDelay time.Duration
 
 	// Hooks, called without mu held.
 	onWrite func(i int, off int64, n int) error // before each Dest.WriteAt
@@ -370,6 +373,7 @@ func (d *memDest) Commit() (int, error) {
 	if !d.finish("Commit") {
 		return 0, syscall.EBADF
 	}
+	time.Sleep(d.l.commitDelay)
 	for i, m := range d.metas {
 		if msg := coverage(d.written[i], m.NBytes); msg != "" {
 			d.l.noteMisuse(fmt.Sprintf("hole: Commit of %s: %s", d.paths[i], msg))

@@ -253,17 +253,44 @@ func (c *conn) sendJSON(typ byte, v any) error {
 	return c.flush()
 }
 
+// recv reads the next frame that is not a keepalive; each frame, keepalives
+// included, must come within the timeout.
 func (c *conn) recv() (byte, []byte, error) {
-	c.c.SetReadDeadline(time.Now().Add(c.timeout))
 	max := c.max
 	if max == 0 {
 		max = maxHandshakeFrame
 	}
-	typ, p, err := readFrame(c.r, c.buf, max)
-	if err == nil && cap(p) > cap(c.buf) {
-		c.buf = p[:0]
+	for {
+		c.c.SetReadDeadline(time.Now().Add(c.timeout))
+		typ, p, err := readFrame(c.r, c.buf, max)
+		if err == nil && cap(p) > cap(c.buf) {
+			c.buf = p[:0]
+		}
+		if err == nil && typ == frameKeepalive {
+			continue
+		}
+		return typ, p, err
 	}
-	return typ, p, err
+}
+
+// whileSilent runs fn, sending keepalive frames every third of the timeout
+// until it returns, so the peer does not time out on work that is long but
+// alive (preparing or committing a tree of thousands of tensors).
+func (c *conn) whileSilent(fn func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	tick := time.NewTicker(c.timeout / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-tick.C:
+			if c.send(frameKeepalive, nil) == nil {
+				c.flush()
+			}
+		}
+	}
 }
 
 // recvJSON reads a frame of type want into v; an error frame becomes *Error.

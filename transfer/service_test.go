@@ -1521,3 +1521,19 @@ func TestIdleClientDropped(t *testing.T) {
 	expectClosed(t, c, 3*time.Second)
 	close(stop)
 }
+
+// TestLongCommitKeepsAlive: a destination whose commit takes longer than the
+// timeout (thousands of renames under load) keeps the sender waiting with
+// keepalives instead of failing it with ETIMEDOUT.
+func TestLongCommitKeepsAlive(t *testing.T) {
+	b := newMemLocal()
+	b.commitDelay = 1500 * time.Millisecond
+	short := func(c *Config) { c.Timeout = 500 * time.Millisecond }
+	srv := startServer(t, "b", b, testSecret, short)
+	a := newMemLocal()
+	a.put("/x", []byte("payload"))
+	cli := newClient(t, "a", a, testSecret, map[string]string{"b": addrOf(srv)}, short)
+	n, err := push(context.Background(), cli, a, "/x", "b", "/x")
+	require.NoError(t, err, "a commit longer than the timeout is not silence")
+	require.Equal(t, 1, n)
+}
