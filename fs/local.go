@@ -100,6 +100,13 @@ func (s *fileSource) Meta() transfer.Meta                     { return s.meta }
 func (s *fileSource) ReadAt(p []byte, off int64) (int, error) { return s.t.ReadAt(p, off) }
 func (s *fileSource) Close()                                  { s.h.Close() }
 
+// Export implements transfer.Exporter: a peer of this host reads the
+// tensor's memfd in place while the pin and lease are held.
+func (s *fileSource) Export(holder string) (transfer.IPCDesc, func(), bool) {
+	h, off, release, ok := s.t.PinExport(holder)
+	return transfer.IPCDesc{Handle: h, Offset: off}, release, ok
+}
+
 func openSource(f *File, rel string) (*fileSource, error) {
 	h, err := f.t.Open("copy")
 	if err != nil {

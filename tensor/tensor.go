@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -534,4 +535,29 @@ func (t *Tensor) CopyFrom(src *Tensor) error {
 		return nil
 	}
 	return gpu.Copy(t.alloc.buf, 0, src.alloc.buf, 0, src.size)
+}
+
+// PinExport lets a peer daemon of this host read the tensor's memory in
+// place: it pins the current allocation's MR (so the memory outlives a
+// reallocation or an unlink meanwhile) and takes an IPC lease for holder,
+// until release is called. ok is false when the tensor has no allocation or
+// its handle is not a host memfd (CUDA handles need the importer's driver
+// work, not built yet).
+func (t *Tensor) PinExport(holder string) (handle string, offset int64, release func(), ok bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	a := t.alloc
+	if a == nil || t.released || !strings.HasPrefix(a.export.Handle, "memfd:") {
+		return "", 0, nil, false
+	}
+	unpin, err := t.s.MRs.Pin(a.region.ID)
+	if err != nil {
+		return "", 0, nil, false
+	}
+	lease, err := t.s.IPC.Lease(a.export.ID, holder)
+	if err != nil {
+		unpin()
+		return "", 0, nil, false
+	}
+	return a.export.Handle, a.export.Offset, func() { lease.Release(); unpin() }, true
 }

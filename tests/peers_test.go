@@ -364,3 +364,48 @@ func TestBatch(t *testing.T) {
 	}
 	a.requireClean()
 }
+
+// TestPeerIPCSameHost: two daemons with the same host id copy host tensors
+// through the exporter's memfd (path "ipc"): no tensor bytes on the socket.
+// Push, pull and a tree; the exporter's pins and leases end with the copy.
+func TestPeerIPCSameHost(t *testing.T) {
+	pa, pb := freePort(t), freePort(t)
+	secret := secretFile(t, "a shared secret of enough bytes")
+	common := []string{"--secret-file", secret, "--host-id", "one-host", "--timeout", "3s"}
+	a := startDaemon(t, append([]string{"--name", "a", "--listen", fmt.Sprintf("127.0.0.1:%d", pa), "--peer", fmt.Sprintf("b=127.0.0.1:%d", pb)}, common...)...)
+	b := startDaemon(t, append([]string{"--name", "b", "--listen", fmt.Sprintf("127.0.0.1:%d", pb), "--peer", fmt.Sprintf("a=127.0.0.1:%d", pa)}, common...)...)
+	data := fill(3<<20+17, 4)
+	require.NoError(t, os.WriteFile(a.path("t"), data, 0o644))
+	setx(t, a.path("t"), "user.tensorfs.copy_to", "b:/t")
+	got, err := os.ReadFile(b.path("t"))
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(data, got))
+
+	require.NoError(t, os.WriteFile(b.path("u"), fill(5000, 8), 0o644))
+	require.NoError(t, os.WriteFile(a.path("u"), nil, 0o644))
+	setx(t, a.path("u"), "user.tensorfs.copy_from", "b:/u")
+	got, err = os.ReadFile(a.path("u"))
+	require.NoError(t, err)
+	require.Equal(t, fill(5000, 8), got)
+
+	mkTemplateDir(t, a.path("tree"), "F16", "64")
+	for i := 0; i < 50; i++ {
+		require.NoError(t, os.WriteFile(a.path("tree", fmt.Sprint(i)), fill(128, byte(i)), 0o644))
+	}
+	setx(t, a.path("tree"), "user.tensorfs.copy_to", "b:/tree")
+	got, err = os.ReadFile(b.path("tree/42"))
+	require.NoError(t, err)
+	require.Equal(t, fill(128, 42), got)
+
+	sa, sb := a.stats(), b.stats()
+	require.Equal(t, 3, sa.Copies["ipc"], "%v", sa.Copies)
+	require.Zero(t, sa.Copies["tcp"], "%v", sa.Copies)
+	require.Equal(t, 3, sb.Copies["ipc"], "%v", sb.Copies)
+	require.Zero(t, sa.Live.Pins, "pins end with the copy")
+	for _, d := range []*daemon{a, b} {
+		os.Remove(d.path("t"))
+		os.Remove(d.path("u"))
+		os.RemoveAll(d.path("tree"))
+		d.requireClean()
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"os"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -15,6 +16,9 @@ import (
 // directory) to remotePath on peer, and returns how many tensors were put in
 // place. It returns when the peer has committed them all, or with an error
 // carrying an errno (see dial; EIO for a broken stream or a CRC mismatch).
+// A peer on the same host (same host id) copies from this daemon's exported
+// memory directly (path "ipc"), when every source is exported host memory;
+// anything else goes over TCP.
 //
 // The caller keeps ownership of srcs (Send does not close them).
 func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Source, isDir bool, src string) (int, error) {
@@ -28,20 +32,48 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 		metas[i] = sc.Meta()
 		total += metas[i].NBytes
 	}
-	rec, end := s.Track(src, peer+":"+remotePath, "tcp", total, int64(len(srcs)))
-	n, err := s.send(ctx, peer, remotePath, srcs, metas, isDir, rec)
-	end(err)
-	return n, err
-}
-
-func (s *Service) send(ctx context.Context, peer, remotePath string, srcs []Source, metas []Meta, isDir bool, rec *Record) (int, error) {
 	c, err := s.dial(ctx, peer)
 	if err != nil {
+		_, end := s.Track(src, peer+":"+remotePath, "tcp", total, int64(len(srcs)))
+		end(err)
 		return 0, err
 	}
 	defer c.c.Close()
 	stop := context.AfterFunc(ctx, func() { c.c.Close() })
 	defer stop()
+	if s.sameHost(c) {
+		if descs, release, ok := exports(srcs, "peer "+peer); ok {
+			rec, end := s.Track(src, peer+":"+remotePath, "ipc", total, int64(len(srcs)))
+			err := c.sendJSON(frameRequest, request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, IPC: descs})
+			var r reply
+			if err == nil {
+				err = c.recvJSON(frameOK, &r)
+			} else {
+				err = netErr(err)
+			}
+			release()
+			if !errors.Is(err, syscall.EXDEV) {
+				if err == nil {
+					rec.BytesDone.Store(total)
+				}
+				end(err)
+				return r.Copied, err
+			}
+			end(err) // the peer cannot reach this daemon's memory: TCP then
+		}
+	}
+	rec, end := s.Track(src, peer+":"+remotePath, "tcp", total, int64(len(srcs)))
+	n, err := s.send(c, remotePath, srcs, metas, isDir, rec)
+	end(err)
+	return n, err
+}
+
+// sameHost reports whether the peer of c runs on this host.
+func (s *Service) sameHost(c *conn) bool {
+	return s.cfg.HostID != "" && c.hostID == s.cfg.HostID
+}
+
+func (s *Service) send(c *conn, remotePath string, srcs []Source, metas []Meta, isDir bool, rec *Record) (int, error) {
 	if err := c.sendJSON(frameRequest, request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas}); err != nil {
 		return 0, netErr(err)
 	}
@@ -118,48 +150,91 @@ func (s *Service) send(ctx context.Context, peer, remotePath string, srcs []Sour
 // gets their metadata (and whether remotePath is a directory) and returns
 // where to write them; Receive commits the Dest when every byte has arrived
 // intact, and aborts it otherwise. It returns how many tensors were placed.
+// From a peer on the same host it reads the peer's exported memory directly
+// (path "ipc") when the peer offers it.
 func (s *Service) Receive(ctx context.Context, peer, remotePath, dst string, prepare func(isDir bool, metas []Meta) (Dest, error)) (int, error) {
 	remotePath, err := CleanPath(remotePath)
 	if err != nil {
 		return 0, err
 	}
-	rec, end := s.Track(peer+":"+remotePath, dst, "tcp", 0, 0)
-	n, err := s.receive(ctx, peer, remotePath, prepare, rec)
-	end(err)
-	return n, err
-}
-
-func (s *Service) receive(ctx context.Context, peer, remotePath string, prepare func(bool, []Meta) (Dest, error), rec *Record) (int, error) {
 	c, err := s.dial(ctx, peer)
 	if err != nil {
+		_, end := s.Track(peer+":"+remotePath, dst, "tcp", 0, 0)
+		end(err)
 		return 0, err
 	}
 	defer c.c.Close()
 	stop := context.AfterFunc(ctx, func() { c.c.Close() })
 	defer stop()
-	if err := c.sendJSON(frameRequest, request{Op: "get", Path: remotePath}); err != nil {
-		return 0, netErr(err)
+	ipcOK := s.sameHost(c)
+	for {
+		n, retry, err := s.receive(c, peer, remotePath, dst, prepare, ipcOK)
+		if retry {
+			ipcOK = false // the peer's memory is out of reach: ask again over TCP
+			continue
+		}
+		return n, err
+	}
+}
+
+// receive runs one get on c; retry says the IPC copy could not start and the
+// request should be made again without it.
+func (s *Service) receive(c *conn, peer, remotePath, dst string, prepare func(bool, []Meta) (Dest, error), ipcOK bool) (n int, retry bool, err error) {
+	if err := c.sendJSON(frameRequest, request{Op: "get", Path: remotePath, IPCOK: ipcOK}); err != nil {
+		return 0, false, netErr(err)
 	}
 	var r reply
 	if err := c.recvJSON(frameOK, &r); err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	if err := checkMetas(r.Tensors, r.Dir); err != nil {
-		return 0, err
+	path := "tcp"
+	if len(r.IPC) > 0 {
+		path = "ipc"
 	}
+	var total int64
 	for _, m := range r.Tensors {
-		rec.BytesTotal.Add(m.NBytes)
+		total += m.NBytes
 	}
-	rec.Tensors.Store(int64(len(r.Tensors)))
+	rec, end := s.Track(peer+":"+remotePath, dst, path, total, int64(len(r.Tensors)))
+	defer func() { end(err) }()
+	if err := checkMetas(r.Tensors, r.Dir); err != nil {
+		return 0, false, err
+	}
+	if path == "ipc" && len(r.IPC) != len(r.Tensors) {
+		return 0, false, &Error{Errno: syscall.EPROTO, Msg: "ipc descriptors do not match the tensors"}
+	}
+	var files []*os.File
+	if path == "ipc" {
+		if files, err = openExports(r.IPC); err != nil {
+			// Tell the peer to release its pins, then ask again over TCP.
+			c.sendError(&Error{Errno: syscall.EXDEV, Msg: err.Error()})
+			return 0, true, nil
+		}
+		defer closeFiles(files)
+	}
 	dest, err := prepare(r.Dir, r.Tensors)
 	if err != nil {
-		return 0, err
+		if path == "ipc" {
+			c.sendError(err)
+		}
+		return 0, false, err
 	}
-	if err := s.recvTensors(c, dest, r.Tensors, rec); err != nil {
+	if path == "ipc" {
+		err = c.whileSilent(func() error { return copyExports(files, r.IPC, r.Tensors, dest, s.cfg.ChunkSize, rec) })
+		if err != nil {
+			c.sendError(err)
+		} else {
+			err = c.sendJSON(frameDone, doneMsg{})
+		}
+	} else {
+		err = s.recvTensors(c, dest, r.Tensors, rec)
+	}
+	if err != nil {
 		dest.Abort()
-		return 0, err
+		return 0, false, err
 	}
-	return dest.Commit()
+	n, err = dest.Commit()
+	return n, false, err
 }
 
 // servePut receives a copy into this node.
@@ -173,6 +248,9 @@ func (s *Service) servePut(c *conn, req request) error {
 		total += m.NBytes
 	}
 	rec, end := s.Track(c.peer, req.Path, "tcp", total, int64(len(req.Tensors)))
+	if len(req.IPC) > 0 {
+		return s.servePutIPC(c, req)
+	}
 	var dest Dest
 	err := c.whileSilent(func() (err error) {
 		dest, err = s.local.Put(req.Path, req.Dir, req.Tensors)
@@ -212,6 +290,48 @@ func (s *Service) servePut(c *conn, req request) error {
 	return c.sendJSON(frameOK, reply{Copied: n})
 }
 
+// servePutIPC receives a copy from a daemon of this host by reading its
+// exported memory; EXDEV when that memory is out of reach (the client then
+// sends the bytes over TCP).
+func (s *Service) servePutIPC(c *conn, req request) error {
+	if !s.sameHost(c) || len(req.IPC) != len(req.Tensors) {
+		err := &Error{Errno: syscall.EXDEV, Msg: "not a daemon of this host"}
+		c.sendError(err)
+		return err
+	}
+	files, err := openExports(req.IPC)
+	if err != nil {
+		err := &Error{Errno: syscall.EXDEV, Msg: err.Error()}
+		c.sendError(err)
+		return err
+	}
+	defer closeFiles(files)
+	var total int64
+	for _, m := range req.Tensors {
+		total += m.NBytes
+	}
+	rec, end := s.Track(c.peer, req.Path, "ipc", total, int64(len(req.Tensors)))
+	var n int
+	err = c.whileSilent(func() error {
+		dest, err := s.local.Put(req.Path, req.Dir, req.Tensors)
+		if err != nil {
+			return err
+		}
+		if err := copyExports(files, req.IPC, req.Tensors, dest, s.cfg.ChunkSize, rec); err != nil {
+			dest.Abort()
+			return err
+		}
+		n, err = dest.Commit()
+		return err
+	})
+	end(err)
+	if err != nil {
+		c.sendError(&Error{Errno: Errno(err), Msg: err.Error(), Copied: n})
+		return err
+	}
+	return c.sendJSON(frameOK, reply{Copied: n})
+}
+
 // serveGet sends the tensors at a path of this node.
 func (s *Service) serveGet(c *conn, req request) error {
 	srcs, isDir, err := s.local.Get(req.Path)
@@ -229,6 +349,28 @@ func (s *Service) serveGet(c *conn, req request) error {
 	for i, sc := range srcs {
 		metas[i] = sc.Meta()
 		total += metas[i].NBytes
+	}
+	if req.IPCOK && s.sameHost(c) {
+		if descs, release, ok := exports(srcs, "peer "+c.peer); ok {
+			// The client reads our memory while we hold the pins and
+			// leases, until it says done (or fails).
+			defer release()
+			rec, end := s.Track(req.Path, c.peer, "ipc", total, int64(len(srcs)))
+			if err := c.sendJSON(frameOK, reply{Dir: isDir, Tensors: metas, IPC: descs}); err != nil {
+				end(err)
+				return netErr(err)
+			}
+			err := c.recvJSON(frameDone, nil)
+			if err == nil {
+				rec.BytesDone.Store(total)
+			}
+			end(err)
+			var te *Error
+			if errors.As(err, &te) && !te.broken {
+				return nil // the client's own failure; the connection is fine
+			}
+			return err
+		}
 	}
 	rec, end := s.Track(req.Path, c.peer, "tcp", total, int64(len(srcs)))
 	if err := c.sendJSON(frameOK, reply{Dir: isDir, Tensors: metas}); err != nil {

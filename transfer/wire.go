@@ -67,13 +67,27 @@ type request struct {
 	// Dir says the put's source is a directory tree (Path names a directory).
 	Dir     bool   `json:"dir,omitempty"`
 	Tensors []Meta `json:"tensors,omitempty"`
+	// IPC, on a put between daemons of one host, gives the exported memory
+	// of each tensor: the server copies from it and no bytes cross the
+	// socket. On a get, IPCOK asks the server for the same.
+	IPC   []IPCDesc `json:"ipc,omitempty"`
+	IPCOK bool      `json:"ipc_ok,omitempty"`
+}
+
+// IPCDesc is where a tensor's bytes are in another process of this host.
+type IPCDesc struct {
+	// Handle is the export's handle ("memfd:/proc/PID/fd/N").
+	Handle string `json:"handle"`
+	// Offset is the tensor's first byte in the exported allocation.
+	Offset int64 `json:"offset"`
 }
 
 // reply is a frameOK payload.
 type reply struct {
-	Dir     bool   `json:"dir,omitempty"`
-	Tensors []Meta `json:"tensors,omitempty"`
-	Copied  int    `json:"copied,omitempty"`
+	Dir     bool      `json:"dir,omitempty"`
+	Tensors []Meta    `json:"tensors,omitempty"`
+	Copied  int       `json:"copied,omitempty"`
+	IPC     []IPCDesc `json:"ipc,omitempty"`
 }
 
 // doneMsg ends a data stream.
@@ -117,6 +131,7 @@ var errnoNames = map[string]syscall.Errno{
 	"EPROTO": syscall.EPROTO, "ETIMEDOUT": syscall.ETIMEDOUT, "EBUSY": syscall.EBUSY,
 	"EPERM": syscall.EPERM, "ENAMETOOLONG": syscall.ENAMETOOLONG, "ESTALE": syscall.ESTALE,
 	"ENOTEMPTY": syscall.ENOTEMPTY, "ECONNREFUSED": syscall.ECONNREFUSED,
+	"EXDEV": syscall.EXDEV, "EHOSTUNREACH": syscall.EHOSTUNREACH,
 }
 
 func errnoName(e syscall.Errno) string {
