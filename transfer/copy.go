@@ -385,26 +385,61 @@ func (s *Service) serveGet(c *conn, req request) error {
 // sendTensors streams every source in chunks (pipelined: no per-chunk
 // acknowledgement; TCP's window keeps the pipe full), then a done frame.
 func (s *Service) sendTensors(c *conn, srcs []Source, rec *Record) error {
-	buf := make([]byte, dataHeaderLen+s.cfg.ChunkSize)
-	var chunks int64
-	for i, sc := range srcs {
-		size := sc.Meta().NBytes
-		for off := int64(0); off < size; {
-			n := min(int64(s.cfg.ChunkSize), size-off)
-			data := buf[dataHeaderLen : dataHeaderLen+n]
-			if _, err := sc.ReadAt(data, off); err != nil {
-				err = fmt.Errorf("read %s at %d: %w", sc.Meta().Rel, off, err)
-				c.sendError(err)
-				return err
-			}
-			putChunkHeader(buf, chunkHeader{index: uint32(i), offset: off, crc: crc32.Checksum(data, crcTable)})
-			if err := c.send(frameData, buf[:dataHeaderLen+n]); err != nil {
-				return netErr(err)
-			}
-			off += n
-			chunks++
-			rec.BytesDone.Add(n)
+	// A reader goroutine fills chunks (device to host for GPU tensors, and
+	// the CRC) while this one writes the previous ones to the socket: three
+	// buffers keep both busy.
+	type chunk struct {
+		buf []byte
+		err error
+	}
+	free := make(chan []byte, 3)
+	for range cap(free) {
+		free <- make([]byte, dataHeaderLen+s.cfg.ChunkSize)
+	}
+	full := make(chan chunk, cap(free)+1) // room for an error after every buffer
+	stop := make(chan struct{})
+	defer func() {
+		// Stop the reader and wait for it: the caller closes the sources
+		// when this returns.
+		close(stop)
+		for range full {
 		}
+	}()
+	go func() {
+		defer close(full)
+		for i, sc := range srcs {
+			size := sc.Meta().NBytes
+			for off := int64(0); off < size; {
+				var buf []byte
+				select {
+				case buf = <-free:
+				case <-stop:
+					return
+				}
+				n := min(int64(s.cfg.ChunkSize), size-off)
+				data := buf[dataHeaderLen : dataHeaderLen+n]
+				if _, err := sc.ReadAt(data, off); err != nil {
+					full <- chunk{err: fmt.Errorf("read %s at %d: %w", sc.Meta().Rel, off, err)}
+					return
+				}
+				putChunkHeader(buf, chunkHeader{index: uint32(i), offset: off, crc: crc32.Checksum(data, crcTable)})
+				full <- chunk{buf: buf[:dataHeaderLen+n]}
+				off += n
+			}
+		}
+	}()
+	var chunks int64
+	for ch := range full {
+		if ch.err != nil {
+			c.sendError(ch.err)
+			return ch.err
+		}
+		if err := c.send(frameData, ch.buf); err != nil {
+			return netErr(err)
+		}
+		chunks++
+		rec.BytesDone.Add(int64(len(ch.buf) - dataHeaderLen))
+		free <- ch.buf[:cap(ch.buf)]
 	}
 	if err := c.sendJSON(frameDone, doneMsg{Chunks: chunks}); err != nil {
 		return netErr(err)
