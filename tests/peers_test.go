@@ -409,3 +409,45 @@ func TestPeerIPCSameHost(t *testing.T) {
 		d.requireClean()
 	}
 }
+
+// TestPeerSourceUnlinkedDuringCopy: a source unlinked while its push runs is
+// copied from the still-open data, and its memory is freed after.
+func TestPeerSourceUnlinkedDuringCopy(t *testing.T) {
+	ds := cluster(t, []string{"a", "b"})
+	a, b := ds["a"], ds["b"]
+	src := a.path("big")
+	require.NoError(t, os.WriteFile(src, nil, 0o644))
+	require.NoError(t, os.Truncate(src, 512<<20))
+	f, err := os.OpenFile(src, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte("head"), 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte("tail"), 512<<20-4)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	done := make(chan error, 1)
+	go func() { done <- unix.Setxattr(src, "user.tensorfs.copy_to", []byte("b:/big"), 0) }()
+	require.Eventually(t, func() bool {
+		for _, r := range a.stats().Transfers.Recent {
+			if strings.Contains(string(r), `"dst":"b:/big"`) && !strings.Contains(string(r), `"bytes_done":0,`) {
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, time.Millisecond)
+	require.NoError(t, os.Remove(src))
+	require.NoError(t, <-done, "the copy completes from the still-open data")
+	g, err := os.Open(b.path("big"))
+	require.NoError(t, err)
+	buf := make([]byte, 4)
+	_, err = g.ReadAt(buf, 0)
+	require.NoError(t, err)
+	require.Equal(t, "head", string(buf))
+	_, err = g.ReadAt(buf, 512<<20-4)
+	require.NoError(t, err)
+	require.Equal(t, "tail", string(buf))
+	require.NoError(t, g.Close())
+	require.NoError(t, os.Remove(b.path("big")))
+	a.requireClean()
+	b.requireClean()
+}
