@@ -28,6 +28,7 @@ type Dir struct {
 
 	mu      sync.Mutex
 	entries map[string]*gofs.Inode
+	subdirs int // entries that are directories, for nlink without a scan
 
 	tmplMu sync.Mutex
 	tmpl   tensor.Template
@@ -84,11 +85,7 @@ func (d *Dir) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut)
 	out.Nlink = 2
 	out.Size = blockSize
 	d.mu.Lock()
-	for _, c := range d.entries {
-		if c.IsDir() {
-			out.Nlink++
-		}
-	}
+	out.Nlink += uint32(d.subdirs)
 	d.mu.Unlock()
 	return 0
 }
@@ -156,16 +153,30 @@ func (d *Dir) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if !sub.empty() {
 		return syscall.ENOTEMPTY
 	}
-	delete(d.entries, name)
+	d.delEntry(name)
 	return 0
 }
 
-// setEntry adds an entry; d.mu is held.
+// setEntry adds or replaces an entry; d.mu is held.
 func (d *Dir) setEntry(name string, in *gofs.Inode) {
 	if d.entries == nil {
 		d.entries = map[string]*gofs.Inode{}
 	}
+	d.delEntry(name)
 	d.entries[name] = in
+	if in.IsDir() {
+		d.subdirs++
+	}
+}
+
+// delEntry removes an entry if present; d.mu is held.
+func (d *Dir) delEntry(name string) {
+	if old, ok := d.entries[name]; ok {
+		if old.IsDir() {
+			d.subdirs--
+		}
+		delete(d.entries, name)
+	}
 }
 
 // Readdir implements gofs.NodeReaddirer from the directory's own entries,
@@ -195,7 +206,7 @@ func (d *Dir) Unlink(ctx context.Context, name string) syscall.Errno {
 		d.mu.Unlock()
 		return syscall.EISDIR
 	}
-	delete(d.entries, name)
+	d.delEntry(name)
 	d.mu.Unlock()
 	f.t.Unlink()
 	return 0
@@ -227,7 +238,10 @@ func (d *Dir) Rename(ctx context.Context, name string, newParent gofs.InodeEmbed
 			unlock()
 			return syscall.ENOENT
 		}
-		d.entries[name], np.entries[newName] = dst, src
+		d.delEntry(name)
+		np.delEntry(newName)
+		d.setEntry(name, dst)
+		np.setEntry(newName, src)
 		unlock()
 		return 0
 	}
@@ -255,7 +269,7 @@ func (d *Dir) Rename(ctx context.Context, name string, newParent gofs.InodeEmbed
 			replaced = dst.Operations().(*File)
 		}
 	}
-	delete(d.entries, name)
+	d.delEntry(name)
 	np.setEntry(newName, src)
 	unlock()
 	if replaced != nil {

@@ -386,7 +386,7 @@ func (d *dest) Abort() {
 		if it.tmp != "" {
 			it.dir.mu.Lock()
 			if in := it.dir.entries[it.tmp]; in != nil && in.Operations() == it.f {
-				delete(it.dir.entries, it.tmp)
+				it.dir.delEntry(it.tmp)
 			}
 			it.dir.mu.Unlock()
 			it.temp.Unlink()
@@ -414,8 +414,8 @@ func (d *Dir) renameInternal(tmp, name string) error {
 		}
 		replaced = f
 	}
-	delete(d.entries, tmp)
-	d.entries[name] = in
+	d.delEntry(tmp)
+	d.setEntry(name, in)
 	d.mu.Unlock()
 	if replaced != nil {
 		replaced.t.Unlink()

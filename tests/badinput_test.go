@@ -269,3 +269,32 @@ func TestDirFsyncAndStatx(t *testing.T) {
 	require.NoError(t, os.Remove(d.path("f")))
 	d.requireClean()
 }
+
+// TestDirNlink: a directory's nlink is 2 + its subdirectories, through
+// mkdir, rename (in, out, over an empty directory, exchange) and rmdir.
+func TestDirNlink(t *testing.T) {
+	d := startDaemon(t)
+	nlink := func(p string) uint64 {
+		var st syscall.Stat_t
+		require.NoError(t, syscall.Stat(p, &st))
+		return uint64(st.Nlink)
+	}
+	for _, n := range []string{"p", "p/a", "p/b", "p/c", "q", "q/e"} {
+		require.NoError(t, os.Mkdir(d.path(n), 0o755))
+	}
+	require.NoError(t, os.WriteFile(d.path("p/f"), nil, 0o644))
+	require.EqualValues(t, 5, nlink(d.path("p")))
+	require.NoError(t, os.Rename(d.path("p/a"), d.path("q/a")))
+	require.EqualValues(t, 4, nlink(d.path("p")))
+	require.EqualValues(t, 4, nlink(d.path("q")))
+	require.NoError(t, syscall.Rename(d.path("p/b"), d.path("q/e"))) // over an empty dir (os.Rename refuses)
+	require.EqualValues(t, 3, nlink(d.path("p")))
+	require.EqualValues(t, 4, nlink(d.path("q")))
+	require.NoError(t, unix.Renameat2(unix.AT_FDCWD, d.path("p/f"), unix.AT_FDCWD, d.path("q/a"), unix.RENAME_EXCHANGE))
+	require.EqualValues(t, 4, nlink(d.path("p")), "p/f is now a directory")
+	require.EqualValues(t, 3, nlink(d.path("q")))
+	require.NoError(t, os.RemoveAll(d.path("p")))
+	require.NoError(t, os.RemoveAll(d.path("q")))
+	require.EqualValues(t, 2, nlink(d.mnt))
+	d.requireClean()
+}

@@ -392,9 +392,15 @@ func (s *Service) sendTensors(c *conn, srcs []Source, rec *Record) error {
 		buf []byte
 		err error
 	}
+	// Buffers no larger than the largest tensor: a 4 KiB copy should not
+	// allocate (and collect) megabytes.
+	size := int64(1)
+	for _, sc := range srcs {
+		size = max(size, min(sc.Meta().NBytes, int64(s.cfg.ChunkSize)))
+	}
 	free := make(chan []byte, 3)
 	for range cap(free) {
-		free <- make([]byte, dataHeaderLen+s.cfg.ChunkSize)
+		free <- make([]byte, dataHeaderLen+size)
 	}
 	full := make(chan chunk, cap(free)+1) // room for an error after every buffer
 	stop := make(chan struct{})
