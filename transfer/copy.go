@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"net"
 	"os"
 	"sync/atomic"
 	"syscall"
@@ -68,9 +69,17 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 	return n, err
 }
 
-// sameHost reports whether the peer of c runs on this host.
+// sameHost reports whether the peer of c runs on this host: it says so (its
+// host id is ours) and the connection comes from an address of this machine
+// (a loopback address, or the one it reached us on), so a remote peer that
+// claims our host id cannot make us read local memory for it.
 func (s *Service) sameHost(c *conn) bool {
-	return s.cfg.HostID != "" && c.hostID == s.cfg.HostID
+	if s.cfg.HostID == "" || c.hostID != s.cfg.HostID {
+		return false
+	}
+	r, rok := c.c.RemoteAddr().(*net.TCPAddr)
+	l, lok := c.c.LocalAddr().(*net.TCPAddr)
+	return rok && lok && (r.IP.IsLoopback() || r.IP.Equal(l.IP))
 }
 
 func (s *Service) send(c *conn, remotePath string, srcs []Source, metas []Meta, isDir bool, rec *Record) (int, error) {

@@ -62,6 +62,15 @@ func openExports(descs []IPCDesc) ([]*os.File, error) {
 			closeFiles(files)
 			return nil, fmt.Errorf("open %s: %v: %w", path, err, errNoIPC)
 		}
+		// Only another daemon's tensor memory may be read this way: a handle
+		// naming any other file (a peer's lie, or an fd number reused since
+		// it was exported) is refused. Checked on what was opened, not on
+		// the path, so the fd cannot change in between.
+		if target, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd())); err != nil || !strings.HasPrefix(target, "/memfd:tensorfs") {
+			f.Close()
+			closeFiles(files)
+			return nil, fmt.Errorf("handle %q is not a tensorfs memfd (%q): %w", d.Handle, target, errNoIPC)
+		}
 		files = append(files, f)
 	}
 	return files, nil
