@@ -3,6 +3,7 @@ package tests
 import (
 	"bytes"
 	"fmt"
+	"math/rand"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,13 +17,22 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// freePort returns a loopback TCP port that was free a moment ago.
+// freePort returns a loopback TCP port that was free a moment ago, below the
+// kernel's ephemeral range (32768 and up by default): a port from ":0" is an
+// ephemeral one, which another test's outgoing connection may take before
+// the daemon binds it (seen as a daemon failing to start).
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	for i := 0; i < 100; i++ {
+		port := 20000 + rand.Intn(12000)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			ln.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port in 20000-32000")
+	return 0
 }
 
 // secretFile writes a 0600 secret file and returns its path.

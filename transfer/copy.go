@@ -22,8 +22,8 @@ import (
 // anything else goes over TCP.
 //
 // The caller keeps ownership of srcs (Send does not close them).
-func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Source, isDir bool, src string) (int, error) {
-	remotePath, err := CleanPath(remotePath)
+func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Source, isDir bool, src string) (n int, err error) {
+	remotePath, err = CleanPath(remotePath)
 	if err != nil {
 		return 0, err
 	}
@@ -33,15 +33,14 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 		metas[i] = sc.Meta()
 		total += metas[i].NBytes
 	}
-	c, err := s.dial(ctx, peer)
+	c, err := s.conn(ctx, peer)
 	if err != nil {
 		_, end := s.Track(src, peer+":"+remotePath, "tcp", total, int64(len(srcs)))
 		end(err)
 		return 0, err
 	}
-	defer c.c.Close()
 	stop := context.AfterFunc(ctx, func() { c.c.Close() })
-	defer stop()
+	defer func() { s.done(peer, c, stop(), err) }()
 	if s.sameHost(c) {
 		if descs, release, ok := exports(srcs, "peer "+peer); ok {
 			rec, end := s.Track(src, peer+":"+remotePath, "ipc", total, int64(len(srcs)))
@@ -64,7 +63,7 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 		}
 	}
 	rec, end := s.Track(src, peer+":"+remotePath, "tcp", total, int64(len(srcs)))
-	n, err := s.send(c, remotePath, srcs, metas, isDir, rec)
+	n, err = s.send(c, remotePath, srcs, metas, isDir, rec)
 	end(err)
 	return n, err
 }
@@ -161,23 +160,23 @@ func (s *Service) send(c *conn, remotePath string, srcs []Source, metas []Meta, 
 // intact, and aborts it otherwise. It returns how many tensors were placed.
 // From a peer on the same host it reads the peer's exported memory directly
 // (path "ipc") when the peer offers it.
-func (s *Service) Receive(ctx context.Context, peer, remotePath, dst string, prepare func(isDir bool, metas []Meta) (Dest, error)) (int, error) {
-	remotePath, err := CleanPath(remotePath)
+func (s *Service) Receive(ctx context.Context, peer, remotePath, dst string, prepare func(isDir bool, metas []Meta) (Dest, error)) (n int, err error) {
+	remotePath, err = CleanPath(remotePath)
 	if err != nil {
 		return 0, err
 	}
-	c, err := s.dial(ctx, peer)
+	c, err := s.conn(ctx, peer)
 	if err != nil {
 		_, end := s.Track(peer+":"+remotePath, dst, "tcp", 0, 0)
 		end(err)
 		return 0, err
 	}
-	defer c.c.Close()
 	stop := context.AfterFunc(ctx, func() { c.c.Close() })
-	defer stop()
+	defer func() { s.done(peer, c, stop(), err) }()
 	ipcOK := s.sameHost(c)
 	for {
-		n, retry, err := s.receive(c, peer, remotePath, dst, prepare, ipcOK)
+		var retry bool
+		n, retry, err = s.receive(c, peer, remotePath, dst, prepare, ipcOK)
 		if retry {
 			ipcOK = false // the peer's memory is out of reach: ask again over TCP
 			continue

@@ -1537,3 +1537,34 @@ func TestLongCommitKeepsAlive(t *testing.T) {
 	require.NoError(t, err, "a commit longer than the timeout is not silence")
 	require.Equal(t, 1, n)
 }
+
+// TestConnectionReuse: consecutive copies to one peer reuse one authenticated
+// connection; a connection the peer has dropped (its restart) is not reused.
+func TestConnectionReuse(t *testing.T) {
+	b := newMemLocal()
+	srv := startServer(t, "b", b, testSecret, nil)
+	a := newMemLocal()
+	a.put("/x", []byte("payload"))
+	cli := newClient(t, "a", a, testSecret, map[string]string{"b": addrOf(srv)}, nil)
+	for i := 0; i < 20; i++ {
+		_, err := push(context.Background(), cli, a, "/x", "b", fmt.Sprintf("/y%d", i))
+		require.NoError(t, err)
+	}
+	cli.mu.Lock()
+	idle := len(cli.idle["b"])
+	cli.mu.Unlock()
+	require.Equal(t, 1, idle, "one connection served all 20 copies")
+	srv.mu.Lock()
+	open := len(srv.conns)
+	srv.mu.Unlock()
+	require.Equal(t, 1, open, "the server saw one connection")
+
+	// The server goes away and comes back on the same address: the pooled
+	// connection is dead, and the next copy dials afresh.
+	addr := addrOf(srv)
+	srv.Close()
+	srv2 := startServer(t, "b", b, testSecret, func(c *Config) { c.Listen = addr })
+	_ = srv2
+	_, err := push(context.Background(), cli, a, "/x", "b", "/z")
+	require.NoError(t, err)
+}
