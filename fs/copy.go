@@ -2,7 +2,6 @@ package fs
 
 import (
 	"context"
-	"errors"
 	"log"
 	"strings"
 	"syscall"
@@ -352,13 +351,4 @@ func logCopy(src, dst string, n int, err error) {
 		return
 	}
 	log.Printf("copy %s -> %s: %d tensors", src, dst, n)
-}
-
-// copyErrno maps a copy's error to its errno.
-func copyErrno(op string, err error) syscall.Errno {
-	var te *transfer.Error
-	if errors.As(err, &te) {
-		return te.Errno
-	}
-	return toErrno(op, err)
 }

@@ -32,7 +32,8 @@ var errnoMap = []struct {
 	{gpu.ErrNoDriver, syscall.EIO},
 }
 
-// toErrno maps err to an errno; op names the operation for the log. Unknown
+// toErrno maps err to an errno; op names the operation for the log. An error
+// that carries an errno (a copy's transfer.Error, a syscall's) keeps it. Unknown
 // errors are logged and become EIO (never go-fuse's generic ENOSYS, which would
 // make the kernel stop sending the operation for the life of the mount).
 func toErrno(op string, err error) syscall.Errno {

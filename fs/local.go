@@ -271,7 +271,6 @@ func (d *dest) add(dir *Dir, dirRel, name string, m transfer.Meta, adoptTarget g
 		return err
 	}
 	nf := &File{fsys: d.fsys, t: t}
-	nf.meta.mode = 0o644
 	nf.meta.init(context.Background(), 0o644)
 	dir.meta.mu.Lock()
 	nf.meta.uid, nf.meta.gid = dir.meta.uid, dir.meta.gid
@@ -309,7 +308,7 @@ func templateFor(dir *Dir, m transfer.Meta) (tensor.Template, error) {
 
 // mkdirAll returns the directory at p, creating it and missing parents
 // internally (no syscall on the mount). Errors: ENOTDIR when a component is a
-// file, ENOENT when p's parent... is created too, so only for a bad root.
+// file, ENAMETOOLONG for a long component.
 func (f *FS) mkdirAll(p string) (*Dir, error) {
 	cur := f.root
 	if p == "/" {

@@ -3,6 +3,7 @@ package transfer
 import (
 	"bufio"
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
@@ -518,7 +519,7 @@ func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
 		nc.Close()
 		return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("protocol version mismatch: peer %s speaks %d, node %s speaks %d", peer, ch.Version, s.cfg.Name, ProtocolVersion)}
 	}
-	if !hmac32Equal(ch.Proof, proof(s.cfg.Secret, "server", cn, ch.Nonce, s.cfg.Name, ch.Name)) {
+	if !hmac.Equal(ch.Proof, proof(s.cfg.Secret, "server", cn, ch.Nonce, s.cfg.Name, ch.Name)) {
 		nc.Close()
 		return nil, &Error{Errno: syscall.EACCES, Msg: fmt.Sprintf("peer %s at %s failed to prove the shared secret", peer, addr)}
 	}
@@ -560,7 +561,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	if err := c.recvJSON(frameAuth, &a); err != nil {
 		return nil, err
 	}
-	if !hmac32Equal(a.Proof, proof(s.cfg.Secret, "client", h.Nonce, sn, h.Name, s.cfg.Name)) {
+	if !hmac.Equal(a.Proof, proof(s.cfg.Secret, "client", h.Nonce, sn, h.Name, s.cfg.Name)) {
 		err := &Error{Errno: syscall.EACCES, Msg: fmt.Sprintf("peer %s (%s) failed to prove the shared secret", h.Name, nc.RemoteAddr())}
 		c.sendError(err)
 		return nil, err
@@ -614,10 +615,6 @@ func (s *Service) serve(nc net.Conn) {
 			}
 		}
 	}
-}
-
-func hmac32Equal(a, b []byte) bool {
-	return len(a) == len(b) && subtleEqual(a, b)
 }
 
 // crcTable is CRC32C (Castagnoli), checked per chunk so corruption is an EIO,

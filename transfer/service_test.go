@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/hmac"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -194,7 +195,7 @@ func serverHandshake(c *conn, name string, secret []byte, version int) error {
 	if err := c.recvJSON(frameAuth, &a); err != nil {
 		return err
 	}
-	if !hmac32Equal(a.Proof, proof(secret, "client", h.Nonce, sn, h.Name, name)) {
+	if !hmac.Equal(a.Proof, proof(secret, "client", h.Nonce, sn, h.Name, name)) {
 		return errors.New("raw server: bad client proof")
 	}
 	return c.sendJSON(frameOK, reply{})

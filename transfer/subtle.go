@@ -1,5 +1,0 @@
-package transfer
-
-import "crypto/subtle"
-
-func subtleEqual(a, b []byte) bool { return subtle.ConstantTimeCompare(a, b) == 1 }
