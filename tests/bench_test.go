@@ -15,9 +15,7 @@ package tests
 import (
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -43,7 +41,7 @@ const (
 // empty and the write allocates and registers it. Reported as ops/s.
 func BenchmarkCreateUnlink64K(b *testing.B) {
 	b.Run("tensorfs-template", func(b *testing.B) {
-		mnt := startBenchDaemon(b)
+		mnt := startDaemon(b, "--device", "host").mnt
 		dir := filepath.Join(mnt, "tmpl")
 		mustNo(b, os.Mkdir(dir, 0o755))
 		mustNo(b, unix.Setxattr(dir, "user.tensorfs.dtype", []byte("U8"), 0))
@@ -53,7 +51,7 @@ func BenchmarkCreateUnlink64K(b *testing.B) {
 		waitTensorfsIdle(b, mnt)
 	})
 	b.Run("tensorfs-write", func(b *testing.B) {
-		mnt := startBenchDaemon(b)
+		mnt := startDaemon(b, "--device", "host").mnt
 		dir := filepath.Join(mnt, "plain")
 		mustNo(b, os.Mkdir(dir, 0o755))
 		checkTensorfsCreate(b, dir, false)
@@ -106,7 +104,7 @@ func BenchmarkSeqRead256M(b *testing.B) {
 // in a fresh mount.
 func forEachDataTarget(b *testing.B, fn func(b *testing.B, dir string)) {
 	b.Run("tensorfs", func(b *testing.B) {
-		mnt := startBenchDaemon(b)
+		mnt := startDaemon(b, "--device", "host").mnt
 		fn(b, mnt)
 		waitTensorfsIdle(b, mnt)
 	})
@@ -250,57 +248,6 @@ func waitTensorfsIdle(b *testing.B, mnt string) {
 		}
 	}
 	b.Errorf("tensorfs not idle after the benchmark: %+v", s.Live)
-}
-
-// startBenchDaemon mounts the tensorfs binary (host memory) on a fresh
-// directory and registers a cleanup that stops it with SIGTERM and requires
-// a clean exit and no mount left. It is startDaemon for a *testing.B.
-func startBenchDaemon(b *testing.B) string {
-	b.Helper()
-	mnt := b.TempDir()
-	ours.Store(mnt, true) // TestMain's leftover check looks at our mounts
-	log := &syncBuffer{}
-	cmd := exec.Command(bin, "mount", mnt, "--device", "host")
-	cmd.Stdout, cmd.Stderr = log, log
-	mustNo(b, cmd.Start())
-	exit := make(chan error, 1)
-	go func() { exit <- cmd.Wait() }()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exit:
-			if err != nil {
-				b.Errorf("tensorfs exited with %v\n%s", err, log.String())
-			}
-		case <-time.After(15 * time.Second):
-			cmd.Process.Kill()
-			b.Errorf("tensorfs did not exit within 15s of SIGTERM\n%s", log.String())
-		}
-		if mounted(mnt) {
-			syscall.Unmount(mnt, syscall.MNT_DETACH)
-			b.Errorf("mount %s still present after the daemon exited", mnt)
-		}
-	}
-	b.Cleanup(stop)
-	deadline := time.Now().Add(15 * time.Second)
-	for !mounted(mnt) {
-		select {
-		case err := <-exit:
-			stopped = true
-			b.Fatalf("tensorfs mount exited before mounting: %v\n%s", err, log.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("mount did not appear within 15s\n%s", log.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return mnt
 }
 
 // mountTmpfs mounts a tmpfs (as `mount -t tmpfs` does) on a fresh directory

@@ -408,7 +408,7 @@ func BenchmarkGPUCreateUnlink64K(b *testing.B) {
 	requireGPU(b)
 	for _, dev := range []string{"cuda:0", "host"} {
 		b.Run(dev, func(b *testing.B) {
-			mnt := startDeviceBenchDaemon(b, dev)
+			mnt := startDaemon(b, "--device", dev).mnt
 			dir := filepath.Join(mnt, "tmpl")
 			mustNo(b, os.Mkdir(dir, 0o755))
 			mustNo(b, unix.Setxattr(dir, "user.tensorfs.shape", []byte("65536"), 0))
@@ -434,7 +434,7 @@ func BenchmarkGPUCreateUnlink64K(b *testing.B) {
 // tensors (goal <= 1.1), and the time to create them all.
 func BenchmarkGPUOverhead64K(b *testing.B) {
 	requireGPU(b)
-	mnt := startDeviceBenchDaemon(b, "cuda:0")
+	mnt := startDaemon(b, "--device", "cuda:0").mnt
 	dir := filepath.Join(mnt, "tmpl")
 	mustNo(b, os.Mkdir(dir, 0o755))
 	mustNo(b, unix.Setxattr(dir, "user.tensorfs.shape", []byte("65536"), 0))
@@ -474,7 +474,7 @@ func BenchmarkGPURegister1G(b *testing.B) {
 	requireGPU(b)
 	const size = 1 << 30
 	b.Run("tensorfs", func(b *testing.B) {
-		mnt := startDeviceBenchDaemon(b, "cuda:0")
+		mnt := startDaemon(b, "--device", "cuda:0").mnt
 		name := filepath.Join(mnt, "t")
 		for i := 0; i < b.N; i++ {
 			b.StopTimer()
@@ -521,7 +521,7 @@ func BenchmarkGPUSeqWrite1G(b *testing.B) {
 	requireGPU(b)
 	for _, dev := range []string{"cuda:0", "host"} {
 		b.Run(dev, func(b *testing.B) {
-			fd, buf := openGPUSeqFile(b, startDeviceBenchDaemon(b, dev))
+			fd, buf := openGPUSeqFile(b, startDaemon(b, "--device", dev).mnt)
 			b.SetBytes(gpuSeqSize)
 			for b.Loop() {
 				gpuWriteAll(b, fd, buf)
@@ -535,7 +535,7 @@ func BenchmarkGPUSeqRead1G(b *testing.B) {
 	requireGPU(b)
 	for _, dev := range []string{"cuda:0", "host"} {
 		b.Run(dev, func(b *testing.B) {
-			fd, buf := openGPUSeqFile(b, startDeviceBenchDaemon(b, dev))
+			fd, buf := openGPUSeqFile(b, startDaemon(b, "--device", dev).mnt)
 			b.SetBytes(gpuSeqSize)
 			for b.Loop() {
 				for off := int64(0); off < gpuSeqSize; off += ioSize {
@@ -582,47 +582,4 @@ func benchStats(b *testing.B, mnt string) statsDoc {
 	var s statsDoc
 	mustNo(b, json.Unmarshal([]byte(v), &s))
 	return s
-}
-
-// startDeviceBenchDaemon is startBenchDaemon with --device dev: it mounts the
-// tensorfs binary on a fresh directory and registers a cleanup that stops
-// it with SIGTERM, requiring a clean exit and no mount left.
-func startDeviceBenchDaemon(b *testing.B, dev string) string {
-	b.Helper()
-	mnt := b.TempDir()
-	ours.Store(mnt, true)
-	log := &syncBuffer{}
-	cmd := exec.Command(bin, "mount", mnt, "--device", dev)
-	cmd.Stdout, cmd.Stderr = log, log
-	mustNo(b, cmd.Start())
-	exit := make(chan error, 1)
-	go func() { exit <- cmd.Wait() }()
-	b.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exit:
-			if err != nil {
-				b.Errorf("tensorfs exited with %v\n%s", err, log.String())
-			}
-		case <-time.After(15 * time.Second):
-			cmd.Process.Kill()
-			b.Errorf("tensorfs did not exit within 15s of SIGTERM\n%s", log.String())
-		}
-		if mounted(mnt) {
-			syscall.Unmount(mnt, syscall.MNT_DETACH)
-			b.Errorf("mount %s still present after the daemon exited", mnt)
-		}
-	})
-	for deadline := time.Now().Add(30 * time.Second); !mounted(mnt); time.Sleep(10 * time.Millisecond) {
-		select {
-		case err := <-exit:
-			exit <- err
-			b.Fatalf("tensorfs mount exited before mounting: %v\n%s", err, log.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("mount did not appear within 30s\n%s", log.String())
-		}
-	}
-	return mnt
 }

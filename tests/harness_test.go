@@ -99,9 +99,9 @@ func cleanStaleMounts(stale bool) []string {
 	return left
 }
 
-// daemon is one running `tensorfs mount`.
+// daemon is one running `tensorfs mount`, of a test or a benchmark.
 type daemon struct {
-	t     *testing.T
+	t     testing.TB
 	mnt   string
 	cmd   *exec.Cmd
 	log   *syncBuffer
@@ -129,16 +129,29 @@ func (s *syncBuffer) String() string {
 
 // startDaemon mounts tensorfs on a fresh directory with extra flags and
 // registers a cleanup that stops it (failing the test on leaks or a bad exit).
-func startDaemon(t *testing.T, flags ...string) *daemon {
+func startDaemon(t testing.TB, flags ...string) *daemon {
+	t.Helper()
+	return launch(t, nil, flags...)
+}
+
+// launch is startDaemon with the command run under wrapper (e.g. nsenter and
+// its arguments, ending with the program to run: bin).
+func launch(t testing.TB, wrapper []string, flags ...string) *daemon {
 	t.Helper()
 	mnt := t.TempDir()
 	ours.Store(mnt, true)
 	d := &daemon{t: t, mnt: mnt, log: &syncBuffer{}, exit: make(chan error, 1)}
-	d.cmd = exec.Command(bin, append(testDeviceFlags([]string{"mount", mnt}), flags...)...)
+	args := append(testDeviceFlags([]string{"mount", mnt}), flags...)
+	if wrapper == nil {
+		d.cmd = exec.Command(bin, args...)
+	} else {
+		d.cmd = exec.Command(wrapper[0], append(wrapper[1:], args...)...)
+	}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	require.NoError(t, d.cmd.Start())
 	go func() { d.exit <- d.cmd.Wait() }()
-	deadline := time.Now().Add(15 * time.Second)
+	// 30 s: creating CUDA contexts on a GPU host takes a while.
+	deadline := time.Now().Add(30 * time.Second)
 	for !mounted(mnt) {
 		select {
 		case err := <-d.exit:
@@ -147,7 +160,7 @@ func startDaemon(t *testing.T, flags ...string) *daemon {
 		}
 		if time.Now().After(deadline) {
 			d.cmd.Process.Kill()
-			t.Fatalf("mount did not appear within 15s\n%s", d.log.String())
+			t.Fatalf("mount did not appear within 30s\n%s", d.log.String())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -285,7 +298,7 @@ func (d *daemon) stop() {
 }
 
 // getx reads an xattr as a string, failing the test on error.
-func getx(t *testing.T, path, name string) string {
+func getx(t testing.TB, path, name string) string {
 	t.Helper()
 	v, err := getxErr(path, name)
 	require.NoError(t, err, "getxattr %s %s", path, name)
@@ -314,13 +327,13 @@ func getxErr(path, name string) (string, error) {
 }
 
 // setx sets an xattr, failing the test on error.
-func setx(t *testing.T, path, name, value string) {
+func setx(t testing.TB, path, name, value string) {
 	t.Helper()
 	require.NoError(t, unix.Setxattr(path, name, []byte(value), 0), "setxattr %s %s=%q", path, name, value)
 }
 
 // mkTemplateDir makes a directory with a dtype/shape template.
-func mkTemplateDir(t *testing.T, dir, dtype, shape string) {
+func mkTemplateDir(t testing.TB, dir, dtype, shape string) {
 	t.Helper()
 	require.NoError(t, os.Mkdir(dir, 0o755))
 	setx(t, dir, "user.tensorfs.dtype", dtype)

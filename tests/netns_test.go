@@ -139,66 +139,11 @@ func nsenterArgs(ns string, args ...string) []string {
 	return append([]string{"--net=" + filepath.Join("/run/netns", ns), bin}, args...)
 }
 
-// startNetnsDaemon is startDaemon with the daemon in namespace ns. Its
-// cleanup stops it (SIGTERM, then SIGKILL after 15 s) and makes sure its
-// mount is gone.
+// startNetnsDaemon is startDaemon with the daemon in namespace ns, through
+// nsenter, which execs the daemon itself: signals and /proc/PID/fd apply to it.
 func startNetnsDaemon(t *testing.T, ns string, flags ...string) *daemon {
 	t.Helper()
-	mnt := t.TempDir()
-	ours.Store(mnt, true)
-	d := &daemon{t: t, mnt: mnt, log: &syncBuffer{}, exit: make(chan error, 1)}
-	d.cmd = exec.Command("nsenter", nsenterArgs(ns, append([]string{"mount", mnt}, flags...)...)...)
-	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
-	require.NoError(t, d.cmd.Start())
-	go func() { d.exit <- d.cmd.Wait() }()
-	t.Cleanup(func() {
-		if d.state != "stopped" && d.fds == 0 {
-			// It never finished mounting: no exit status to judge.
-			d.state = "stopped"
-			d.cmd.Process.Kill()
-			<-d.exit
-		}
-		d.stop()
-		if mounted(mnt) {
-			syscall.Unmount(mnt, syscall.MNT_DETACH)
-			t.Errorf("mount %s was still present at cleanup", mnt)
-		}
-	})
-	deadline := time.Now().Add(15 * time.Second)
-	for !mounted(mnt) {
-		select {
-		case err := <-d.exit:
-			d.exit <- err
-			t.Fatalf("tensorfs mount in namespace %s exited before mounting: %v\n%s", ns, err, d.log.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("mount in namespace %s did not appear within 15s\n%s", ns, d.log.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	d.fds = baselineFDs(t, d.cmd.Process.Pid)
-	return d
-}
-
-// baselineFDs counts pid's fds as countFDs does, leaving out go-fuse's epoll
-// probe: just after mounting, go-fuse opens a file in the new mount and
-// closes it again, and the mount shows in /proc/mounts before that probe is
-// opened, so a count taken then may or may not include it.
-func baselineFDs(t *testing.T, pid int) int {
-	t.Helper()
-	dir := fmt.Sprintf("/proc/%d/fd", pid)
-	ents, err := os.ReadDir(dir)
-	require.NoError(t, err)
-	n := 0
-	for _, e := range ents {
-		target, err := os.Readlink(filepath.Join(dir, e.Name()))
-		if err == nil && !strings.HasPrefix(target, "pipe:") && target != "/dev/null" && !strings.HasPrefix(target, "/sys/") &&
-			!strings.HasSuffix(target, "/.go-fuse-epoll-hack") {
-			n++
-		}
-	}
-	return n
+	return launch(t, append([]string{"nsenter"}, nsenterArgs(ns)...), flags...)
 }
 
 // netnsPeers starts daemon a in namespace A and b in namespace B, each

@@ -22,21 +22,18 @@ package tests
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -368,54 +365,34 @@ func peerBenchBigData() []byte {
 	return peerBenchBig.data
 }
 
-// peerBenchDaemon is one `tensorfs mount` of a benchmark.
-type peerBenchDaemon struct {
-	b   *testing.B
-	mnt string
-	cmd *exec.Cmd
-	log *syncBuffer
-}
-
-func (d *peerBenchDaemon) path(elem ...string) string {
-	return filepath.Join(append([]string{d.mnt}, elem...)...)
-}
-
-// stats reads the daemon's stats document.
-func (d *peerBenchDaemon) stats() statsDoc {
-	d.b.Helper()
-	v, err := getxErr(d.mnt, "user.tensorfs.stats")
-	mustNo(d.b, err)
-	var s statsDoc
-	if err := json.Unmarshal([]byte(v), &s); err != nil {
-		d.b.Fatalf("stats %q: %v", v, err)
-	}
-	return s
-}
+// peerBenchDaemon is one `tensorfs mount` of a benchmark: the tests'
+// daemon, with the benchmark's own checks below.
+type peerBenchDaemon = daemon
 
 // waitLiveBytes waits (untimed by its callers) until the daemon's live bytes
 // are n: memory of unlinked or replaced tensors goes back asynchronously.
 func (d *peerBenchDaemon) waitLiveBytes(n int64) {
-	d.b.Helper()
+	d.t.Helper()
 	var s statsDoc
 	for start := time.Now(); time.Since(start) < 10*time.Second; time.Sleep(5 * time.Millisecond) {
 		if s = d.stats(); s.Live.Bytes == n {
 			return
 		}
 	}
-	d.b.Fatalf("%s: live bytes %d after 10 s, want %d", d.mnt, s.Live.Bytes, n)
+	d.t.Fatalf("%s: live bytes %d after 10 s, want %d", d.mnt, s.Live.Bytes, n)
 }
 
 // requireTCPCopies checks that the benchmark measured what it means to: n
 // completed copies, all over TCP, none failed.
 func (d *peerBenchDaemon) requireTCPCopies(n int) {
-	d.b.Helper()
+	d.t.Helper()
 	s := d.stats()
 	if s.Copies["tcp"] != n || s.Copies["local"] != 0 || s.Copies["ipc"] != 0 {
-		d.b.Fatalf("copies %v, want %d over tcp and no other", s.Copies, n)
+		d.t.Fatalf("copies %v, want %d over tcp and no other", s.Copies, n)
 	}
 	for _, r := range s.Transfers.Recent {
 		if !strings.Contains(string(r), `"path":"tcp"`) || !strings.Contains(string(r), `"error":""`) {
-			d.b.Fatalf("a transfer that is not a successful TCP one: %s", r)
+			d.t.Fatalf("a transfer that is not a successful TCP one: %s", r)
 		}
 	}
 }
@@ -450,58 +427,21 @@ func peerBenchPair(b *testing.B) (a, d *peerBenchDaemon) {
 	return ds["a"], ds["b"]
 }
 
-// peerBenchStart mounts the tensorfs binary with flags on a fresh directory.
+// peerBenchStart mounts the tensorfs binary with flags on a fresh directory;
+// before the daemon stops, everything in it is removed and its memory waited
+// for, so its clean exit says nothing leaked.
 func peerBenchStart(b *testing.B, flags ...string) *peerBenchDaemon {
 	b.Helper()
-	mnt := b.TempDir()
-	ours.Store(mnt, true) // TestMain's leftover check looks at our mounts
-	d := &peerBenchDaemon{b: b, mnt: mnt, log: &syncBuffer{}}
-	d.cmd = exec.Command(bin, append([]string{"mount", mnt}, flags...)...)
-	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
-	mustNo(b, d.cmd.Start())
-	exit := make(chan error, 1)
-	go func() { exit <- d.cmd.Wait() }()
-	stopped := false
-	b.Cleanup(func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		if mounted(mnt) {
-			ents, _ := os.ReadDir(mnt)
+	d := startDaemon(b, flags...)
+	b.Cleanup(func() { // runs before the daemon's own cleanup stops it
+		if mounted(d.mnt) {
+			ents, _ := os.ReadDir(d.mnt)
 			for _, e := range ents {
-				os.RemoveAll(filepath.Join(mnt, e.Name()))
+				os.RemoveAll(filepath.Join(d.mnt, e.Name()))
 			}
-			waitTensorfsIdle(b, mnt)
-		}
-		d.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exit:
-			if err != nil {
-				b.Errorf("tensorfs exited with %v\n%s", err, d.log.String())
-			}
-		case <-time.After(15 * time.Second):
-			d.cmd.Process.Kill()
-			b.Errorf("tensorfs did not exit within 15s of SIGTERM\n%s", d.log.String())
-		}
-		if mounted(mnt) {
-			syscall.Unmount(mnt, syscall.MNT_DETACH)
-			b.Errorf("mount %s still present after the daemon exited", mnt)
+			waitTensorfsIdle(b, d.mnt)
 		}
 	})
-	deadline := time.Now().Add(15 * time.Second)
-	for !mounted(mnt) {
-		select {
-		case err := <-exit:
-			stopped = true
-			b.Fatalf("tensorfs mount exited before mounting: %v\n%s", err, d.log.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("mount did not appear within 15s\n%s", d.log.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 	return d
 }
 
