@@ -245,6 +245,20 @@ func (d *daemon) stats() statsDoc {
 	return s
 }
 
+// settledLive returns the live stats once no file handle is open any more:
+// FUSE RELEASE is asynchronous to close, so a baseline read right after a
+// write could still count the writer's lease.
+func (d *daemon) settledLive() liveStats {
+	d.t.Helper()
+	var s statsDoc
+	for start := time.Now(); time.Since(start) < 5*time.Second; time.Sleep(10 * time.Millisecond) {
+		if s = d.stats(); s.Live.Leases == 0 {
+			break
+		}
+	}
+	return s.Live
+}
+
 // requireClean waits (FUSE RELEASE is asynchronous to close) until everything
 // under live is zero, statfs shows 0 bytes used, and the daemon's fd count is
 // back at its baseline.

@@ -320,7 +320,7 @@ func TestNetnsPeerKilledMidPush(t *testing.T) {
 	const size = 256 << 20
 	require.NoError(t, os.WriteFile(a.path("big"), nil, 0o644))
 	require.NoError(t, os.Truncate(a.path("big"), size))
-	base := a.stats().Live
+	base := a.settledLive()
 	require.EqualValues(t, size, base.Bytes)
 
 	done := make(chan error, 1)

@@ -291,7 +291,7 @@ func TestPeerKilledMidCopy(t *testing.T) {
 			require.NoError(t, os.WriteFile(big, nil, 0o644))
 			require.NoError(t, os.Truncate(big, 1<<30))
 			require.NoError(t, os.WriteFile(a.path("keep"), []byte("unchanged"), 0o644))
-			base := a.stats().Live
+			base := a.settledLive()
 			done := make(chan error, 1)
 			start := time.Now()
 			go func() {
