@@ -100,11 +100,18 @@ func (s *fileSource) Meta() transfer.Meta                     { return s.meta }
 func (s *fileSource) ReadAt(p []byte, off int64) (int, error) { return s.t.ReadAt(p, off) }
 func (s *fileSource) Close()                                  { s.h.Close() }
 
-// Export implements transfer.Exporter: a peer of this host reads the
-// tensor's memfd in place while the pin and lease are held.
-func (s *fileSource) Export(holder string) (transfer.IPCDesc, func(), bool) {
-	h, off, release, ok := s.t.PinExport(holder)
-	return transfer.IPCDesc{Handle: h, Offset: off}, release, ok
+// Export implements transfer.Exporter: a peer of this host opens the
+// tensor's allocation in place while the pin and lease are held.
+func (s *fileSource) Export(holder string, accept func(string) bool, keep bool) (transfer.IPCDesc, func(), transfer.PeerLease, bool) {
+	p, ok := s.t.PinExport(holder, accept, keep)
+	if !ok {
+		return transfer.IPCDesc{}, nil, nil, false
+	}
+	d := transfer.IPCDesc{Handle: p.Handle, Offset: p.Offset, Alloc: p.AllocID, Export: p.ExportID, Generation: p.Generation}
+	if p.Lease == nil {
+		return d, p.Release, nil, true
+	}
+	return d, p.Release, p.Lease, true
 }
 
 func openSource(f *File, rel string) (*fileSource, error) {

@@ -26,7 +26,9 @@ const statsPad = 256
 // boundary. The newline comes first so a terminal shows the JSON on its own
 // line.
 func (f *FS) statsJSON() []byte {
-	b, _ := json.Marshal(Stats{Live: f.store.Stats(), Stats: f.peers.Stats()})
+	live := f.store.Stats()
+	live.Imports = f.peers.Imports()
+	b, _ := json.Marshal(Stats{Live: live, Stats: f.peers.Stats()})
 	b = append(b, '\n')
 	n := (len(b) + statsPad - 1) / statsPad * statsPad
 	for len(b) < n {

@@ -2,7 +2,6 @@ package tensor
 
 import (
 	"fmt"
-	"strings"
 	"sync"
 	"unsafe"
 
@@ -537,27 +536,49 @@ func (t *Tensor) CopyFrom(src *Tensor) error {
 	return gpu.Copy(t.alloc.buf, 0, src.alloc.buf, 0, src.size)
 }
 
+// ExportPin is a tensor's export, pinned for one copy by a peer daemon of
+// this host.
+type ExportPin struct {
+	// Handle opens the whole allocation ("memfd:/proc/PID/fd/N", "cuda:" +
+	// 128 hex digits); Offset is the tensor's first byte in it.
+	Handle string
+	Offset int64
+	// AllocID is the allocation's never-reused id (gpu.Buffer.ID); ExportID
+	// and Generation are the tensor's ipc_id and generation now.
+	AllocID, ExportID, Generation uint64
+	// Release ends the pin (and the copy's lease).
+	Release func()
+	// Lease, when asked for, is a lease for the importer that outlives the
+	// copy (its cached import); nil otherwise. Its holder releases it.
+	Lease *ipc.Lease
+}
+
 // PinExport lets a peer daemon of this host read the tensor's memory in
 // place: it pins the current allocation's MR (so the memory outlives a
 // reallocation or an unlink meanwhile) and takes an IPC lease for holder,
-// until release is called. ok is false when the tensor has no allocation or
-// its handle is not a host memfd (CUDA handles need the importer's driver
-// work, not built yet).
-func (t *Tensor) PinExport(holder string) (handle string, offset int64, release func(), ok bool) {
+// until Release is called; with keep, a second lease that lasts until its
+// holder releases it or the export is revoked. ok is false when the tensor
+// has no allocation or accept refuses its handle.
+func (t *Tensor) PinExport(holder string, accept func(handle string) bool, keep bool) (ExportPin, bool) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	a := t.alloc
-	if a == nil || t.released || !strings.HasPrefix(a.export.Handle, "memfd:") {
-		return "", 0, nil, false
+	if a == nil || t.released || !accept(a.export.Handle) {
+		return ExportPin{}, false
 	}
 	unpin, err := t.s.MRs.Pin(a.region.ID)
 	if err != nil {
-		return "", 0, nil, false
+		return ExportPin{}, false
 	}
 	lease, err := t.s.IPC.Lease(a.export.ID, holder)
 	if err != nil {
 		unpin()
-		return "", 0, nil, false
+		return ExportPin{}, false
 	}
-	return a.export.Handle, a.export.Offset, func() { lease.Release(); unpin() }, true
+	p := ExportPin{Handle: a.export.Handle, Offset: a.export.Offset, AllocID: a.buf.ID(), ExportID: a.export.ID, Generation: t.gen,
+		Release: func() { lease.Release(); unpin() }}
+	if keep {
+		p.Lease, _ = t.s.IPC.Lease(a.export.ID, holder+" (cached import)")
+	}
+	return p, true
 }

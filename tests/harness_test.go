@@ -233,7 +233,10 @@ type statsDoc struct {
 		Active int               `json:"active"`
 		Recent []json.RawMessage `json:"recent"`
 	} `json:"transfers"`
-	Peers map[string]any `json:"peers"`
+	Peers   map[string]any `json:"peers"`
+	Imports struct {
+		Hits, Misses int
+	} `json:"imports"`
 }
 
 // stats reads and decodes user.tensorfs.stats from the root.

@@ -412,12 +412,38 @@ func TestPeerIPCSameHost(t *testing.T) {
 	require.Zero(t, sa.Copies["tcp"], "%v", sa.Copies)
 	require.Equal(t, 3, sb.Copies["ipc"], "%v", sb.Copies)
 	require.Zero(t, sa.Live.Pins, "pins end with the copy")
+	// Imports stay cached, leased by their exporter: b holds t and the 50
+	// tree tensors of a, a holds u of b.
+	require.Equal(t, 51, sb.Live.Imports, "%+v", sb.Live)
+	require.Equal(t, 1, sa.Live.Imports, "%+v", sa.Live)
+	require.Equal(t, 51, sa.Live.Leases, "%+v", sa.Live)
+	require.Equal(t, 1, sb.Live.Leases, "%+v", sb.Live)
+	require.Equal(t, 51, sb.Imports.Misses)
+
+	// Copying t again reuses b's import (a hit), and sees new bytes.
+	f, err := os.OpenFile(a.path("t"), os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte("fresh"), 100)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	copy(data[100:], "fresh")
+	setx(t, a.path("t"), "user.tensorfs.copy_to", "b:/t2")
+	got, err = os.ReadFile(b.path("t2"))
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(data, got))
+	sb = b.stats()
+	require.Equal(t, 1, sb.Imports.Hits, "%+v", sb.Imports)
+	require.Equal(t, 51, sb.Imports.Misses, "%+v", sb.Imports)
+
 	for _, d := range []*daemon{a, b} {
 		os.Remove(d.path("t"))
+		os.Remove(d.path("t2"))
 		os.Remove(d.path("u"))
 		os.RemoveAll(d.path("tree"))
-		d.requireClean()
 	}
+	// Unlinking the sources revoked the imports: both sides are clean.
+	a.requireClean()
+	b.requireClean()
 }
 
 // TestPeerSourceUnlinkedDuringCopy: a source unlinked while its push runs is

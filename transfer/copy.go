@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"net"
-	"os"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -42,7 +41,8 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 	stop := context.AfterFunc(ctx, func() { c.c.Close() })
 	defer func() { s.done(peer, c, stop(), err) }()
 	if s.sameHost(c) {
-		if descs, release, ok := exports(srcs, "peer "+peer); ok {
+		lc := s.leaseChannel(ctx, peer, c)
+		if descs, release, ok := s.exports(srcs, c, lc); ok {
 			rec, end := s.Track(src, peer+":"+remotePath, "ipc", total, int64(len(srcs)))
 			err := c.sendJSON(frameRequest, request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, IPC: descs})
 			var r reply
@@ -174,6 +174,11 @@ func (s *Service) Receive(ctx context.Context, peer, remotePath, dst string, pre
 	stop := context.AfterFunc(ctx, func() { c.c.Close() })
 	defer func() { s.done(peer, c, stop(), err) }()
 	ipcOK := s.sameHost(c)
+	if ipcOK {
+		// The peer leases what it exports to us on this channel, so that we
+		// can keep the imports open for the next copy.
+		s.leaseChannel(ctx, peer, c)
+	}
 	for {
 		var retry bool
 		n, retry, err = s.receive(c, peer, remotePath, dst, prepare, ipcOK)
@@ -211,14 +216,14 @@ func (s *Service) receive(c *conn, peer, remotePath, dst string, prepare func(bo
 	if path == "ipc" && len(r.IPC) != len(r.Tensors) {
 		return 0, false, &Error{Errno: syscall.EPROTO, Msg: "ipc descriptors do not match the tensors"}
 	}
-	var files []*os.File
+	var entries []*importEntry
 	if path == "ipc" {
-		if files, err = openExports(r.IPC); err != nil {
+		if entries, err = s.importAll(c, r.IPC); err != nil {
 			// Tell the peer to release its pins, then ask again over TCP.
 			c.sendError(&Error{Errno: syscall.EXDEV, Msg: err.Error()})
 			return 0, true, nil
 		}
-		defer closeFiles(files)
+		defer s.releaseAll(entries)
 	}
 	dest, err := prepare(r.Dir, r.Tensors)
 	if err != nil {
@@ -228,7 +233,7 @@ func (s *Service) receive(c *conn, peer, remotePath, dst string, prepare func(bo
 		return 0, false, err
 	}
 	if path == "ipc" {
-		err = c.whileSilent(func() error { return copyExports(files, r.IPC, r.Tensors, dest, s.cfg.ChunkSize, rec) })
+		err = c.whileSilent(func() error { return copyExports(entries, r.IPC, r.Tensors, dest, s.cfg.ChunkSize, rec) })
 		if err != nil {
 			c.sendError(err)
 		} else {
@@ -307,13 +312,13 @@ func (s *Service) servePutIPC(c *conn, req request) error {
 		c.sendError(err)
 		return err
 	}
-	files, err := openExports(req.IPC)
+	entries, err := s.importAll(c, req.IPC)
 	if err != nil {
 		err := &Error{Errno: syscall.EXDEV, Msg: err.Error()}
 		c.sendError(err)
 		return err
 	}
-	defer closeFiles(files)
+	defer s.releaseAll(entries)
 	var total int64
 	for _, m := range req.Tensors {
 		total += m.NBytes
@@ -325,7 +330,7 @@ func (s *Service) servePutIPC(c *conn, req request) error {
 		if err != nil {
 			return err
 		}
-		if err := copyExports(files, req.IPC, req.Tensors, dest, s.cfg.ChunkSize, rec); err != nil {
+		if err := copyExports(entries, req.IPC, req.Tensors, dest, s.cfg.ChunkSize, rec); err != nil {
 			dest.Abort()
 			return err
 		}
@@ -359,7 +364,7 @@ func (s *Service) serveGet(c *conn, req request) error {
 		total += metas[i].NBytes
 	}
 	if req.IPCOK && s.sameHost(c) {
-		if descs, release, ok := exports(srcs, "peer "+c.peer); ok {
+		if descs, release, ok := s.exports(srcs, c, s.chanTo(c.instance)); ok {
 			// The client reads our memory while we hold the pins and
 			// leases, until it says done (or fails).
 			defer release()

@@ -14,7 +14,7 @@ import (
 
 // ProtocolVersion is the version of the wire protocol below; peers with
 // another version are refused at the handshake with both versions named.
-const ProtocolVersion = 1
+const ProtocolVersion = 2
 
 // Frame types. Control frames carry JSON; data frames carry a binary chunk
 // header (see dataHeaderLen) followed by the bytes.
@@ -31,6 +31,10 @@ const (
 	// large copy with nothing else to send, so that the peer's timeout
 	// measures silence, not work. Receivers skip it.
 	frameKeepalive byte = 9
+	// frameRevoke and frameRevoked travel only on a lease channel (a
+	// connection turned over to leases by a "lease" request): see lease.go.
+	frameRevoke  byte = 10
+	frameRevoked byte = 11
 )
 
 // MaxFrame is the largest frame a node accepts (type byte and payload), in
@@ -74,7 +78,7 @@ func readFrame(r io.Reader, buf []byte, max uint32) (typ byte, payload []byte, e
 		return 0, nil, fmt.Errorf("frame length %d: %w", n, ErrFrame)
 	}
 	typ = hdr[4]
-	if typ < frameHello || typ > frameKeepalive {
+	if typ < frameHello || typ > frameRevoked {
 		return 0, nil, fmt.Errorf("frame type %d: %w", typ, ErrFrame)
 	}
 	if cap(buf) < int(n-1) {

@@ -91,7 +91,7 @@ func FuzzReadFrame(f *testing.F) {
 			if len(p)+1 > MaxFrame || cap(p) > MaxFrame {
 				t.Fatalf("payload of len %d cap %d", len(p), cap(p))
 			}
-			if typ < frameHello || typ > frameKeepalive {
+			if typ < frameHello || typ > frameRevoked {
 				t.Fatalf("type %d accepted", typ)
 			}
 			consumed := len(in) - r.Len() - before

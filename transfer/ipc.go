@@ -4,42 +4,67 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 )
 
-// Exporter is implemented by sources whose bytes another daemon of the same
-// host can read in place (host memory exported as a memfd). Export pins the
-// memory and takes a lease for holder until release is called; ok is false
-// when the tensor has no such export (e.g. GPU memory, which goes over TCP
-// until the CUDA IPC import lands).
+// Exporter is implemented by sources whose memory another daemon of the same
+// host can open in place (a host memfd, a CUDA IPC handle). Export pins the
+// memory for one copy (until release is called) and describes it, when
+// accept admits its handle; with keep it also returns a long-lived lease
+// for holder, which outlives the copy so that the importer can cache its
+// mapping (nil when the export cannot be leased). ok is false when the
+// tensor has no export accept admits.
 type Exporter interface {
-	Export(holder string) (desc IPCDesc, release func(), ok bool)
+	Export(holder string, accept func(handle string) bool, keep bool) (desc IPCDesc, release func(), lease PeerLease, ok bool)
+}
+
+// MappingDest is implemented by destinations that copy from an imported
+// allocation themselves (device to device); done=false means "use ReadAt".
+type MappingDest interface {
+	CopyFromMapping(i int, m Mapping, srcOff, n int64) (done bool, err error)
 }
 
 // errNoIPC: the peer could not reach the exporter's memory (another PID
-// namespace, no permission); the copy is retried over TCP.
+// namespace, no permission, a handle kind it cannot open); the copy is
+// retried over TCP.
 var errNoIPC = errors.New("exported memory not reachable")
 
-// exports pins and describes every source for an IPC copy, or returns
-// ok=false (releasing what it took) when one of them cannot be exported.
-func exports(srcs []Source, holder string) (descs []IPCDesc, release func(), ok bool) {
+// handleKind is the part of a handle before its colon ("memfd", "cuda").
+func handleKind(h string) string {
+	k, _, _ := strings.Cut(h, ":")
+	return k
+}
+
+// exports pins and describes every source for an IPC copy to the peer of c
+// (only handle kinds it opens), or returns ok=false (releasing what it
+// took) when one of them cannot be exported. With a lease channel lc, each
+// export is also leased to the peer there, so that it may keep its import.
+func (s *Service) exports(srcs []Source, c *conn, lc *leaseChan) (descs []IPCDesc, release func(), ok bool) {
 	var rels []func()
 	release = func() {
 		for _, r := range rels {
 			r()
 		}
 	}
+	accept := func(h string) bool { return slices.Contains(c.imports, handleKind(h)) }
 	for _, sc := range srcs {
 		ex, is := sc.(Exporter)
 		if !is {
 			release()
 			return nil, func() {}, false
 		}
-		d, rel, ok := ex.Export(holder)
+		d, rel, lease, ok := ex.Export("peer "+c.peer, accept, lc != nil)
 		if !ok {
 			release()
 			return nil, func() {}, false
+		}
+		if lease != nil {
+			d.Leased = lc.hold(d.Export, lease)
+			if !d.Leased {
+				lease.Release()
+			}
 		}
 		descs = append(descs, d)
 		rels = append(rels, rel)
@@ -47,51 +72,104 @@ func exports(srcs []Source, holder string) (descs []IPCDesc, release func(), ok 
 	return descs, release, true
 }
 
-// openExports opens every exported memfd (so that a failure is known before
-// anything is written) and returns the files; the caller closes them.
-func openExports(descs []IPCDesc) ([]*os.File, error) {
-	files := make([]*os.File, 0, len(descs))
+// importAll opens (or finds in the cache) the allocation of every
+// descriptor the peer of c exported; the caller releases the entries.
+// Errors wrap errNoIPC.
+func (s *Service) importAll(c *conn, descs []IPCDesc) ([]*importEntry, error) {
+	lc := s.chanTo(c.instance)
+	entries := make([]*importEntry, 0, len(descs))
 	for _, d := range descs {
-		path, ok := strings.CutPrefix(d.Handle, "memfd:")
-		if !ok || !strings.HasPrefix(path, "/proc/") {
-			closeFiles(files)
-			return nil, fmt.Errorf("handle %q: %w", d.Handle, errNoIPC)
-		}
-		f, err := os.Open(path)
+		e, err := s.imports.acquire(c.instance, d, lc, s.openHandle)
 		if err != nil {
-			closeFiles(files)
-			return nil, fmt.Errorf("open %s: %v: %w", path, err, errNoIPC)
+			s.releaseAll(entries)
+			return nil, err
 		}
-		// Only another daemon's tensor memory may be read this way: a handle
-		// naming any other file (a peer's lie, or an fd number reused since
-		// it was exported) is refused. Checked on what was opened, not on
-		// the path, so the fd cannot change in between.
-		if target, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd())); err != nil || !strings.HasPrefix(target, "/memfd:tensorfs") {
-			f.Close()
-			closeFiles(files)
-			return nil, fmt.Errorf("handle %q is not a tensorfs memfd (%q): %w", d.Handle, target, errNoIPC)
-		}
-		files = append(files, f)
+		entries = append(entries, e)
 	}
-	return files, nil
+	return entries, nil
 }
 
-func closeFiles(fs []*os.File) {
-	for _, f := range fs {
+func (s *Service) releaseAll(entries []*importEntry) {
+	for _, e := range entries {
+		s.imports.release(e)
+	}
+}
+
+// openHandle opens another daemon's exported allocation. Errors wrap
+// errNoIPC.
+func (s *Service) openHandle(handle string) (Mapping, error) {
+	kind := handleKind(handle)
+	if kind == "memfd" {
+		f, err := openMemfd(handle)
+		if err != nil {
+			return nil, err
+		}
+		return memfdMapping{f}, nil
+	}
+	open, ok := s.cfg.Importers[kind]
+	if !ok {
+		return nil, fmt.Errorf("handle %q: no importer for %q: %w", handle, kind, errNoIPC)
+	}
+	m, err := open(handle)
+	if err != nil {
+		return nil, fmt.Errorf("open %q: %v: %w", handle, err, errNoIPC)
+	}
+	return m, nil
+}
+
+// openMemfd opens an exported memfd ("memfd:/proc/PID/fd/N"), and only if
+// it is another daemon's tensor memory: a handle naming any other file (a
+// peer's lie, or an fd number reused since it was exported) is refused.
+// Checked on what was opened, not on the path, so the fd cannot change in
+// between.
+func openMemfd(handle string) (*os.File, error) {
+	path, ok := strings.CutPrefix(handle, "memfd:")
+	if !ok || !strings.HasPrefix(path, "/proc/") {
+		return nil, fmt.Errorf("handle %q: %w", handle, errNoIPC)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %v: %w", path, err, errNoIPC)
+	}
+	if target, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd())); err != nil || !strings.HasPrefix(target, "/memfd:tensorfs") {
 		f.Close()
+		return nil, fmt.Errorf("handle %q is not a tensorfs memfd (%q): %w", handle, target, errNoIPC)
 	}
+	return f, nil
 }
 
-// copyExports copies each tensor from its exported memfd into dest with
-// pread (never a mapping: memory another process owns could shrink under a
-// mapping and fault; a short read is an EIO instead).
-func copyExports(files []*os.File, descs []IPCDesc, metas []Meta, dest Dest, chunk int, rec *Record) error {
-	buf := make([]byte, chunk)
-	for i, f := range files {
+// memfdMapping reads an exported memfd with pread (never a mapping: memory
+// another process owns could shrink under a mapping and fault; a short read
+// is an EIO instead).
+type memfdMapping struct{ f *os.File }
+
+func (m memfdMapping) ReadAt(p []byte, off int64) (int, error) { return m.f.ReadAt(p, off) }
+func (m memfdMapping) Close() error                            { return m.f.Close() }
+
+// copyExports copies each tensor from its imported allocation into dest:
+// by the destination itself when it can (device to device), else through a
+// host buffer.
+func copyExports(entries []*importEntry, descs []IPCDesc, metas []Meta, dest Dest, chunk int, rec *Record) error {
+	var buf []byte
+	md, _ := dest.(MappingDest)
+	for i, e := range entries {
 		n := metas[i].NBytes
+		if md != nil {
+			done, err := md.CopyFromMapping(i, e.m, descs[i].Offset, n)
+			if err != nil {
+				return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("copy %d bytes from %s at %d: %v", n, descs[i].Handle, descs[i].Offset, err)}
+			}
+			if done {
+				rec.BytesDone.Add(n)
+				continue
+			}
+		}
+		if buf == nil {
+			buf = make([]byte, chunk)
+		}
 		for off := int64(0); off < n; {
 			m := min(int64(chunk), n-off)
-			got, err := f.ReadAt(buf[:m], descs[i].Offset+off)
+			got, err := e.m.ReadAt(buf[:m], descs[i].Offset+off)
 			if int64(got) != m {
 				return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("read %s at %d: %d of %d bytes (%v)", descs[i].Handle, descs[i].Offset+off, got, m, err)}
 			}

@@ -28,15 +28,15 @@ func TestOpenExportsRefusesOtherFiles(t *testing.T) {
 		"memfd:/etc/passwd",
 		"cuda:00",
 	} {
-		_, err := openExports([]IPCDesc{{Handle: h}})
+		_, err := (&Service{}).openHandle(h)
 		require.True(t, errors.Is(err, errNoIPC), "%s: %v", h, err)
 	}
 	ok, err := unix.MemfdCreate("tensorfs", 0)
 	require.NoError(t, err)
 	defer unix.Close(ok)
-	files, err := openExports([]IPCDesc{{Handle: "memfd:/proc/self/fd/" + itoa(ok)}})
+	m, err := (&Service{}).openHandle("memfd:/proc/self/fd/" + itoa(ok))
 	require.NoError(t, err)
-	closeFiles(files)
+	require.NoError(t, m.Close())
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }

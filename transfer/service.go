@@ -11,6 +11,7 @@ import (
 	"hash/crc32"
 	"log"
 	"net"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -66,6 +67,10 @@ type Config struct {
 	Timeout time.Duration
 	// ChunkSize is the bytes per data frame (default 1 MiB, at most 4 MiB).
 	ChunkSize int
+	// Importers open IPC handles of kinds beyond "memfd" (which the package
+	// opens itself), by kind: "cuda" for "cuda:" + 128 hex digits. Peers
+	// learn the kinds at the handshake and offer only those.
+	Importers map[string]func(handle string) (Mapping, error)
 }
 
 // Service is a node's peer service: a listener for peers and the client side
@@ -84,6 +89,15 @@ type Service struct {
 	// small copy itself.
 	idle    map[string][]idleConn
 	reaping bool
+
+	// instance identifies this run of the node (random, fresh at New).
+	instance string
+	imports  *importCache
+	// chans are the lease channels, by the peer's instance id.
+	chanMu  sync.Mutex
+	chans   map[string]*leaseChan
+	closed2 bool       // closeChans ran: no new channels
+	dialMu  sync.Mutex // one lease-channel dial at a time
 
 	copies   [3]atomic.Int64 // local, ipc, tcp
 	active   atomic.Int64
@@ -138,7 +152,7 @@ func New(cfg Config, local Local) (*Service, error) {
 		peers[k] = v
 	}
 	cfg.Peers = peers
-	return &Service{cfg: cfg, local: local, conns: map[net.Conn]struct{}{}}, nil
+	return &Service{cfg: cfg, local: local, conns: map[net.Conn]struct{}{}, instance: fmt.Sprintf("%x", nonce()[:16]), imports: newImportCache(), chans: map[string]*leaseChan{}}, nil
 }
 
 // Start listens on cfg.Listen (if set) and serves peers until Close.
@@ -229,7 +243,9 @@ func (s *Service) Close() error {
 	if s.ln != nil {
 		s.ln.Close()
 	}
+	s.closeChans()
 	s.wg.Wait()
+	s.imports.closeAll()
 	return nil
 }
 
@@ -354,6 +370,9 @@ type conn struct {
 	peer    string
 	hostID  string
 	max     uint32 // largest frame accepted now
+	// instance and imports: the peer's, from the handshake.
+	instance string
+	imports  []string
 }
 
 func (c *conn) send(typ byte, payload []byte) error {
@@ -506,7 +525,7 @@ func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
 	}
 	c := &conn{c: nc, r: bufio.NewReaderSize(nc, 256<<10), w: bufio.NewWriterSize(nc, 256<<10), timeout: s.cfg.Timeout, peer: peer}
 	cn := nonce()
-	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn}); err != nil {
+	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds()}); err != nil {
 		nc.Close()
 		return nil, netErr(err)
 	}
@@ -532,6 +551,7 @@ func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
 		return nil, err
 	}
 	c.hostID = ch.HostID
+	c.instance, c.imports = ch.Instance, ch.Imports
 	c.max = MaxFrame
 	return c, nil
 }
@@ -554,7 +574,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	}
 	c.peer = h.Name
 	sn := nonce()
-	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name)}); err != nil {
+	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name), Instance: s.instance, Imports: s.importKinds()}); err != nil {
 		return nil, err
 	}
 	var a authMsg
@@ -570,6 +590,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 		return nil, err
 	}
 	c.hostID = h.HostID
+	c.instance, c.imports = h.Instance, h.Imports
 	c.max = MaxFrame
 	return c, nil
 }
@@ -603,6 +624,9 @@ func (s *Service) serve(nc net.Conn) {
 			rerr = s.servePut(c, req)
 		case "get":
 			rerr = s.serveGet(c, req)
+		case "lease":
+			s.serveLease(c)
+			return
 		default:
 			rerr = &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("unknown op %q", req.Op)}
 			c.sendError(rerr)
@@ -620,3 +644,13 @@ func (s *Service) serve(nc net.Conn) {
 // crcTable is CRC32C (Castagnoli), checked per chunk so corruption is an EIO,
 // not bad data.
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// importKinds lists the IPC handle kinds this node opens.
+func (s *Service) importKinds() []string {
+	kinds := []string{"memfd"}
+	for k := range s.cfg.Importers {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	return kinds
+}

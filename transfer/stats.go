@@ -47,6 +47,13 @@ type Stats struct {
 		Recent []RecordReport `json:"recent"`
 	} `json:"transfers"`
 	Peers map[string]PeerReport `json:"peers"`
+	// Imports counts lookups in the import cache (allocations of daemons of
+	// this host, opened for IPC copies): a hit reuses an open import, a miss
+	// opens one (a CUDA IPC open costs about 9.4 ms on an H200).
+	Imports struct {
+		Hits   int64 `json:"hits"`
+		Misses int64 `json:"misses"`
+	} `json:"imports"`
 }
 
 // RecordReport is one transfer in stats.
@@ -89,5 +96,16 @@ func (s *Service) Stats() Stats {
 	for name, addr := range s.cfg.Peers {
 		st.Peers[name] = PeerReport{Addr: addr}
 	}
+	st.Imports.Hits = s.imports.hits.Load()
+	st.Imports.Misses = s.imports.misses.Load()
 	return st
+}
+
+// Imports is the number of other daemons' allocations this node holds open
+// now (the stats' live "imports"); 0 for a nil service.
+func (s *Service) Imports() int {
+	if s == nil {
+		return 0
+	}
+	return s.imports.len()
 }

@@ -15,6 +15,13 @@ type hello struct {
 	Name    string `json:"name"`
 	HostID  string `json:"host_id"`
 	Nonce   []byte `json:"nonce"`
+	// Instance is the node's identity for this run (fresh random hex at
+	// every start): importers key their caches by it, so a restarted peer's
+	// allocation ids can never alias the old ones.
+	Instance string `json:"instance"`
+	// Imports lists the IPC handle kinds the node can open ("memfd",
+	// "cuda"): an exporter offers only those.
+	Imports []string `json:"imports,omitempty"`
 }
 
 // challenge answers hello (server -> client) and proves the server knows the
@@ -25,6 +32,9 @@ type challenge struct {
 	HostID  string `json:"host_id"`
 	Nonce   []byte `json:"nonce"`
 	Proof   []byte `json:"proof"`
+	// Instance and Imports: as in hello.
+	Instance string   `json:"instance"`
+	Imports  []string `json:"imports,omitempty"`
 }
 
 // authMsg proves the client knows the secret (client -> server).
@@ -76,10 +86,29 @@ type request struct {
 
 // IPCDesc is where a tensor's bytes are in another process of this host.
 type IPCDesc struct {
-	// Handle is the export's handle ("memfd:/proc/PID/fd/N").
+	// Handle is the export's handle ("memfd:/proc/PID/fd/N", or "cuda:" and
+	// 128 hex digits); it opens the whole allocation.
 	Handle string `json:"handle"`
 	// Offset is the tensor's first byte in the exported allocation.
 	Offset int64 `json:"offset"`
+	// Alloc is the exporter's never-reused id of the allocation: with the
+	// exporter's Instance, the key of the importer's cache.
+	Alloc uint64 `json:"alloc"`
+	// Export and Generation are the tensor's ipc_id and generation now.
+	Export     uint64 `json:"export"`
+	Generation uint64 `json:"generation"`
+	// Leased: the exporter holds a lease for the importer on Export over
+	// their lease channel, so the importer may keep the allocation open
+	// after the copy, until the exporter revokes it. Without it the
+	// importer closes the allocation when the copy ends.
+	Leased bool `json:"leased,omitempty"`
+}
+
+// idsMsg carries export ids on a lease channel: frameRevoke (exporter ->
+// importer: drop these) and frameRevoked (importer -> exporter: dropped,
+// whether asked or on its own).
+type idsMsg struct {
+	IDs []uint64 `json:"ids"`
 }
 
 // reply is a frameOK payload.

@@ -1,0 +1,209 @@
+package transfer
+
+import (
+	"fmt"
+	"log"
+	"sync"
+	"sync/atomic"
+)
+
+// Mapping is an allocation of another daemon of this host, opened here from
+// its IPC handle: the import cache's value. Offsets are from the start of
+// the allocation.
+type Mapping interface {
+	ReadAt(p []byte, off int64) (int, error)
+	// Close unmaps (closes the fd, cuIpcCloseMemHandle); the memory stays
+	// the exporter's.
+	Close() error
+}
+
+// importKey names an allocation across daemon restarts: the exporter's
+// instance id and its never-reused allocation id (a CUDA IPC handle maps
+// the whole allocation, so imports are cached per allocation, never per
+// address).
+type importKey struct {
+	instance string
+	alloc    uint64
+}
+
+// importEntry is one cached import.
+type importEntry struct {
+	key   importKey
+	ready chan struct{} // closed once the open finished (m or err set)
+	m     Mapping
+	err   error
+	refs  int                   // copies using it now
+	idle  chan struct{}         // closed when refs drops to 0 with no leases
+	lease map[uint64]*leaseChan // export ids leased to us on it, and through which channel
+}
+
+// importCache holds the imports of this node: kept while an exporter leases
+// them, closed when it revokes (or when no lease was given, after the copy).
+type importCache struct {
+	mu sync.Mutex
+	m  map[importKey]*importEntry
+
+	hits, misses atomic.Int64
+}
+
+func newImportCache() *importCache { return &importCache{m: map[importKey]*importEntry{}} }
+
+// len is the number of live imports, for stats.
+func (ic *importCache) len() int {
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	return len(ic.m)
+}
+
+// acquire returns the import of the allocation d describes, opening it on a
+// miss, and counts one more user of it; lc, when d is leased, is the
+// channel the exporter holds the lease on. Users call release.
+func (ic *importCache) acquire(instance string, d IPCDesc, lc *leaseChan, open func(handle string) (Mapping, error)) (*importEntry, error) {
+	k := importKey{instance, d.Alloc}
+	ic.mu.Lock()
+	e := ic.m[k]
+	if e == nil {
+		e = &importEntry{key: k, ready: make(chan struct{}), lease: map[uint64]*leaseChan{}}
+		ic.m[k] = e
+		e.refs++
+		ic.mu.Unlock()
+		ic.misses.Add(1)
+		e.m, e.err = open(d.Handle)
+		if e.err != nil {
+			ic.mu.Lock()
+			delete(ic.m, k)
+			ic.mu.Unlock()
+		}
+		close(e.ready)
+	} else {
+		e.refs++
+		ic.mu.Unlock()
+		<-e.ready
+		if e.err == nil {
+			ic.hits.Add(1)
+		}
+	}
+	if e.err != nil {
+		return nil, e.err
+	}
+	if d.Leased && lc != nil {
+		ic.mu.Lock()
+		lc.mu.Lock()
+		// The lease counts only while its channel lives: after the channel's
+		// end no revocation could reach us.
+		if lc.alive() {
+			e.lease[d.Export] = lc
+		}
+		lc.mu.Unlock()
+		ic.mu.Unlock()
+	}
+	return e, nil
+}
+
+// leasedThroughLocked reports whether any import is leased through lc.
+// ic.mu is held.
+func (ic *importCache) leasedThroughLocked(lc *leaseChan) bool {
+	for _, e := range ic.m {
+		for _, via := range e.lease {
+			if via == lc {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// release ends one use of e; it is closed when nobody uses it and no lease
+// keeps it.
+func (ic *importCache) release(e *importEntry) {
+	ic.mu.Lock()
+	e.refs--
+	closeIt := e.refs == 0 && len(e.lease) == 0
+	if closeIt && ic.m[e.key] == e {
+		delete(ic.m, e.key)
+	}
+	ic.mu.Unlock()
+	if closeIt {
+		ic.closeEntry(e)
+	}
+}
+
+// closeEntry closes e's mapping (e is out of the map and unused).
+func (ic *importCache) closeEntry(e *importEntry) {
+	if e.idle != nil {
+		close(e.idle)
+	}
+	if e.m != nil {
+		if err := e.m.Close(); err != nil {
+			log.Printf("close import of allocation %d of %s: %v", e.key.alloc, e.key.instance, err)
+		}
+	}
+}
+
+// drop removes the leases that match from every entry and closes the
+// entries left unused and unleased; it waits for entries still in use by a
+// copy to be closed, so that the caller's answer to the exporter comes
+// only after the mapping is gone. It returns how many entries it closed.
+func (ic *importCache) drop(match func(id uint64, lc *leaseChan) bool) int {
+	var closeNow, waitFor []*importEntry
+	ic.mu.Lock()
+	for k, e := range ic.m {
+		had := len(e.lease)
+		for id, lc := range e.lease {
+			if match(id, lc) {
+				delete(e.lease, id)
+			}
+		}
+		if had == 0 || len(e.lease) > 0 {
+			continue
+		}
+		select {
+		case <-e.ready:
+		default:
+			continue // still opening: its opener holds a ref
+		}
+		if e.refs == 0 {
+			delete(ic.m, k)
+			closeNow = append(closeNow, e)
+		} else {
+			// The copy reading it now ends soon (the exporter's pin keeps
+			// the memory meanwhile); the mapping closes at its release.
+			if e.idle == nil {
+				e.idle = make(chan struct{})
+			}
+			waitFor = append(waitFor, e)
+		}
+	}
+	ic.mu.Unlock()
+	for _, e := range closeNow {
+		ic.closeEntry(e)
+	}
+	for _, e := range waitFor {
+		<-e.idle
+	}
+	return len(closeNow) + len(waitFor)
+}
+
+// revoke drops the imports of the export ids the peer of lc revokes.
+func (ic *importCache) revoke(lc *leaseChan, ids []uint64) {
+	set := make(map[uint64]bool, len(ids))
+	for _, id := range ids {
+		set[id] = true
+	}
+	ic.drop(func(id uint64, via *leaseChan) bool { return via == lc && set[id] })
+}
+
+// dropChan drops every import leased through lc (its channel ended).
+func (ic *importCache) dropChan(lc *leaseChan) int {
+	return ic.drop(func(_ uint64, via *leaseChan) bool { return via == lc })
+}
+
+// closeAll closes every import (at Close); users still running keep theirs
+// until they release it.
+func (ic *importCache) closeAll() {
+	ic.drop(func(uint64, *leaseChan) bool { return true })
+}
+
+func (e *importEntry) String() string {
+	return fmt.Sprintf("allocation %d of %s", e.key.alloc, e.key.instance)
+}

@@ -1,0 +1,355 @@
+package transfer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log"
+	"sync"
+	"time"
+)
+
+// Leases between daemons of one host (DESIGN.md, "Registration model").
+//
+// An importer keeps another daemon's allocation open after a copy (opening
+// a CUDA IPC handle costs milliseconds), so the exporter must not free that
+// allocation while the mapping exists. Each pair of daemons that copy over
+// IPC keeps one lease channel: a connection given over to leases, on which
+// either side, as exporter, sends frameRevoke with the export ids it is
+// retiring, and the other, as importer, closes what it cached for them and
+// answers frameRevoked (which it also sends, unasked, when it drops an
+// import on its own). The exporter holds one lease per (channel, export id),
+// taken when it hands out the export's descriptor with Leased set, and ends
+// it on the answer, when the channel dies (a dead importer's leases die with
+// its connection), or after the timeout. The importer drops every import
+// leased through a channel when that channel dies, because it could no
+// longer hear of revocations.
+//
+// The channel is dialed by whichever side dialed the copy's connection (it
+// knows the other's address). When both dial at once, both keep the channel
+// dialed by the node with the smaller instance id and close the other.
+
+// PeerLease is an exporter's long-lived lease for a peer importer:
+// *ipc.Lease implements it.
+type PeerLease interface {
+	// Revoked is closed when the exporter retires the memory.
+	Revoked() <-chan struct{}
+	// Release ends the lease; safe to call more than once.
+	Release()
+}
+
+// leaseChan is one end of a lease channel.
+type leaseChan struct {
+	s        *Service
+	c        *conn
+	peer     string // the peer's name, for logs
+	instance string // the peer's instance id
+	dialer   string // the instance id of the node that dialed it
+	wmu      sync.Mutex
+	done     chan struct{}
+	once     sync.Once
+
+	mu   sync.Mutex
+	held map[uint64]*heldLease // exporter side, by export id
+}
+
+// heldLease is a lease this node, as exporter, holds for the peer.
+type heldLease struct {
+	lease PeerLease
+	acked chan struct{}
+	once  sync.Once
+}
+
+func (h *heldLease) ack() { h.once.Do(func() { close(h.acked) }) }
+
+// alive reports whether the channel still runs.
+func (lc *leaseChan) alive() bool {
+	select {
+	case <-lc.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// sendIDs sends a frameRevoke or frameRevoked; errors end the channel.
+func (lc *leaseChan) sendIDs(typ byte, ids []uint64) {
+	lc.wmu.Lock()
+	err := lc.c.sendJSON(typ, idsMsg{IDs: ids})
+	lc.wmu.Unlock()
+	if err != nil {
+		lc.close(fmt.Errorf("send: %v", err))
+	}
+}
+
+// close ends the channel once: the connection is closed, the leases held
+// for the peer are released (by their watchers), and the imports leased
+// through it are dropped.
+func (lc *leaseChan) close(why error) {
+	first := false
+	lc.once.Do(func() { close(lc.done); first = true })
+	if first {
+		lc.finish(why)
+	}
+}
+
+// closeIfIdle closes the channel when neither side's leases use it: no
+// lease held for the peer here, no import leased through it here (the
+// peer checks its own side the same way). Decided under the locks that
+// hold and acquire take, so a lease being taken meanwhile either sees the
+// channel end or keeps it.
+func (lc *leaseChan) closeIfIdle() bool {
+	ic := lc.s.imports
+	ic.mu.Lock()
+	lc.mu.Lock()
+	idle := len(lc.held) == 0 && !ic.leasedThroughLocked(lc)
+	first := false
+	if idle {
+		lc.once.Do(func() { close(lc.done); first = true })
+	}
+	lc.mu.Unlock()
+	ic.mu.Unlock()
+	if first {
+		lc.finish(nil)
+	}
+	return idle
+}
+
+// finish does the work of closing, once.
+func (lc *leaseChan) finish(why error) {
+	{
+		lc.c.c.Close()
+		lc.s.chanMu.Lock()
+		if lc.s.chans[lc.instance] == lc {
+			delete(lc.s.chans, lc.instance)
+		}
+		lc.s.chanMu.Unlock()
+		n := lc.s.imports.dropChan(lc)
+		lc.mu.Lock()
+		held := len(lc.held)
+		lc.mu.Unlock()
+		if why != nil && (n > 0 || held > 0) {
+			log.Printf("peer %s: lease channel ended (%v): %d imports dropped, %d leases released", lc.peer, why, n, held)
+		}
+	}
+}
+
+// hold records that this node, as exporter, holds l for the peer on export
+// id, and watches it: on revocation the peer is told and the lease ends
+// with its answer, the channel's end, or the timeout. A second lease on an
+// export already held is released at once (one is enough). false: the
+// channel has ended; the caller releases l itself.
+func (lc *leaseChan) hold(id uint64, l PeerLease) bool {
+	lc.mu.Lock()
+	if !lc.alive() {
+		lc.mu.Unlock()
+		return false
+	}
+	if _, ok := lc.held[id]; ok {
+		lc.mu.Unlock()
+		l.Release()
+		return true
+	}
+	h := &heldLease{lease: l, acked: make(chan struct{})}
+	lc.held[id] = h
+	lc.mu.Unlock()
+	go func() {
+		select {
+		case <-l.Revoked():
+			lc.sendIDs(frameRevoke, []uint64{id})
+			t := time.NewTimer(lc.s.cfg.Timeout)
+			select {
+			case <-h.acked:
+			case <-lc.done:
+			case <-t.C:
+				log.Printf("peer %s: no answer to the revocation of ipc %d within %v; lease dropped", lc.peer, id, lc.s.cfg.Timeout)
+			}
+			t.Stop()
+		case <-h.acked: // the importer dropped it on its own
+		case <-lc.done:
+		}
+		lc.mu.Lock()
+		if lc.held[id] == h {
+			delete(lc.held, id)
+		}
+		lc.mu.Unlock()
+		l.Release()
+	}()
+	return true
+}
+
+// run reads the channel until it ends, and keeps it alive meanwhile.
+func (lc *leaseChan) run() {
+	go func() {
+		// Keepalives every third of the timeout; idle checks on the same
+		// beat: an unused channel closes after about idleLimit, so an idle
+		// node holds no sockets.
+		beat := min(lc.s.cfg.Timeout/3, lc.s.idleLimit()/2)
+		tick := time.NewTicker(beat)
+		defer tick.Stop()
+		idleFor := time.Duration(0)
+		for {
+			select {
+			case <-lc.done:
+				return
+			case <-tick.C:
+				if lc.isIdle() {
+					if idleFor += beat; idleFor >= lc.s.idleLimit() && lc.closeIfIdle() {
+						return
+					}
+				} else {
+					idleFor = 0
+				}
+				lc.wmu.Lock()
+				err := lc.c.send(frameKeepalive, nil)
+				if err == nil {
+					err = lc.c.flush()
+				}
+				lc.wmu.Unlock()
+				if err != nil {
+					lc.close(fmt.Errorf("keepalive: %v", err))
+					return
+				}
+			}
+		}
+	}()
+	for {
+		typ, p, err := lc.c.recv()
+		if err != nil {
+			lc.close(err)
+			return
+		}
+		var m idsMsg
+		if (typ != frameRevoke && typ != frameRevoked) || json.Unmarshal(p, &m) != nil {
+			lc.close(fmt.Errorf("frame type %d on a lease channel: %w", typ, ErrFrame))
+			return
+		}
+		switch typ {
+		case frameRevoke:
+			// Closing a mapping may wait for a copy that still reads it:
+			// not on the reader, which must keep hearing the channel.
+			go func() {
+				lc.s.imports.revoke(lc, m.IDs)
+				lc.sendIDs(frameRevoked, m.IDs)
+			}()
+		case frameRevoked:
+			lc.mu.Lock()
+			for _, id := range m.IDs {
+				if h, ok := lc.held[id]; ok {
+					h.ack()
+				}
+			}
+			lc.mu.Unlock()
+		}
+	}
+}
+
+// adopt registers a new channel end for the peer instance, applying the
+// tie-break when one is already there; false: lc lost and was closed.
+func (s *Service) adoptChan(lc *leaseChan) bool {
+	s.chanMu.Lock()
+	if s.closed2 {
+		s.chanMu.Unlock()
+		lc.close(nil)
+		return false
+	}
+	old := s.chans[lc.instance]
+	if old != nil && old.alive() && old.dialer <= lc.dialer {
+		s.chanMu.Unlock()
+		lc.close(nil)
+		return false
+	}
+	s.chans[lc.instance] = lc
+	s.chanMu.Unlock()
+	if old != nil {
+		old.close(nil)
+	}
+	return true
+}
+
+// leaseChannel returns the live lease channel to the peer instance behind
+// c, dialing one when there is none; nil when it cannot (the copy then
+// goes on without leases, and the importer does not cache).
+func (s *Service) leaseChannel(ctx context.Context, peer string, c *conn) *leaseChan {
+	if lc := s.chanTo(c.instance); lc != nil {
+		return lc
+	}
+	s.dialMu.Lock()
+	defer s.dialMu.Unlock()
+	if lc := s.chanTo(c.instance); lc != nil {
+		return lc
+	}
+	nc, err := s.dial(ctx, peer)
+	if err != nil {
+		log.Printf("peer %s: lease channel: %v", peer, err)
+		return nil
+	}
+	if nc.instance != c.instance {
+		nc.c.Close() // the peer restarted in between: the copy's conn is stale anyway
+		return nil
+	}
+	if err := nc.sendJSON(frameRequest, request{Op: "lease", Path: "/"}); err == nil {
+		err = nc.recvJSON(frameOK, nil)
+	}
+	if err != nil {
+		nc.c.Close()
+		log.Printf("peer %s: lease channel: %v", peer, err)
+		return nil
+	}
+	lc := s.newChan(nc, s.instance)
+	if !s.adoptChan(lc) {
+		return s.chanTo(c.instance)
+	}
+	go lc.run()
+	return lc
+}
+
+func (s *Service) newChan(c *conn, dialer string) *leaseChan {
+	// The channel's own reads wait for keepalives, not for work.
+	return &leaseChan{s: s, c: c, peer: c.peer, instance: c.instance, dialer: dialer, done: make(chan struct{}), held: map[uint64]*heldLease{}}
+}
+
+// chanTo returns the live channel to a peer instance, or nil.
+func (s *Service) chanTo(instance string) *leaseChan {
+	s.chanMu.Lock()
+	defer s.chanMu.Unlock()
+	if lc := s.chans[instance]; lc != nil && lc.alive() {
+		return lc
+	}
+	return nil
+}
+
+// serveLease turns an accepted connection into a lease channel.
+func (s *Service) serveLease(c *conn) {
+	if err := c.sendJSON(frameOK, reply{}); err != nil {
+		return
+	}
+	lc := s.newChan(c, c.instance)
+	if s.adoptChan(lc) {
+		lc.run()
+	}
+}
+
+// closeChans ends every lease channel (at Close).
+func (s *Service) closeChans() {
+	s.chanMu.Lock()
+	s.closed2 = true
+	all := make([]*leaseChan, 0, len(s.chans))
+	for _, lc := range s.chans {
+		all = append(all, lc)
+	}
+	s.chanMu.Unlock()
+	for _, lc := range all {
+		lc.close(nil)
+	}
+}
+
+// isIdle is a lock-light look at whether the channel carries any lease.
+func (lc *leaseChan) isIdle() bool {
+	ic := lc.s.imports
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	return len(lc.held) == 0 && !ic.leasedThroughLocked(lc)
+}
