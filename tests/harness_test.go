@@ -108,6 +108,8 @@ type daemon struct {
 	exit  chan error
 	fds   int // open fds after mounting, before any test activity
 	state string
+	// wrapper and flags it was started with, for relaunch.
+	wrapper, flags []string
 }
 
 type syncBuffer struct {
@@ -138,9 +140,20 @@ func startDaemon(t testing.TB, flags ...string) *daemon {
 // its arguments, ending with the program to run: bin).
 func launch(t testing.TB, wrapper []string, flags ...string) *daemon {
 	t.Helper()
-	mnt := t.TempDir()
+	return launchAt(t, t.TempDir(), wrapper, flags...)
+}
+
+// relaunch starts a new daemon with d's flags on d's mountpoint (d stopped
+// or killed first).
+func (d *daemon) relaunch() *daemon {
+	d.t.Helper()
+	return launchAt(d.t, d.mnt, d.wrapper, d.flags...)
+}
+
+func launchAt(t testing.TB, mnt string, wrapper []string, flags ...string) *daemon {
+	t.Helper()
 	ours.Store(mnt, true)
-	d := &daemon{t: t, mnt: mnt, log: &syncBuffer{}, exit: make(chan error, 1)}
+	d := &daemon{t: t, mnt: mnt, log: &syncBuffer{}, exit: make(chan error, 1), wrapper: wrapper, flags: flags}
 	args := append(testDeviceFlags([]string{"mount", mnt}), flags...)
 	if wrapper == nil {
 		d.cmd = exec.Command(bin, args...)

@@ -23,6 +23,7 @@ func newMountCmd() *cobra.Command {
 		maxMemory  string
 		allowOther bool
 		debug      bool
+		revoke     time.Duration
 		pc         peerFlags
 	)
 	cmd := &cobra.Command{
@@ -43,7 +44,11 @@ accepts peers (the mount appears once the listener is up); --peer NAME=HOST:PORT
 holds the shared secret (at least 16 bytes, one trailing newline stripped, not
 readable by group or others); listening on a non-loopback address needs one.
 --host-id overrides the host identity (default: the kernel's boot id).
---timeout bounds how long a copy waits on a silent peer.`,
+--timeout bounds how long a copy waits on a silent peer.
+
+--revoke-timeout bounds how long freeing a tensor waits for the peer daemons
+that cached an import of it (a dead peer's leases end with its connection; a
+silent one's after this time, logged).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var limit uint64
@@ -57,7 +62,10 @@ readable by group or others); listening on a non-loopback address needs one.
 			if err != nil {
 				return err
 			}
-			return runMount(args[0], device, int64(limit), fs.Options{AllowOther: allowOther, Debug: debug}, cfg)
+			if revoke <= 0 {
+				return fmt.Errorf("--revoke-timeout %v: must be positive", revoke)
+			}
+			return runMount(args[0], device, int64(limit), revoke, fs.Options{AllowOther: allowOther, Debug: debug}, cfg)
 		},
 	}
 	f := cmd.Flags()
@@ -65,11 +73,12 @@ readable by group or others); listening on a non-loopback address needs one.
 	f.StringVar(&maxMemory, "max-memory", "", "cap on allocated bytes (default: available memory)")
 	f.BoolVar(&allowOther, "allow-other", false, "let other users access the mount (FUSE allow_other)")
 	f.BoolVar(&debug, "debug", false, "log every FUSE request")
+	f.DurationVar(&revoke, "revoke-timeout", 10*time.Second, "how long freeing a tensor waits for peers holding an import of it")
 	pc.register(f)
 	return cmd
 }
 
-func runMount(mountpoint, device string, limit int64, o fs.Options, peerCfg transfer.Config) error {
+func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs.Options, peerCfg transfer.Config) error {
 	// Catch signals before mounting: go-fuse's mount makes a request on the
 	// new mount from this process (its poll check), and a process killed by a
 	// default-action SIGINT while waiting for its own reply hangs in exit and
@@ -91,7 +100,7 @@ func runMount(mountpoint, device string, limit int64, o fs.Options, peerCfg tran
 	if err != nil {
 		return err
 	}
-	store, err := tensor.NewStore(tensor.Config{Devices: devs})
+	store, err := tensor.NewStore(tensor.Config{Devices: devs, RevokeTimeout: revoke})
 	if err != nil {
 		return err
 	}
