@@ -300,6 +300,21 @@ func BenchmarkRealImport(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	// Import and Free alone (cuIpcOpenMemHandle_v2, cuMemGetAddressRange_v2,
+	// cuIpcCloseMemHandle) of the 2 MiB arena and of the 1 GiB allocation.
+	for _, cb := range []childBuf{hs, hl} {
+		b.Run(fmt.Sprintf("open-close-%dM", roundUp(cb.size, ArenaSize)>>20), func(b *testing.B) {
+			for b.Loop() {
+				imp, err := d.Import(cb.handle, cb.off, 0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := imp.Free(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 	b.Run("64K-import-miss", func(b *testing.B) {
 		for b.Loop() {
 			importCopy(b)
