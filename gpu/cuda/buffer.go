@@ -30,10 +30,11 @@ var _ gpu.Buffer = (*buffer)(nil)
 var bufferSeq atomic.Uint64
 
 // ID implements gpu.Buffer: the id of the allocation (arena or own) the
-// buffer lives in.
+// buffer lives in; for an imported buffer, an id of its own per Import.
 func (b *buffer) ID() uint64 { return b.a.id }
 
-// Offset implements gpu.Buffer: the ipc_offset, a multiple of Align.
+// Offset implements gpu.Buffer: the ipc_offset, a multiple of Align (for
+// an imported buffer, the offset given to Import).
 func (b *buffer) Offset() int64 { return b.off }
 
 // Device implements gpu.Buffer.

@@ -7,7 +7,9 @@
 // from ArenaSize arenas, one set per owner uid, each exported once with
 // cuIpcGetMemHandle; larger buffers get allocations of their own. Reads and
 // writes go through page-locked staging buffers, double-buffered so that the
-// copy into or out of the caller's memory overlaps the DMA.
+// copy into or out of the caller's memory overlaps the DMA. Device.Import
+// maps another process's exported allocation (cuIpcOpenMemHandle) as a
+// buffer that works like these.
 //
 // Threads: a CUDA context is current per OS thread, and goroutines move
 // between threads. Every driver call that needs the device's context runs
