@@ -24,9 +24,14 @@ type Importer interface {
 	// processes can open for the same memory, and Free unmaps (closes the fd,
 	// cuIpcCloseMemHandle) without freeing what the owner allocated.
 	//
+	// A backend may share one mapping among the buffers imported from one
+	// handle (CUDA maps an allocation once per context, and an open costs
+	// about 0.1 ms); the mapping then closes with the last of them.
+	//
 	// Memory that can shrink under tensorfs (a foreign memfd without
 	// F_SEAL_SHRINK) is accessed with pread/pwrite, never mapped, so a shrink
-	// costs an error wrapping ErrGone on the next access, never a SIGBUS. Errors: ErrHandle (malformed, wrong kind, not openable),
+	// costs an error wrapping ErrGone on the next access, never a SIGBUS.
+	// Errors: ErrHandle (malformed, wrong kind, not openable),
 	// ErrInvalidSize (a range outside the allocation), ErrNoDriver.
 	Import(handle string, off, n int64) (Buffer, error)
 }

@@ -26,6 +26,19 @@ type allocation struct {
 	handle string // "cuda:" + 128 hex digits
 	owner  uint32
 	arena  bool
+	dev    *Device // the device whose memory it is; nil for an import
+
+	// An import is not memory of this process's allocator: imp is the
+	// cuIpcOpenMemHandle mapping it lives in, or alias the allocation of
+	// this process it names (Import of a handle this process exported).
+	imp   *mapping
+	alias *allocation
+
+	// Guarded by exports' lock: buffers imported from this allocation by
+	// this process (aliases) not yet freed, and whether its owner freed it
+	// meanwhile (cuMemFree then waits for the last alias).
+	pins int
+	dead bool
 
 	// Arena bookkeeping, guarded by Device.amu.
 	free    []extent // free ranges: sorted by off, disjoint, never adjacent

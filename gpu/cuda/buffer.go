@@ -30,10 +30,11 @@ var _ gpu.Buffer = (*buffer)(nil)
 var bufferSeq atomic.Uint64
 
 // ID implements gpu.Buffer: the id of the allocation (arena or own) the
-// buffer lives in.
+// buffer lives in; for an imported buffer, an id of its own per Import.
 func (b *buffer) ID() uint64 { return b.a.id }
 
-// Offset implements gpu.Buffer: the ipc_offset, a multiple of Align.
+// Offset implements gpu.Buffer: the ipc_offset, a multiple of Align (for
+// an imported buffer, the offset given to Import).
 func (b *buffer) Offset() int64 { return b.off }
 
 // Device implements gpu.Buffer.
@@ -117,7 +118,10 @@ func (b *buffer) Zero(off, n int64) error {
 
 // Free implements gpu.Buffer: the range goes back to its arena (the arena to
 // the driver once it holds no buffer), or a large buffer's allocation to the
-// driver. A second Free returns gpu.ErrFreed.
+// driver. An imported buffer instead drops its IPC mapping
+// (cuIpcCloseMemHandle once no buffer imported from it is left) or its pin
+// on the local allocation it aliases, and never frees the owner's memory.
+// A second Free returns gpu.ErrFreed.
 func (b *buffer) Free() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -125,6 +129,12 @@ func (b *buffer) Free() error {
 		return fmt.Errorf("%s buffer %d+%d: %w", b.dev.name, b.a.id, b.off, gpu.ErrFreed)
 	}
 	b.freed = true
+	switch {
+	case b.a.imp != nil:
+		return b.dev.closeMapping(b.a.imp)
+	case b.a.alias != nil:
+		return unpin(b.a.alias)
+	}
 	return b.dev.release(b.a, b.off, b.span)
 }
 

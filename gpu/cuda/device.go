@@ -7,7 +7,9 @@
 // from ArenaSize arenas, one set per owner uid, each exported once with
 // cuIpcGetMemHandle; larger buffers get allocations of their own. Reads and
 // writes go through page-locked staging buffers, double-buffered so that the
-// copy into or out of the caller's memory overlaps the DMA.
+// copy into or out of the caller's memory overlaps the DMA. Device.Import
+// maps another process's exported allocation (cuIpcOpenMemHandle) as a
+// buffer that works like these.
 //
 // Threads: a CUDA context is current per OS thread, and goroutines move
 // between threads. Every driver call that needs the device's context runs
@@ -70,6 +72,9 @@ type Device struct {
 
 	pmu   sync.Mutex
 	peers map[*Device]error // peer access from this device's context, once per peer
+
+	imu  sync.Mutex          // guards maps, and is held across cuIpcOpen/CloseMemHandle
+	maps map[string]*mapping // open IPC mappings in this device's context, by handle
 
 	linger time.Duration // how long an idle arena is kept (arenaLinger)
 
@@ -152,6 +157,7 @@ func openDevice(drv driver, ordinal int, maxMemory int64) (*Device, error) {
 		pools:   pools{},
 		stagers: make(chan *stager, maxStagers),
 		peers:   map[*Device]error{},
+		maps:    map[string]*mapping{},
 		linger:  arenaLinger,
 	}
 	var total uint64
@@ -322,12 +328,28 @@ func (d *Device) newAllocation(size int64, owner uint32, arena bool) (*allocatio
 		d.used.Add(-size)
 		return nil, fmt.Errorf("%s: allocate %d bytes: %w", d.name, size, err)
 	}
-	a.id = newAllocID()
+	a.id, a.dev = newAllocID(), d
+	exports.Lock()
+	exports.m[a.handle] = a
+	exports.Unlock()
 	return a, nil
 }
 
-// freeAllocation gives an allocation back to the driver and the cap.
+// freeAllocation gives an allocation back to the driver and the cap. While
+// buffers imported from it by this process (aliases) are live, the memory
+// is kept (still counted in Used) and the last alias's Free frees it: an
+// importer's mapping keeps memory alive, and an alias must act like one.
 func (d *Device) freeAllocation(a *allocation) error {
+	exports.Lock()
+	if exports.m[a.handle] == a {
+		delete(exports.m, a.handle) // no new alias of memory being freed
+	}
+	if a.pins > 0 {
+		a.dead = true
+		exports.Unlock()
+		return nil
+	}
+	exports.Unlock()
 	err := d.withCtx(func() error {
 		return check(d.drv, "cuMemFree_v2", d.drv.memFree(a.base))
 	})
@@ -434,6 +456,9 @@ func (d *Device) Close() error {
 	d.smu.Unlock()
 	if u := d.used.Load(); u != 0 {
 		keep(fmt.Errorf("%s closed with %d bytes still allocated", d.name, u))
+	}
+	if err := d.closeMappings(); err != nil {
+		keep(err)
 	}
 	if err := check(d.drv, "cuDevicePrimaryCtxRelease_v2", d.drv.primaryCtxRelease(d.dev)); err != nil {
 		keep(fmt.Errorf("%s: %w", d.name, err))

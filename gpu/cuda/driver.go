@@ -29,6 +29,17 @@ type driver interface {
 	memAlloc(n uint64) (devptr, result)
 	memFree(p devptr) result
 	ipcGetMemHandle(p devptr) (ipcHndl, result)
+	// ipcOpenMemHandle maps another process's exported allocation into the
+	// current context (cuIpcOpenMemHandle_v2 with
+	// CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) and returns the mapped pointer,
+	// which corresponds to the exporter's pointer.
+	ipcOpenMemHandle(h ipcHndl) (devptr, result)
+	// ipcCloseMemHandle unmaps what ipcOpenMemHandle mapped; the
+	// exporter's memory is not freed.
+	ipcCloseMemHandle(p devptr) result
+	// memGetAddressRange returns the base and size in bytes of the
+	// allocation that contains p (cuMemGetAddressRange_v2).
+	memGetAddressRange(p devptr) (base devptr, size uint64, r result)
 	// memHostAlloc returns page-locked host memory, usable by any context.
 	memHostAlloc(n uint64) (unsafe.Pointer, result)
 	memFreeHost(p unsafe.Pointer) result

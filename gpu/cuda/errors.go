@@ -17,6 +17,7 @@ const (
 	errNoDevice          result = 100
 	errInvalidDevice     result = 101
 	errPeerAccessEnabled result = 704 // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+	errInvalidContext    result = 201 // CUDA_ERROR_INVALID_CONTEXT
 )
 
 // errorNames gives driver errors a name when the library cannot (it is not
@@ -31,6 +32,8 @@ var errorNames = map[result]string{
 	100: "CUDA_ERROR_NO_DEVICE",
 	101: "CUDA_ERROR_INVALID_DEVICE",
 	201: "CUDA_ERROR_INVALID_CONTEXT",
+	205: "CUDA_ERROR_MAP_FAILED",
+	208: "CUDA_ERROR_ALREADY_MAPPED",
 	217: "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
 	400: "CUDA_ERROR_INVALID_HANDLE",
 	700: "CUDA_ERROR_ILLEGAL_ADDRESS",

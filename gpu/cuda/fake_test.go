@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"bytes"
+	"encoding/hex"
 	"fmt"
 	"sort"
 	"sync"
@@ -39,6 +40,12 @@ type fakeDriver struct {
 type fakeAlloc struct {
 	dev  cuDev
 	data []byte
+	// foreign: allocated by "another process" (foreignAlloc), so that
+	// cuIpcOpenMemHandle opens it; mapOf: a mapping made by
+	// cuIpcOpenMemHandle of the allocation at that address, sharing its
+	// bytes, in the context of dev.
+	foreign bool
+	mapOf   devptr
 }
 
 type fakeStream struct {
@@ -90,7 +97,7 @@ func (f *fakeDriver) slice(p devptr, n uint64) []byte {
 func (f *fakeDriver) usedOn(d cuDev) uint64 {
 	var u uint64
 	for _, a := range f.allocs {
-		if a.dev == d {
+		if a.dev == d && a.mapOf == 0 {
 			u += uint64(len(a.data))
 		}
 	}
@@ -139,7 +146,7 @@ func (f *fakeDriver) primaryCtxRelease(d cuDev) result {
 		// The real driver destroys the context: its memory goes with it.
 		delete(f.retained, d)
 		for p, a := range f.allocs {
-			if a.dev == d {
+			if a.dev == d && !a.foreign {
 				delete(f.allocs, p)
 			}
 		}
@@ -196,8 +203,8 @@ func (f *fakeDriver) memFree(p devptr) result {
 	if _, ok := f.cur("cuMemFree_v2"); !ok {
 		return 201
 	}
-	if f.allocs[p] == nil {
-		f.violations = append(f.violations, fmt.Sprintf("cuMemFree_v2 of %#x, not allocated", p))
+	if f.allocs[p] == nil || f.allocs[p].foreign || f.allocs[p].mapOf != 0 {
+		f.violations = append(f.violations, fmt.Sprintf("cuMemFree_v2 of %#x, not allocated by this process", p))
 		return 1
 	}
 	delete(f.allocs, p)
@@ -222,6 +229,117 @@ func (f *fakeDriver) ipcGetMemHandle(p devptr) (ipcHndl, result) {
 	}
 	h[63] = 0xCD
 	return h, success
+}
+
+// ipcOpenMemHandle decodes the address ipcGetMemHandle put in the handle
+// and maps that allocation into the current context, as a new address
+// sharing its bytes. Like the real driver it refuses handles of this
+// process's own allocations (CUDA_ERROR_INVALID_CONTEXT), and a second open
+// of one handle in one context is a violation (the backend shares one).
+func (f *fakeDriver) ipcOpenMemHandle(h ipcHndl) (devptr, result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r := f.enter("cuIpcOpenMemHandle_v2"); r != success {
+		return 0, r
+	}
+	c, ok := f.cur("cuIpcOpenMemHandle_v2")
+	if !ok {
+		return 0, 201
+	}
+	var p devptr
+	for i := range 8 {
+		p |= devptr(h[i]) << (8 * i)
+	}
+	a := f.allocs[p]
+	if h[63] != 0xCD || a == nil || a.mapOf != 0 {
+		return 0, 1 // CUDA_ERROR_INVALID_VALUE: no such exported memory
+	}
+	if !a.foreign {
+		return 0, errInvalidContext
+	}
+	for _, m := range f.allocs {
+		if m.mapOf == p && m.dev == ctxDev(c) {
+			f.violations = append(f.violations, fmt.Sprintf("cuIpcOpenMemHandle_v2 of %#x twice in context %#x", p, c))
+		}
+	}
+	q := f.nextPtr
+	f.nextPtr += devptr(roundUp(int64(len(a.data)), ArenaSize))
+	f.allocs[q] = &fakeAlloc{dev: ctxDev(c), data: a.data, mapOf: p}
+	return q, success
+}
+
+func (f *fakeDriver) ipcCloseMemHandle(p devptr) result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r := f.enter("cuIpcCloseMemHandle"); r != success {
+		return r
+	}
+	c, ok := f.cur("cuIpcCloseMemHandle")
+	if !ok {
+		return 201
+	}
+	a := f.allocs[p]
+	if a == nil || a.mapOf == 0 || a.dev != ctxDev(c) {
+		f.violations = append(f.violations, fmt.Sprintf("cuIpcCloseMemHandle of %#x, not a mapping of context %#x", p, c))
+		return 1
+	}
+	delete(f.allocs, p)
+	return success
+}
+
+func (f *fakeDriver) memGetAddressRange(p devptr) (devptr, uint64, result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r := f.enter("cuMemGetAddressRange_v2"); r != success {
+		return 0, 0, r
+	}
+	if _, ok := f.cur("cuMemGetAddressRange_v2"); !ok {
+		return 0, 0, 201
+	}
+	for base, a := range f.allocs {
+		if p >= base && uint64(p-base) < uint64(len(a.data)) {
+			return base, uint64(len(a.data)), success
+		}
+	}
+	return 0, 0, 1
+}
+
+// foreignAlloc makes n bytes of device memory on d as another process
+// would (filled with fill), and returns its IPC handle and address.
+func (f *fakeDriver) foreignAlloc(d cuDev, n int, fill []byte) (string, devptr) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p := f.nextPtr
+	f.nextPtr += devptr(roundUp(int64(n), ArenaSize))
+	data := make([]byte, n)
+	copy(data, fill)
+	f.allocs[p] = &fakeAlloc{dev: d, data: data, foreign: true}
+	var h ipcHndl
+	for i := range h {
+		h[i] = byte(uint64(p) >> (8 * (i % 8)))
+	}
+	h[63] = 0xCD
+	return "cuda:" + hex.EncodeToString(h[:]), p
+}
+
+// freeForeign frees what foreignAlloc made.
+func (f *fakeDriver) freeForeign(p devptr) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.allocs, p)
+}
+
+// mappings counts the live cuIpcOpenMemHandle mappings.
+func (f *fakeDriver) mappings() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, a := range f.allocs {
+		if a.mapOf != 0 {
+			n++
+		}
+	}
+	return n
 }
 
 func (f *fakeDriver) memHostAlloc(n uint64) (unsafe.Pointer, result) {

@@ -56,6 +56,9 @@ type symbols struct {
 	memAlloc            uintptr
 	memFree             uintptr
 	ipcGetMemHandle     uintptr
+	ipcOpenMemHandle    uintptr
+	ipcCloseMemHandle   uintptr
+	memGetAddressRange  uintptr
 	memHostAlloc        uintptr
 	memFreeHost         uintptr
 	streamCreate        uintptr
@@ -92,6 +95,9 @@ func (s *symbols) table() []struct {
 		{"cuMemAlloc_v2", &s.memAlloc},
 		{"cuMemFree_v2", &s.memFree},
 		{"cuIpcGetMemHandle", &s.ipcGetMemHandle},
+		{"cuIpcOpenMemHandle_v2", &s.ipcOpenMemHandle},
+		{"cuIpcCloseMemHandle", &s.ipcCloseMemHandle},
+		{"cuMemGetAddressRange_v2", &s.memGetAddressRange},
 		{"cuMemHostAlloc", &s.memHostAlloc},
 		{"cuMemFreeHost", &s.memFreeHost},
 		{"cuStreamCreate", &s.streamCreate},
@@ -156,13 +162,33 @@ func bind(lib library, name string) (*libDriver, error) {
 		}
 		*s.ptr = p
 	}
+	// The one entry point with a struct argument goes through purego's
+	// RegisterFunc, which lays the struct out by the platform's C ABI.
+	purego.RegisterFunc(&d.ipcOpen, d.sym.ipcOpenMemHandle)
 	return d, nil
 }
 
 // libDriver is the real driver: each method is one purego call of the C
 // function resolved at load. purego.SyscallN is go:uintptrescapes, so a Go
 // pointer converted in its argument list stays valid for the call.
-type libDriver struct{ sym symbols }
+type libDriver struct {
+	sym symbols
+	// ipcOpen is cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle
+	// handle, unsigned int flags), bound with purego.RegisterFunc: the
+	// handle is a 64-byte struct passed by value, which SyscallN (integer
+	// words only) cannot express portably. On linux/amd64 (System V) a
+	// struct over 16 bytes is passed in memory, copied into the stack
+	// argument area, while pdptr and flags take the first two integer
+	// registers; on arm64 (AAPCS64) a struct over 16 bytes is passed as a
+	// pointer to a caller-made copy. purego v0.11.3 implements both
+	// (placeStack in struct_amd64.go, struct_arm64.go) for C calls.
+	ipcOpen func(pdptr *uint64, h cuIpcMemHandle, flags uint32) int32
+}
+
+// cuIpcMemHandle is CUipcMemHandle as cuda.h declares it: struct {
+// char reserved[CU_IPC_HANDLE_SIZE]; } with CU_IPC_HANDLE_SIZE 64. A Go
+// struct (not a bare array) so that purego passes it as a C struct.
+type cuIpcMemHandle struct{ Reserved [64]byte }
 
 // call invokes fn and returns its CUresult; a C enum comes back in the low 32
 // bits of the return register, the upper ones are undefined.
@@ -214,6 +240,28 @@ func (d *libDriver) ipcGetMemHandle(p devptr) (ipcHndl, result) {
 	var h ipcHndl
 	r := call(d.sym.ipcGetMemHandle, uintptr(unsafe.Pointer(&h)), uintptr(p))
 	return h, r
+}
+
+// cuIPCMemLazyEnablePeerAccess is CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+// (cuda.h, CUipcMem_flags): when the memory lives on another GPU than the
+// importing context's, peer access to it is enabled on demand, so a GPU1
+// daemon can import GPU0 memory of another process.
+const cuIPCMemLazyEnablePeerAccess = 1
+
+func (d *libDriver) ipcOpenMemHandle(h ipcHndl) (devptr, result) {
+	var p uint64
+	r := d.ipcOpen(&p, cuIpcMemHandle{Reserved: h}, cuIPCMemLazyEnablePeerAccess)
+	return devptr(p), result(r)
+}
+
+func (d *libDriver) ipcCloseMemHandle(p devptr) result {
+	return call(d.sym.ipcCloseMemHandle, uintptr(p))
+}
+
+func (d *libDriver) memGetAddressRange(p devptr) (devptr, uint64, result) {
+	var base, size uint64
+	r := call(d.sym.memGetAddressRange, uintptr(unsafe.Pointer(&base)), uintptr(unsafe.Pointer(&size)), uintptr(p))
+	return devptr(base), size, r
 }
 
 // cuMemHostAllocPortable pins the memory for every context, so a stager of
