@@ -582,3 +582,22 @@ func (t *Tensor) PinExport(holder string, accept func(handle string) bool, keep 
 	}
 	return p, true
 }
+
+// CopyFromBuffer copies n bytes of src at srcOff into the tensor at dstOff,
+// device to device where the backends allow (an imported CUDA allocation
+// into a CUDA tensor). Errors: ErrReleased, ErrInvalid for a range outside
+// the tensor, and what gpu.Copy returns.
+func (t *Tensor) CopyFromBuffer(dstOff int64, src gpu.Buffer, srcOff, n int64) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.released {
+		return ErrReleased
+	}
+	if dstOff < 0 || n < 0 || dstOff+n > t.size || t.alloc == nil && n > 0 {
+		return fmt.Errorf("copy %d bytes to %d of a %d-byte tensor: %w", n, dstOff, t.size, ErrInvalid)
+	}
+	if n == 0 {
+		return nil
+	}
+	return gpu.Copy(t.alloc.buf, dstOff, src, srcOff, n)
+}

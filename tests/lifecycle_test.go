@@ -19,7 +19,7 @@ import (
 
 // sameHost starts daemons that share one host id, so copies between them
 // take the IPC path.
-func sameHost(t *testing.T, names []string, extra ...string) map[string]*daemon {
+func sameHost(t testing.TB, names []string, extra ...string) map[string]*daemon {
 	t.Helper()
 	return cluster(t, names, append([]string{"--host-id", "one-host"}, extra...)...)
 }

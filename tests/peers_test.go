@@ -21,7 +21,7 @@ import (
 // kernel's ephemeral range (32768 and up by default): a port from ":0" is an
 // ephemeral one, which another test's outgoing connection may take before
 // the daemon binds it (seen as a daemon failing to start).
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	for i := 0; i < 100; i++ {
 		port := 20000 + rand.Intn(12000)
@@ -36,7 +36,7 @@ func freePort(t *testing.T) int {
 }
 
 // secretFile writes a 0600 secret file and returns its path.
-func secretFile(t *testing.T, secret string) string {
+func secretFile(t testing.TB, secret string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "secret")
 	require.NoError(t, os.WriteFile(p, []byte(secret+"\n"), 0o600))
@@ -45,7 +45,7 @@ func secretFile(t *testing.T, secret string) string {
 
 // cluster starts named daemons that know each other, all with the same
 // secret, each with extra flags.
-func cluster(t *testing.T, names []string, extra ...string) map[string]*daemon {
+func cluster(t testing.TB, names []string, extra ...string) map[string]*daemon {
 	t.Helper()
 	ports := map[string]int{}
 	for _, n := range names {

@@ -105,6 +105,7 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 		return err
 	}
 	root := fs.NewRoot(store)
+	peerCfg.Importers = fs.Importers(store)
 	peers, err := transfer.New(peerCfg, root.Local())
 	if err != nil {
 		store.Close()

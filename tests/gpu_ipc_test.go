@@ -1,0 +1,156 @@
+package tests
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/gpu"
+	"github.com/tensorfs/tensorfs/gpu/cuda"
+)
+
+// gpuIPCDevices are the devices of the exporter and the importer of the
+// GPU IPC tests: cuda:0 and cuda:1 when there are two GPUs (NVLink on the
+// H200 pair), else cuda:0 for both (two daemons, one GPU).
+func gpuIPCDevices(tb testing.TB) (string, string) {
+	if requireGPU(tb) >= 2 {
+		return "cuda:0", "cuda:1"
+	}
+	return "cuda:0", "cuda:0"
+}
+
+// TestGPUIPCBetweenDaemons: GPU tensors between two daemons of one host go
+// by CUDA IPC (the importer opens the exporter's handle and copies device
+// to device; no bytes on the socket), pushed and pulled, for a tensor in an
+// allocation of its own and one carved from a shared arena (non-zero
+// ipc_offset); the import is cached (a hit on the next copy) and revoked
+// when the source is freed.
+func TestGPUIPCBetweenDaemons(t *testing.T) {
+	devA, devB := gpuIPCDevices(t)
+	ds := sameHost(t, []string{"a", "b"})
+	a, b := ds["a"], ds["b"]
+	for d, dev := range map[*daemon]string{a: devA, b: devB} {
+		setx(t, d.mnt, "user.tensorfs.device", dev)
+	}
+	big, small := gpuPattern(6<<20+123, 3), gpuPattern(64<<10, 4)
+	require.NoError(t, os.WriteFile(a.path("big"), big, 0o644))
+	require.NoError(t, os.WriteFile(a.path("pad"), gpuPattern(4096, 1), 0o644))
+	require.NoError(t, os.WriteFile(a.path("small"), small, 0o644))
+	require.Equal(t, devA, getx(t, a.path("small"), "user.tensorfs.device"))
+	require.NotEqual(t, "0", getx(t, a.path("small"), "user.tensorfs.ipc_offset"), "carved from an arena")
+	require.True(t, strings.HasPrefix(getx(t, a.path("big"), "user.tensorfs.ipc_handle"), "cuda:"))
+
+	setx(t, a.path("big"), "user.tensorfs.copy_to", "b:/big")
+	setx(t, a.path("small"), "user.tensorfs.copy_to", "b:/small")
+	require.NoError(t, os.WriteFile(b.path("pulled"), nil, 0o644))
+	setx(t, b.path("pulled"), "user.tensorfs.copy_from", "a:/small")
+	for p, want := range map[string][]byte{b.path("big"): big, b.path("small"): small, b.path("pulled"): small} {
+		require.Equal(t, devB, getx(t, p, "user.tensorfs.device"), p)
+		got, err := os.ReadFile(p)
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(want, got), "%s: bytes differ", p)
+	}
+	sa, sb := a.stats(), b.stats()
+	require.Equal(t, 3, sa.Copies["ipc"], "%v", sa.Copies)
+	require.Equal(t, 3, sb.Copies["ipc"], "%v", sb.Copies)
+	require.Zero(t, sa.Copies["tcp"]+sb.Copies["tcp"])
+	require.Equal(t, 2, sb.Live.Imports, "one import per allocation: the big one's and the arena's")
+	require.Equal(t, 1, sb.Imports.Hits, "the pull of small reused the arena's import: %+v", sb.Imports)
+
+	// The source changes; the next copy is a cache hit and sees new bytes.
+	small2 := gpuPattern(64<<10, 5)
+	require.NoError(t, os.WriteFile(a.path("small"), small2, 0o644))
+	setx(t, a.path("small"), "user.tensorfs.copy_to", "b:/small")
+	got, err := os.ReadFile(b.path("small"))
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(small2, got))
+
+	// Freeing the sources revokes: b closes its imports before unlink returns.
+	for _, n := range []string{"big", "small", "pad"} {
+		require.NoError(t, os.Remove(a.path(n)))
+	}
+	require.Zero(t, b.stats().Live.Imports)
+	a.requireClean()
+	for _, n := range []string{"big", "small", "pulled"} {
+		require.NoError(t, os.Remove(b.path(n)))
+	}
+	b.requireClean()
+}
+
+// BenchmarkGPUIPCCopy1G: a 1 GiB GPU tensor copied between two daemons of
+// one host (copy_to over an existing destination: path ipc, cached import)
+// against the baseline of a raw device-to-device copy through an
+// IPC-opened pointer of the same tensor, in this process, between the same
+// GPUs. Reported as GB/s.
+func BenchmarkGPUIPCCopy1G(b *testing.B) {
+	devA, devB := gpuIPCDevices(b)
+	const size = 1 << 30
+	ds := sameHost(b, []string{"a", "b"})
+	a, d := ds["a"], ds["b"]
+	setx(b, a.mnt, "user.tensorfs.device", devA)
+	setx(b, d.mnt, "user.tensorfs.device", devB)
+	src := a.path("t")
+	fd, err := unix.Open(src, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+	mustNo(b, err)
+	unix.Close(fd)
+	mustNo(b, unix.Setxattr(src, "user.tensorfs.shape", []byte(strconv.Itoa(size)), 0))
+	mustNo(b, unix.Setxattr(src, "user.tensorfs.copy_to", []byte("b:/t"), 0)) // warm: the import and the destination's memory
+
+	b.Run("tensorfs", func(b *testing.B) {
+		b.SetBytes(size)
+		for i := 0; i < b.N; i++ {
+			mustNo(b, unix.Setxattr(src, "user.tensorfs.copy_to", []byte("b:/t"), 0))
+		}
+		b.StopTimer()
+		s := benchStats(b, d.mnt)
+		if s.Copies["ipc"] < b.N || s.Copies["tcp"] != 0 {
+			b.Fatalf("copies %v: want every copy on the ipc path", s.Copies)
+		}
+	})
+	b.Run("raw-ipc-dtod", func(b *testing.B) {
+		devs, err := cuda.Open(0)
+		mustNo(b, err)
+		defer func() {
+			for _, dv := range devs {
+				dv.Close()
+			}
+		}()
+		byName := map[string]gpu.Device{}
+		for _, dv := range devs {
+			byName[dv.Name()] = dv
+		}
+		h, err := getxErr(src, "user.tensorfs.ipc_handle")
+		mustNo(b, err)
+		off, err := strconv.ParseInt(mustGetx(b, src, "user.tensorfs.ipc_offset"), 10, 64)
+		mustNo(b, err)
+		imp, err := byName[devB].(gpu.Importer).Import(h, off, size)
+		mustNo(b, err)
+		defer imp.Free()
+		dst, err := byName[devB].Alloc(size, 0)
+		mustNo(b, err)
+		defer dst.Free()
+		mustNo(b, gpu.Copy(dst, 0, imp, 0, size)) // warm
+		b.SetBytes(size)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			mustNo(b, gpu.Copy(dst, 0, imp, 0, size))
+		}
+	})
+	mustNo(b, os.Remove(src))
+	mustNo(b, os.Remove(filepath.Join(d.mnt, "t")))
+	time.Sleep(100 * time.Millisecond)
+}
+
+func mustGetx(b *testing.B, path, name string) string {
+	b.Helper()
+	v, err := getxErr(path, name)
+	mustNo(b, err)
+	return v
+}
