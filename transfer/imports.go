@@ -1,8 +1,10 @@
 package transfer
 
 import (
+	"cmp"
 	"fmt"
 	"log"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -33,6 +35,7 @@ type importEntry struct {
 	m     Mapping
 	err   error
 	refs  int                   // copies using it now
+	used  int64                 // the cache's clock at the last acquire, for eviction
 	idle  chan struct{}         // closed when refs drops to 0 with no leases
 	lease map[uint64]*leaseChan // export ids leased to us on it, and through which channel
 }
@@ -40,13 +43,22 @@ type importEntry struct {
 // importCache holds the imports of this node: kept while an exporter leases
 // them, closed when it revokes (or when no lease was given, after the copy).
 type importCache struct {
-	mu sync.Mutex
-	m  map[importKey]*importEntry
+	mu    sync.Mutex
+	m     map[importKey]*importEntry
+	clock int64
+	max   int // imports kept before the least recently used are given back
 
 	hits, misses atomic.Int64
 }
 
-func newImportCache() *importCache { return &importCache{m: map[importKey]*importEntry{}} }
+// maxImports bounds the import cache: each host import holds an fd, each
+// CUDA import a mapping. Past it, the least recently used imports nobody
+// is copying from are closed and their leases given back to the exporters.
+const maxImports = 4096
+
+func newImportCache() *importCache {
+	return &importCache{m: map[importKey]*importEntry{}, max: maxImports}
+}
 
 // len is the number of live imports, for stats.
 func (ic *importCache) len() int {
@@ -61,9 +73,13 @@ func (ic *importCache) len() int {
 func (ic *importCache) acquire(instance string, d IPCDesc, lc *leaseChan, open func(handle string) (Mapping, error)) (*importEntry, error) {
 	k := importKey{instance, d.Alloc}
 	ic.mu.Lock()
+	ic.clock++
 	e := ic.m[k]
+	if e != nil {
+		e.used = ic.clock
+	}
 	if e == nil {
-		e = &importEntry{key: k, ready: make(chan struct{}), lease: map[uint64]*leaseChan{}}
+		e = &importEntry{key: k, ready: make(chan struct{}), lease: map[uint64]*leaseChan{}, used: ic.clock}
 		ic.m[k] = e
 		e.refs++
 		ic.mu.Unlock()
@@ -122,10 +138,42 @@ func (ic *importCache) release(e *importEntry) {
 	if closeIt && ic.m[e.key] == e {
 		delete(ic.m, e.key)
 	}
+	var evicted []*importEntry
+	if len(ic.m) > ic.max {
+		evicted = ic.evictLocked(len(ic.m) - ic.max)
+	}
 	ic.mu.Unlock()
 	if closeIt {
 		ic.closeEntry(e)
 	}
+	for _, v := range evicted {
+		ic.closeEntry(v)
+		for id, lc := range v.lease {
+			lc.sendIDs(frameRevoked, []uint64{id}) // the lease, given back
+		}
+	}
+}
+
+// evictLocked takes up to n unused imports out of the cache, least recently
+// used first, for the caller to close and give back. ic.mu is held.
+func (ic *importCache) evictLocked(n int) []*importEntry {
+	var idle []*importEntry
+	for _, e := range ic.m {
+		select {
+		case <-e.ready:
+		default:
+			continue
+		}
+		if e.refs == 0 && e.idle == nil {
+			idle = append(idle, e)
+		}
+	}
+	slices.SortFunc(idle, func(a, b *importEntry) int { return cmp.Compare(a.used, b.used) })
+	idle = idle[:min(n, len(idle))]
+	for _, e := range idle {
+		delete(ic.m, e.key)
+	}
+	return idle
 }
 
 // closeEntry closes e's mapping (e is out of the map and unused).

@@ -1,7 +1,10 @@
 package transfer
 
 import (
+	"bufio"
+	"encoding/json"
 	"errors"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -128,4 +131,39 @@ func TestImportCacheOpenFailure(t *testing.T) {
 	_, err := ic.acquire("X", IPCDesc{Handle: "h", Alloc: 1}, nil, func(string) (Mapping, error) { return nil, boom })
 	require.ErrorIs(t, err, boom)
 	require.Zero(t, ic.len())
+}
+
+// TestImportCacheEvictsAndGivesBack: past its bound the cache closes the
+// least recently used idle import and gives its lease back to the exporter
+// (frameRevoked, unasked).
+func TestImportCacheEvictsAndGivesBack(t *testing.T) {
+	ic := newImportCache()
+	ic.max = 2
+	var closes atomic.Int32
+	open := func(h string) (Mapping, error) { return fakeMapping{h, &closes}, nil }
+	near, far := net.Pipe()
+	defer near.Close()
+	defer far.Close()
+	lc := testChan()
+	lc.c = &conn{c: near, r: bufio.NewReader(near), w: bufio.NewWriter(near), timeout: 5 * time.Second}
+	got := make(chan idsMsg, 1)
+	go func() {
+		typ, p, err := readFrame(bufio.NewReader(far), nil, MaxFrame)
+		var m idsMsg
+		if err == nil && typ == frameRevoked && json.Unmarshal(p, &m) == nil {
+			got <- m
+		}
+		close(got)
+	}()
+	// 1, 2, then 1 again: 2 is the least recently used when 3 comes.
+	for _, alloc := range []uint64{1, 2, 1, 3} {
+		e, err := ic.acquire("X", IPCDesc{Handle: "h", Alloc: alloc, Export: 100 + alloc, Leased: true}, lc, open)
+		require.NoError(t, err)
+		ic.release(e)
+	}
+	require.Equal(t, 2, ic.len())
+	require.EqualValues(t, 1, closes.Load())
+	m, ok := <-got
+	require.True(t, ok, "the lease was given back")
+	require.Equal(t, []uint64{102}, m.IDs)
 }
