@@ -63,8 +63,9 @@ type owner struct {
 	cmd *exec.Cmd
 	in  io.WriteCloser
 	out *bufio.Scanner
-	pid int
-	fd  int
+	pid   int
+	fd    int
+	first string // the line the script printed when ready
 }
 
 // python3 is the system interpreter (reachable by every uid, unlike a
@@ -86,7 +87,17 @@ func python3(t *testing.T) string {
 // startOwner starts ownerScript with a size-byte memfd, as cred when not nil.
 func startOwner(t *testing.T, size int, cred *syscall.Credential) *owner {
 	t.Helper()
-	cmd := exec.Command(python3(t), "-c", ownerScript, strconv.Itoa(size))
+	o := startScript(t, python3(t), ownerScript, []string{strconv.Itoa(size)}, cred)
+	_, err := fmt.Sscan(o.first, &o.pid, &o.fd)
+	require.NoError(t, err, o.first)
+	return o
+}
+
+// startScript runs a python script that prints one line when ready (kept in
+// first) and then answers commands on stdin, one line each.
+func startScript(t *testing.T, py, script string, args []string, cred *syscall.Credential) *owner {
+	t.Helper()
+	cmd := exec.Command(py, append([]string{"-c", script}, args...)...)
 	cmd.Dir = "/"
 	if cred != nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
@@ -100,8 +111,7 @@ func startOwner(t *testing.T, size int, cred *syscall.Credential) *owner {
 	o := &owner{t: t, cmd: cmd, in: in, out: bufio.NewScanner(out)}
 	o.out.Buffer(nil, 64<<20)
 	t.Cleanup(o.close)
-	_, err = fmt.Sscan(o.line(), &o.pid, &o.fd)
-	require.NoError(t, err)
+	o.first = o.line()
 	return o
 }
 
