@@ -59,10 +59,10 @@ func ownerBytes(off, n int) []byte {
 
 // owner is a running ownerScript.
 type owner struct {
-	t   *testing.T
-	cmd *exec.Cmd
-	in  io.WriteCloser
-	out *bufio.Scanner
+	t     *testing.T
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	out   *bufio.Scanner
 	pid   int
 	fd    int
 	first string // the line the script printed when ready
