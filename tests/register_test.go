@@ -216,6 +216,15 @@ func TestRegisterMemfd(t *testing.T) {
 	require.NoError(t, f.Close())
 	require.Equal(t, []byte("hello"), o.read(4106, 5), "the owner sees the write")
 	require.ErrorIs(t, os.Truncate(part, 100), syscall.EPERM)
+	_, err = os.OpenFile(part, os.O_WRONLY|os.O_TRUNC, 0)
+	require.ErrorIs(t, err, syscall.EPERM)
+	fa, err := os.OpenFile(part, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	require.ErrorIs(t, unix.Fallocate(int(fa.Fd()), 0, 0, 9000), syscall.EPERM)
+	require.NoError(t, fa.Close())
+	setx(t, part, "user.tensorfs.shape", "64,128") // a reshape keeping nbytes
+	setx(t, part, "user.tensorfs.dtype", "F32")
+	require.Equal(t, "64,32", getx(t, part, "user.tensorfs.shape"))
 	want := ownerBytes(0, size)
 	copy(want[4106:], "hello")
 
