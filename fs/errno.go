@@ -30,6 +30,9 @@ var errnoMap = []struct {
 	{mr.ErrNotFound, syscall.ENOENT},
 	{ipc.ErrNotFound, syscall.ENOENT},
 	{gpu.ErrNoDriver, syscall.EIO},
+	{gpu.ErrHandle, syscall.EINVAL},
+	{gpu.ErrGone, syscall.EIO},
+	{tensor.ErrForeign, syscall.EPERM},
 }
 
 // toErrno maps err to an errno; op names the operation for the log. An error

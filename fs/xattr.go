@@ -22,8 +22,7 @@ const (
 	xattrReplace = 2
 )
 
-// actions are the write-only attributes that start an operation. register
-// arrives with the IPC work; until then it is ENOTSUP.
+// actions are the write-only attributes that start an operation.
 var actions = map[string]struct{ file, dir, rootOnly bool }{
 	"copy_to":   {file: true, dir: true},
 	"copy_from": {file: true, dir: true},
@@ -119,6 +118,8 @@ func (f *File) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 		return toErrno("copy_to", f.fsys.copyTo(f, val, true))
 	case "copy_from":
 		return toErrno("copy_from", f.fsys.copyFrom(f, val))
+	case "register":
+		err = f.fsys.register(ctx, f.t, val)
 	default:
 		return actionOrReadOnly(name, true, false)
 	}
@@ -136,7 +137,8 @@ func actionOrReadOnly(name string, isFile, isRoot bool) syscall.Errno {
 		if isFile && !a.file || !isFile && !a.dir || a.rootOnly && !isRoot {
 			return syscall.EINVAL
 		}
-		return syscall.ENOTSUP
+		// Every action a node kind accepts is handled by its Setxattr.
+		return syscall.EINVAL
 	}
 	if readOnly[name] {
 		return syscall.EPERM

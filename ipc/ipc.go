@@ -162,6 +162,19 @@ func (r *Registry) Revoke(id uint64, timeout time.Duration) error {
 	return nil
 }
 
+// Leases returns the number of leases held on export id now (an importer
+// check: the owner may replace the memory only when nobody holds it).
+// Errors: ErrNotFound.
+func (r *Registry) Leases(id uint64) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.exports[id]
+	if !ok {
+		return 0, fmt.Errorf("ipc %d: %w", id, ErrNotFound)
+	}
+	return len(e.leases), nil
+}
+
 // Stats returns the number of live exports (including ones being revoked) and
 // of leases held.
 func (r *Registry) Stats() (exports, leases int) {

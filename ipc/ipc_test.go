@@ -75,3 +75,21 @@ func TestNoLeaseDuringRevoke(t *testing.T) {
 	}()
 	require.NoError(t, r.Revoke(e.ID, 5*time.Second))
 }
+
+func TestLeasesCount(t *testing.T) {
+	r := NewRegistry()
+	e := r.Export("memfd:/proc/1/fd/3", 1, 0, 10)
+	n, err := r.Leases(e.ID)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	l, err := r.Lease(e.ID, "fh")
+	require.NoError(t, err)
+	n, _ = r.Leases(e.ID)
+	require.Equal(t, 1, n)
+	l.Release()
+	n, _ = r.Leases(e.ID)
+	require.Zero(t, n)
+	require.NoError(t, r.Revoke(e.ID, time.Second))
+	_, err = r.Leases(e.ID)
+	require.ErrorIs(t, err, ErrNotFound)
+}

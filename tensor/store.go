@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,6 +39,9 @@ var (
 	ErrNoData = errors.New("no such attribute yet")
 	// ErrReleased: the tensor was already released (ESTALE).
 	ErrReleased = errors.New("tensor released")
+	// ErrForeign: a size change of a tensor backed by registered memory
+	// (Tensor.Register), whose size is its owner's (EPERM).
+	ErrForeign = errors.New("tensor is registered memory of fixed size")
 )
 
 // Config configures a Store.
@@ -118,6 +123,65 @@ func (s *Store) DeviceNames() []string {
 		}
 	}
 	return names
+}
+
+// Import opens memory another process exported, for Tensor.Register: [off,
+// off+n) of the allocation behind handle (n == 0: to its end). The device is
+// chosen by the handle's kind: "memfd:" goes to the host device, "cuda:" to a
+// CUDA device (the default device when it is one, else the first by
+// ordinal), which must implement gpu.Importer. The caller checks that the
+// requester may use what handle names (a CUDA handle is a capability and
+// cannot be checked). Errors: ErrInvalid wrapping gpu.ErrHandle when no
+// device of this store imports that kind; the device's Import errors
+// (gpu.ErrHandle, gpu.ErrInvalidSize, gpu.ErrNoDriver, an open's errno).
+func (s *Store) Import(handle string, off, n int64) (gpu.Buffer, error) {
+	kind, _, _ := strings.Cut(handle, ":")
+	var prefix string
+	switch kind {
+	case "memfd":
+		prefix = gpu.HostName
+	case "cuda":
+		prefix = "cuda:"
+	default:
+		return nil, fmt.Errorf("handle %q: want memfd: or cuda:: %w: %w", handle, ErrInvalid, gpu.ErrHandle)
+	}
+	names := s.DeviceNames() // default first
+	sort.Slice(names[1:], func(i, j int) bool { return deviceLess(names[1+i], names[1+j]) })
+	for _, name := range names {
+		if !strings.HasPrefix(name, prefix) {
+			continue
+		}
+		if imp, ok := s.devs[name].(gpu.Importer); ok {
+			return imp.Import(handle, off, n)
+		}
+	}
+	return nil, fmt.Errorf("handle %q: no device of this daemon (%s) imports %s handles: %w: %w", handle, strings.Join(names, ", "), kind, ErrInvalid, gpu.ErrHandle)
+}
+
+// ImportFile is Import for a memfd the caller has opened and checked itself
+// (the fs register handler opens it through the requester's /proc entry, so
+// that the process it checked is the one whose fd it opens). The buffer keeps
+// its own descriptor; the caller still closes f. Errors: as Import.
+func (s *Store) ImportFile(f *os.File, off, n int64) (gpu.Buffer, error) {
+	type fileImporter interface {
+		ImportFile(f *os.File, off, n int64) (gpu.Buffer, error)
+	}
+	if imp, ok := s.devs[gpu.HostName].(fileImporter); ok {
+		return imp.ImportFile(f, off, n)
+	}
+	return nil, fmt.Errorf("import %s: this daemon has no host device: %w: %w", f.Name(), ErrInvalid, gpu.ErrHandle)
+}
+
+// deviceLess orders device names by kind, then ordinal ("cuda:2" < "cuda:10").
+func deviceLess(a, b string) bool {
+	ka, na, _ := strings.Cut(a, ":")
+	kb, nb, _ := strings.Cut(b, ":")
+	if ka != kb {
+		return ka < kb
+	}
+	ia, _ := strconv.Atoi(na)
+	ib, _ := strconv.Atoi(nb)
+	return ia < ib
 }
 
 // Template is what a directory's template xattrs say about the tensors created

@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"fmt"
+	"log"
 	"sync"
 	"unsafe"
 
@@ -16,6 +17,10 @@ type allocation struct {
 	buf    gpu.Buffer
 	region *mr.Region
 	export *ipc.Export
+	// foreign: buf is memory another process owns, registered through
+	// Register. Its size is fixed (ErrForeign on a resize) and Free only
+	// unmaps it.
+	foreign bool
 }
 
 // Tensor is one tensor file's data and metadata. Its methods are safe for
@@ -108,6 +113,9 @@ func (t *Tensor) resize(need, want int64) (old *allocation, err error) {
 	if t.alloc != nil && t.alloc.buf.Size() >= need {
 		return nil, nil
 	}
+	if t.alloc != nil && t.alloc.foreign {
+		return nil, fmt.Errorf("grow registered memory of %d bytes to %d: %w", t.alloc.buf.Size(), need, ErrForeign)
+	}
 	a, err := t.newAllocation(want)
 	if err != nil && want > need {
 		a, err = t.newAllocation(need)
@@ -137,6 +145,11 @@ func (t *Tensor) resize(need, want int64) (old *allocation, err error) {
 // size are zeroed (so a later growth reads zeros), and the shape is refitted.
 // t.mu is held and the allocation holds n bytes.
 func (t *Tensor) setSize(n int64) error {
+	if t.alloc.foreign && n != t.size {
+		// Shrinking would zero the owner's bytes past n; growing within the
+		// registration would change what it exported: neither is ours.
+		return fmt.Errorf("resize registered memory of %d bytes to %d: %w", t.size, n, ErrForeign)
+	}
 	if n < t.size {
 		if err := t.alloc.buf.Zero(n, t.size-n); err != nil {
 			return err
@@ -553,6 +566,73 @@ type ExportPin struct {
 	Lease *ipc.Lease
 }
 
+// Register makes the tensor a view of buf, memory another process owns
+// (imported with Store.Import or Store.ImportFile): buf is registered as a new
+// memory region and exported (its own Handle and Offset), the tensor's size
+// becomes buf.Size() with its dtype kept when it divides that size (else U8)
+// and a 1-D shape, and its device becomes buf's. Register takes buf: on error
+// it is freed (which only unmaps), and at release it is deregistered and
+// freed the same way, never the owner's memory.
+//
+// A tensor that has an allocation is replaced (the old allocation retired,
+// the generation bumped) only when it has no importers: no open file handle
+// (each holds, or will hold, a lease; copies in flight hold one too) and no
+// lease on its IPC export (peer daemons). Otherwise ErrBusy and nothing
+// changes. Errors: ErrBusy, ErrReleased, ErrTooLarge for a size past MaxSize,
+// mr.ErrOverlap.
+func (t *Tensor) Register(buf gpu.Buffer) error {
+	n := buf.Size()
+	fail := func(err error) error {
+		if ferr := buf.Free(); ferr != nil {
+			log.Printf("register: free import %d: %v", buf.ID(), ferr)
+		}
+		return err
+	}
+	if n > MaxSize {
+		return fail(fmt.Errorf("register %d bytes: %w", n, ErrTooLarge))
+	}
+	t.mu.Lock()
+	if t.released {
+		t.mu.Unlock()
+		return fail(ErrReleased)
+	}
+	old := t.alloc
+	if old != nil {
+		leases, _ := t.s.IPC.Leases(old.export.ID)
+		if len(t.handles) > 0 || leases > 0 {
+			t.mu.Unlock()
+			return fail(fmt.Errorf("register over an allocation with %d open handles and %d leases: %w", len(t.handles), leases, ErrBusy))
+		}
+	}
+	dev := buf.Device().Name()
+	region, err := t.s.MRs.Register(dev, buf.Addr(), uint64(n))
+	if err != nil {
+		t.mu.Unlock()
+		return fail(fmt.Errorf("register %d bytes on %s: %w", n, dev, err))
+	}
+	exp := t.s.IPC.Export(buf.Handle(), buf.ID(), buf.Offset(), n)
+	t.alloc = &allocation{buf: buf, region: region, export: exp, foreign: true}
+	if old != nil {
+		t.gen++
+	}
+	t.device, t.size = dev, n
+	t.dtype, t.shape = fitShape(t.dtype, nil, n)
+	for h := range t.handles {
+		h.relase(t)
+	}
+	t.mu.Unlock()
+	t.s.retire(old)
+	return nil
+}
+
+// Registered reports whether the tensor is backed by memory registered with
+// Register (rather than allocated by tensorfs).
+func (t *Tensor) Registered() bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.alloc != nil && t.alloc.foreign
+}
+
 // PinExport lets a peer daemon of this host read the tensor's memory in
 // place: it pins the current allocation's MR (so the memory outlives a
 // reallocation or an unlink meanwhile) and takes an IPC lease for holder,
@@ -563,7 +643,9 @@ func (t *Tensor) PinExport(holder string, accept func(handle string) bool, keep 
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	a := t.alloc
-	if a == nil || t.released || !accept(a.export.Handle) {
+	// Registered memory is its owner's, who may free it whatever tensorfs's
+	// leases say: no peer keeps an import of it. Such copies go over TCP.
+	if a == nil || t.released || a.foreign || !accept(a.export.Handle) {
 		return ExportPin{}, false
 	}
 	unpin, err := t.s.MRs.Pin(a.region.ID)

@@ -153,7 +153,7 @@ func TestBadInput(t *testing.T) {
 			requireErrnoNoChange(t, p, syscall.EINVAL, a+" "+bad, set(p, "user.tensorfs."+a, bad))
 		}
 	}
-	requireErrnoNoChange(t, p, syscall.ENOTSUP, "register on file", set(p, "user.tensorfs.register", "memfd:/proc/1/fd/1"))
+	requireErrnoNoChange(t, p, syscall.EINVAL, "register with a malformed handle", set(p, "user.tensorfs.register", "memfd:/proc/1/fd/x"))
 	requireErrnoNoChange(t, d.mnt, syscall.EINVAL, "batch with relative paths", set(d.mnt, "user.tensorfs.batch", "a b"))
 	requireErrnoNoChange(t, d.mnt, syscall.EINVAL, "batch with one field", set(d.mnt, "user.tensorfs.batch", "/kv/t"))
 	requireErrnoNoChange(t, dir, syscall.EINVAL, "batch on a subdirectory", set(dir, "user.tensorfs.batch", "a b"))

@@ -1,0 +1,63 @@
+package fs
+
+import (
+	"os"
+	"syscall"
+	"testing"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+func TestParseRegistration(t *testing.T) {
+	r, err := parseRegistration(" memfd:/proc/12/fd/3@4096+8192\n")
+	require.NoError(t, err)
+	require.Equal(t, registration{handle: "memfd:/proc/12/fd/3", pid: 12, fd: 3, off: 4096, len: 8192}, r)
+	r, err = parseRegistration("cuda:abcd")
+	require.NoError(t, err)
+	require.Equal(t, registration{handle: "cuda:abcd"}, r)
+	for _, bad := range []string{"", "memfd:/proc/0/fd/1", "memfd:/proc/1/fd/+1", "memfd:/proc/1/fds/1", "memfd:/proc/1/fd/1@0+0", "memfd:/proc/1/fd/1@+1", "memfd:/proc/1/fd/1@1+", "host:1"} {
+		_, err := parseRegistration(bad)
+		require.ErrorIs(t, err, syscall.EINVAL, bad)
+	}
+}
+
+// TestOpenMemfdPermission: the caller's own thread group (named by any of
+// its threads) and root pass; another uid's process is EACCES; a non-memfd
+// fd is EINVAL, a missing one ENOENT.
+func TestOpenMemfdPermission(t *testing.T) {
+	fd, err := unix.MemfdCreate("mine", unix.MFD_CLOEXEC)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	pid := os.Getpid()
+	me := &fuse.Caller{Owner: fuse.Owner{Uid: 4242, Gid: 4242}, Pid: uint32(unix.Gettid())}
+	f, err := openMemfd(me, pid, fd)
+	require.NoError(t, err, "the caller's own thread group, whatever the uids")
+	f.Close()
+
+	stranger := &fuse.Caller{Owner: fuse.Owner{Uid: 4242, Gid: 4242}, Pid: 1}
+	_, err = openMemfd(stranger, pid, fd)
+	require.ErrorIs(t, err, syscall.EACCES, "uid 4242 on a process of uid %d", os.Getuid())
+
+	same := &fuse.Caller{Owner: fuse.Owner{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}, Pid: 1}
+	if os.Getuid() != 0 {
+		f, err = openMemfd(same, pid, fd)
+		require.NoError(t, err, "a process of the caller's uid")
+		f.Close()
+	}
+	root := &fuse.Caller{Pid: 1}
+	f, err = openMemfd(root, pid, fd)
+	require.NoError(t, err)
+	f.Close()
+
+	notMemfd, err := os.Open("/dev/null")
+	require.NoError(t, err)
+	defer notMemfd.Close()
+	_, err = openMemfd(root, pid, int(notMemfd.Fd()))
+	require.ErrorIs(t, err, syscall.EINVAL, "/dev/null is no memfd")
+	_, err = openMemfd(root, pid, 99999)
+	require.ErrorIs(t, err, syscall.ENOENT)
+	_, err = openMemfd(root, 999999999, 3)
+	require.ErrorIs(t, err, syscall.ENOENT)
+}
