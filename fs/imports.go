@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"os"
 	"slices"
 
 	"github.com/tensorfs/tensorfs/gpu"
@@ -43,6 +44,20 @@ func Importers(store *tensor.Store) map[string]func(handle string) (transfer.Map
 		}
 	}
 	return m
+}
+
+// ImportFile is the peer service's memfd importer
+// (transfer.Config.ImportFile): the host backend maps an exporter's memfd
+// when it is sealed against shrinking (tensorfs's are), so an IPC copy is
+// one memmove into the destination.
+func ImportFile(store *tensor.Store) func(f *os.File) (transfer.Mapping, error) {
+	return func(f *os.File) (transfer.Mapping, error) {
+		b, err := store.ImportFile(f, 0, 0)
+		if err != nil {
+			return nil, err
+		}
+		return bufferMapping{b}, nil
+	}
 }
 
 // CopyFromMapping implements transfer.MappingDest: an imported allocation

@@ -87,10 +87,17 @@ func (h *Host) importFD(fd int, off, n int64) (b Buffer, err error) {
 		seals = 0 // not sealable: treat as shrinkable
 	}
 	b0 := &importBuffer{dev: h, id: NewAllocID(), fd: fd, off: off, n: n}
+	// A descriptor opened read-only (a peer daemon's export, which the
+	// importer only reads) is mapped read-only, and writes through the
+	// buffer are refused rather than faulting.
+	prot := unix.PROT_READ | unix.PROT_WRITE
+	if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err == nil && fl&unix.O_ACCMODE == unix.O_RDONLY {
+		b0.ro, prot = true, unix.PROT_READ
+	}
 	if seals&unix.F_SEAL_SHRINK != 0 && seals&(unix.F_SEAL_WRITE|unix.F_SEAL_FUTURE_WRITE) == 0 {
 		// mmap offsets are page-aligned: map from the page holding off.
 		start := off / pageSize * pageSize
-		m, err := unix.Mmap(fd, start, int(off-start+n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		m, err := unix.Mmap(fd, start, int(off-start+n), prot, unix.MAP_SHARED)
 		if err != nil {
 			return nil, fmt.Errorf("mmap %s: %w", target, err)
 		}
@@ -123,7 +130,11 @@ type importBuffer struct {
 	fd      int          // -1 once freed
 	mem     []byte
 	mapping []byte
+	ro      bool // opened read-only: writes are refused
 }
+
+// errReadOnly: a write to an import opened read-only.
+var errReadOnly = fmt.Errorf("write to a read-only import: %w", ErrHandle)
 
 func (b *importBuffer) ID() uint64     { return b.id }
 func (b *importBuffer) Offset() int64  { return b.off }
@@ -181,6 +192,9 @@ func (b *importBuffer) WriteAt(p []byte, off int64) (int, error) {
 	if b.fd < 0 {
 		return 0, ErrFreed
 	}
+	if b.ro {
+		return 0, errReadOnly
+	}
 	if err := checkRange(b.n, off, int64(len(p))); err != nil {
 		return 0, err
 	}
@@ -234,6 +248,9 @@ func (b *importBuffer) Zero(off, n int64) error {
 	defer b.mu.RUnlock()
 	if b.fd < 0 {
 		return ErrFreed
+	}
+	if b.ro {
+		return errReadOnly
 	}
 	if err := checkRange(b.n, off, n); err != nil {
 		return err

@@ -191,3 +191,33 @@ func TestHostImportShrunk(t *testing.T) {
 	defer own.Free()
 	require.ErrorIs(t, Copy(own, 0, b, 0, 8192), ErrGone)
 }
+
+// TestHostImportReadOnly: a sealed memfd opened read-only (how a peer daemon
+// opens another daemon's export) is mapped read-only; writes are refused
+// with ErrHandle instead of faulting.
+func TestHostImportReadOnly(t *testing.T) {
+	h, err := NewHost(0)
+	require.NoError(t, err)
+	defer h.Close()
+	fd, err := unix.MemfdCreate("tensorfs", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, unix.Ftruncate(fd, 8192))
+	_, err = unix.Pwrite(fd, []byte("hello"), 4096)
+	require.NoError(t, err)
+	_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
+	require.NoError(t, err)
+	f, err := os.Open(fmt.Sprintf("/proc/self/fd/%d", fd))
+	require.NoError(t, err)
+	defer f.Close()
+	b, err := h.ImportFile(f, 0, 0)
+	require.NoError(t, err)
+	p := make([]byte, 5)
+	_, err = b.ReadAt(p, 4096)
+	require.NoError(t, err)
+	require.Equal(t, "hello", string(p))
+	_, err = b.WriteAt([]byte("x"), 0)
+	require.ErrorIs(t, err, ErrHandle)
+	require.ErrorIs(t, b.Zero(0, 1), ErrHandle)
+	require.NoError(t, b.Free())
+}

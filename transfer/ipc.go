@@ -104,7 +104,15 @@ func (s *Service) openHandle(handle string) (Mapping, error) {
 		if err != nil {
 			return nil, err
 		}
-		return memfdMapping{f}, nil
+		if s.cfg.ImportFile == nil {
+			return memfdMapping{f}, nil
+		}
+		defer f.Close()
+		m, err := s.cfg.ImportFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("import %q: %v: %w", handle, err, errNoIPC)
+		}
+		return m, nil
 	}
 	open, ok := s.cfg.Importers[kind]
 	if !ok {

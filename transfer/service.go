@@ -11,6 +11,7 @@ import (
 	"hash/crc32"
 	"log"
 	"net"
+	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -71,6 +72,11 @@ type Config struct {
 	// opens itself), by kind: "cuda" for "cuda:" + 128 hex digits. Peers
 	// learn the kinds at the handshake and offer only those.
 	Importers map[string]func(handle string) (Mapping, error)
+	// ImportFile, when set, turns an exported memfd that the package opened
+	// and checked (a tensorfs memfd of another daemon) into a Mapping, e.g.
+	// a mapping of it when it is sealed against shrinking, so that a copy
+	// is one memmove into the destination. nil: pread from the file.
+	ImportFile func(f *os.File) (Mapping, error)
 }
 
 // Service is a node's peer service: a listener for peers and the client side

@@ -106,6 +106,7 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	}
 	root := fs.NewRoot(store)
 	peerCfg.Importers = fs.Importers(store)
+	peerCfg.ImportFile = fs.ImportFile(store)
 	peers, err := transfer.New(peerCfg, root.Local())
 	if err != nil {
 		store.Close()
