@@ -101,6 +101,14 @@ func BenchmarkGPUIPCCopy1G(b *testing.B) {
 	mustNo(b, err)
 	unix.Close(fd)
 	mustNo(b, unix.Setxattr(src, "user.tensorfs.shape", []byte(strconv.Itoa(size)), 0))
+	// Marks at both ends, checked in the destination after the timed copies.
+	fd, err = unix.Open(src, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	mustNo(b, err)
+	_, err = unix.Pwrite(fd, []byte("head"), 0)
+	mustNo(b, err)
+	_, err = unix.Pwrite(fd, []byte("tail"), size-4)
+	mustNo(b, err)
+	unix.Close(fd)
 	mustNo(b, unix.Setxattr(src, "user.tensorfs.copy_to", []byte("b:/t"), 0)) // warm: the import and the destination's memory
 
 	b.Run("tensorfs", func(b *testing.B) {
@@ -112,6 +120,17 @@ func BenchmarkGPUIPCCopy1G(b *testing.B) {
 		s := benchStats(b, d.mnt)
 		if s.Copies["ipc"] < b.N || s.Copies["tcp"] != 0 {
 			b.Fatalf("copies %v: want every copy on the ipc path", s.Copies)
+		}
+		g, err := os.Open(d.path("t"))
+		mustNo(b, err)
+		defer g.Close()
+		p := make([]byte, 4)
+		for off, want := range map[int64]string{0: "head", size - 4: "tail"} {
+			_, err := g.ReadAt(p, off)
+			mustNo(b, err)
+			if string(p) != want {
+				b.Fatalf("destination at %d: %q, want %q", off, p, want)
+			}
 		}
 	})
 	b.Run("raw-ipc-dtod", func(b *testing.B) {
@@ -141,6 +160,42 @@ func BenchmarkGPUIPCCopy1G(b *testing.B) {
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
 			mustNo(b, gpu.Copy(dst, 0, imp, 0, size))
+		}
+		b.StopTimer()
+		p := make([]byte, 4)
+		_, err = dst.ReadAt(p, size-4)
+		mustNo(b, err)
+		if string(p) != "tail" {
+			b.Fatalf("raw copy: %q at the end", p)
+		}
+	})
+	// For reading the two above: the GPU's own copy rate now, between two
+	// buffers of this process on the destination's device.
+	b.Run("local-dtod", func(b *testing.B) {
+		devs, err := cuda.Open(0)
+		mustNo(b, err)
+		defer func() {
+			for _, dv := range devs {
+				dv.Close()
+			}
+		}()
+		var dev gpu.Device
+		for _, dv := range devs {
+			if dv.Name() == devB {
+				dev = dv
+			}
+		}
+		x, err := dev.Alloc(size, 0)
+		mustNo(b, err)
+		defer x.Free()
+		y, err := dev.Alloc(size, 0)
+		mustNo(b, err)
+		defer y.Free()
+		mustNo(b, gpu.Copy(y, 0, x, 0, size))
+		b.SetBytes(size)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			mustNo(b, gpu.Copy(y, 0, x, 0, size))
 		}
 	})
 	mustNo(b, os.Remove(src))
