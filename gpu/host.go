@@ -462,3 +462,24 @@ func (b *hostBuffer) Free() error {
 	}
 	return err
 }
+
+// InPlace runs fn on bytes [off, off+n) of b when b is host memory mapped
+// into this process, holding b against Free until fn returns: a copy can then
+// receive from a socket straight into the buffer. ok is false (fn not run)
+// for any other buffer. Errors: ErrFreed, a range outside b (checkRange's),
+// or fn's.
+func InPlace(b Buffer, off, n int64, fn func(p []byte) error) (ok bool, err error) {
+	hb, isHost := b.(*hostBuffer)
+	if !isHost {
+		return false, nil
+	}
+	hb.mu.RLock()
+	defer hb.mu.RUnlock()
+	if hb.mem == nil {
+		return true, ErrFreed
+	}
+	if err := checkRange(int64(len(hb.mem)), off, n); err != nil {
+		return true, err
+	}
+	return true, fn(hb.mem[off : off+n])
+}

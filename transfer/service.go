@@ -66,6 +66,11 @@ type Config struct {
 	Timeout time.Duration
 	// ChunkSize is the bytes per data frame (default 1 MiB, at most 4 MiB).
 	ChunkSize int
+	// Streams is how many parallel TCP streams a large transfer asks for
+	// (default DefaultStreams, at most MaxStreams; 1: one connection). The
+	// receiving side of a put and the sending side of a get decide: one
+	// stream for transfers under a few chunks per stream (streamsFor).
+	Streams int
 }
 
 // Service is a node's peer service: a listener for peers and the client side
@@ -84,6 +89,9 @@ type Service struct {
 	// small copy itself.
 	idle    map[string][]idleConn
 	reaping bool
+	// pending holds the transfers that wait for extra streams to join, by
+	// token.
+	pending map[string]*pending
 
 	copies   [3]atomic.Int64 // local, ipc, tcp
 	active   atomic.Int64
@@ -121,6 +129,10 @@ func New(cfg Config, local Local) (*Service, error) {
 		cfg.ChunkSize = 1 << 20
 	}
 	cfg.ChunkSize = min(cfg.ChunkSize, 4<<20)
+	if cfg.Streams <= 0 {
+		cfg.Streams = DefaultStreams
+	}
+	cfg.Streams = min(cfg.Streams, MaxStreams)
 	if cfg.Secret != nil && len(cfg.Secret) < 16 {
 		return nil, fmt.Errorf("secret of %d bytes, want at least 16: %w", len(cfg.Secret), ErrConfig)
 	}
@@ -238,12 +250,12 @@ type idleConn struct {
 	since time.Time
 }
 
-// maxIdle is how many idle connections are kept per peer, and idleFor how
-// long at most (also bounded by half the timeout, after which the peer drops
+// maxIdle is how many idle connections are kept per peer (enough for the
+// streams of two transfers), and idleFor how long at most (also bounded by half the timeout, after which the peer drops
 // a silent connection); idle ones are closed then, so an idle node holds no
 // sockets.
 const (
-	maxIdle = 4
+	maxIdle = 2 * MaxStreams
 	idleFor = 2 * time.Second
 )
 
@@ -603,6 +615,10 @@ func (s *Service) serve(nc net.Conn) {
 			rerr = s.servePut(c, req)
 		case "get":
 			rerr = s.serveGet(c, req)
+		case "join":
+			if !s.serveJoin(c, req) {
+				return
+			}
 		default:
 			rerr = &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("unknown op %q", req.Op)}
 			c.sendError(rerr)
