@@ -34,7 +34,7 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 	}
 	c, err := s.conn(ctx, peer)
 	if err != nil {
-		_, end := s.Track(src, peer+":"+remotePath, "tcp", total, int64(len(srcs)))
+		_, end := s.TrackCtx(ctx, src, peer+":"+remotePath, "tcp", total, int64(len(srcs)))
 		end(err)
 		return 0, err
 	}
@@ -42,7 +42,7 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 	defer func() { s.done(peer, c, stop(), err) }()
 	if s.sameHost(c) {
 		if descs, release, ok := exports(srcs, "peer "+peer); ok {
-			rec, end := s.Track(src, peer+":"+remotePath, "ipc", total, int64(len(srcs)))
+			rec, end := s.TrackCtx(ctx, src, peer+":"+remotePath, "ipc", total, int64(len(srcs)))
 			err := c.sendJSON(frameRequest, request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, IPC: descs})
 			var r reply
 			if err == nil {
@@ -61,7 +61,7 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 			end(err) // the peer cannot reach this daemon's memory: TCP then
 		}
 	}
-	rec, end := s.Track(src, peer+":"+remotePath, "tcp", total, int64(len(srcs)))
+	rec, end := s.TrackCtx(ctx, src, peer+":"+remotePath, "tcp", total, int64(len(srcs)))
 	n, err = s.send(ctx, peer, c, remotePath, srcs, metas, isDir, rec)
 	end(err)
 	return n, err
@@ -191,7 +191,7 @@ func (s *Service) Receive(ctx context.Context, peer, remotePath, dst string, pre
 	}
 	c, err := s.conn(ctx, peer)
 	if err != nil {
-		_, end := s.Track(peer+":"+remotePath, dst, "tcp", 0, 0)
+		_, end := s.TrackCtx(ctx, peer+":"+remotePath, dst, "tcp", 0, 0)
 		end(err)
 		return 0, err
 	}
@@ -200,7 +200,7 @@ func (s *Service) Receive(ctx context.Context, peer, remotePath, dst string, pre
 	ipcOK := s.sameHost(c)
 	for {
 		var retry bool
-		n, retry, err = s.receive(c, peer, remotePath, dst, prepare, ipcOK)
+		n, retry, err = s.receive(ctx, c, peer, remotePath, dst, prepare, ipcOK)
 		if retry {
 			ipcOK = false // the peer's memory is out of reach: ask again over TCP
 			continue
@@ -211,7 +211,7 @@ func (s *Service) Receive(ctx context.Context, peer, remotePath, dst string, pre
 
 // receive runs one get on c; retry says the IPC copy could not start and the
 // request should be made again without it.
-func (s *Service) receive(c *conn, peer, remotePath, dst string, prepare func(bool, []Meta) (Dest, error), ipcOK bool) (n int, retry bool, err error) {
+func (s *Service) receive(ctx context.Context, c *conn, peer, remotePath, dst string, prepare func(bool, []Meta) (Dest, error), ipcOK bool) (n int, retry bool, err error) {
 	if err := c.sendJSON(frameRequest, request{Op: "get", Path: remotePath, IPCOK: ipcOK, Streams: s.cfg.Streams}); err != nil {
 		return 0, false, netErr(err)
 	}
@@ -227,7 +227,7 @@ func (s *Service) receive(c *conn, peer, remotePath, dst string, prepare func(bo
 	for _, m := range r.Tensors {
 		total += m.NBytes
 	}
-	rec, end := s.Track(peer+":"+remotePath, dst, path, total, int64(len(r.Tensors)))
+	rec, end := s.TrackCtx(ctx, peer+":"+remotePath, dst, path, total, int64(len(r.Tensors)))
 	defer func() { end(err) }()
 	if err := checkMetas(r.Tensors, r.Dir); err != nil {
 		return 0, false, err

@@ -93,6 +93,7 @@ type Service struct {
 	// token.
 	pending map[string]*pending
 
+	nextID   atomic.Uint64   // the last record id given
 	copies   [3]atomic.Int64 // local, ipc, tcp
 	active   atomic.Int64
 	recentMu sync.Mutex
@@ -109,11 +110,17 @@ const (
 // Record is one transfer, for stats: progress while it runs, the outcome
 // after.
 type Record struct {
+	// ID numbers the records of a service from 1 (never reused); PID is
+	// the process that asked for the copy, 0 when unknown (see WithCaller).
+	ID             uint64
+	PID            int
 	Src, Dst, Path string
-	BytesDone      atomic.Int64
-	BytesTotal     atomic.Int64
-	Tensors        atomic.Int64
-	err            atomic.Value // string
+	// Streams is how many TCP streams carry the data.
+	Streams    atomic.Int64
+	BytesDone  atomic.Int64
+	BytesTotal atomic.Int64
+	Tensors    atomic.Int64
+	err        atomic.Value // string
 }
 
 // ErrConfig: a configuration the service refuses to start with.

@@ -398,6 +398,7 @@ func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all boo
 		write(first)
 	}()
 	ss.awaitJoins(joins, want, all, s.cfg.Timeout, &wg, func(st *stream) {
+		rec.Streams.Add(1)
 		st.inStep = write(st.c)
 	})
 	if ss.failed.Load() {
@@ -512,6 +513,7 @@ func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all boo
 		firstInStep = s.recvStream(first, ss, tr, dest, inPlace, chunk, rec)
 	}()
 	ss.awaitJoins(joins, want, all, s.cfg.Timeout, &wg, func(st *stream) {
+		rec.Streams.Add(1)
 		st.inStep = s.recvStream(st.c, ss, tr, dest, inPlace, chunk, rec)
 	})
 	wg.Wait()
