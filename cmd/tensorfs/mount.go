@@ -43,7 +43,11 @@ accepts peers (the mount appears once the listener is up); --peer NAME=HOST:PORT
 holds the shared secret (at least 16 bytes, one trailing newline stripped, not
 readable by group or others); listening on a non-loopback address needs one.
 --host-id overrides the host identity (default: the kernel's boot id).
---timeout bounds how long a copy waits on a silent peer.`,
+--timeout bounds how long a copy waits on a silent peer.
+--streams N spreads each large copy over N parallel TCP connections to the
+peer (1 to 8; default 2): chunks of at least 4 per stream, each checked by
+CRC32C and counted exactly once; a stream that dies fails the whole copy. The
+receiving side of a copy decides, up to what the asking side offers.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var limit uint64
