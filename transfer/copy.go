@@ -311,12 +311,12 @@ func (s *Service) servePut(c *conn, req request) error {
 		end(err)
 		return netErr(err)
 	}
-	// At a failure the sender hears why on c at once; recvChunks then reads
-	// on until the sender stops, so c stays in step for the next request.
-	extras, _, err := s.recvChunks(c, joins, k-1, false, dest, req.Tensors, chunk, rec, func(err error) { c.sendError(err) })
+	// At a failure recvChunks aborts dest, then the sender hears why on c;
+	// recvChunks then reads on until the sender stops, so c stays in step
+	// for the next request.
+	extras, _, err := s.recvChunks(c, joins, k-1, false, dest, req.Tensors, chunk, rec, dest.Abort, func(err error) { c.sendError(err) })
 	pend.close(extras)
 	if err != nil {
-		dest.Abort()
 		end(err)
 		return err
 	}
@@ -452,7 +452,7 @@ func (s *Service) receiveTCP(c *conn, peer string, r reply, dest Dest, rec *Reco
 		defer cancel()
 		joins = s.joinStreams(ctx, peer, r.Token, want)
 	}
-	extras, _, err := s.recvChunks(c, joins, want, true, dest, r.Tensors, chunk, rec, func(error) { c.c.Close() })
+	extras, _, err := s.recvChunks(c, joins, want, true, dest, r.Tensors, chunk, rec, nil, func(error) { c.c.Close() })
 	s.releaseStreams(peer, extras, err)
 	return err
 }

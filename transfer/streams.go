@@ -76,6 +76,7 @@ type pending struct {
 
 	mu     sync.Mutex
 	closed bool
+	joined int // streams that joined so far
 }
 
 // expect registers a transfer with peer that n extra streams will join, and
@@ -128,7 +129,7 @@ func (s *Service) serveJoin(c *conn, req request) bool {
 		return true
 	}
 	p.mu.Lock()
-	if p.closed || len(p.joins) == cap(p.joins) {
+	if p.closed || p.joined == cap(p.joins) {
 		p.mu.Unlock()
 		c.sendError(&Error{Errno: syscall.EBUSY, Msg: "the transfer takes no more streams"})
 		return true
@@ -138,6 +139,7 @@ func (s *Service) serveJoin(c *conn, req request) bool {
 		return false
 	}
 	st := &stream{c: c, ended: make(chan bool, 1)}
+	p.joined++
 	p.joins <- joined{st: st}
 	p.mu.Unlock()
 	return <-st.ended
@@ -189,6 +191,22 @@ type streamSet struct {
 	err    error
 	failed atomic.Bool
 	onFail func(error)
+	// abort, when set, aborts the destination at the failure, before
+	// onFail: once every write in flight (wmu, read-held by each) is over.
+	abort func()
+	wmu   sync.RWMutex
+}
+
+// guard runs fn, a write into the destination, unless the transfer has
+// failed; the abort waits for it. False: fn did not run.
+func (ss *streamSet) guard(fn func()) bool {
+	ss.wmu.RLock()
+	defer ss.wmu.RUnlock()
+	if ss.failed.Load() {
+		return false
+	}
+	fn()
+	return true
 }
 
 func (ss *streamSet) add(st *stream) bool {
@@ -217,6 +235,11 @@ func (ss *streamSet) fail(err error) {
 		st.c.c.Close()
 	}
 	ss.mu.Unlock()
+	if ss.abort != nil {
+		ss.wmu.Lock()
+		ss.abort()
+		ss.wmu.Unlock()
+	}
 	if ss.onFail != nil {
 		ss.onFail(err)
 	}
@@ -234,14 +257,29 @@ func (ss *streamSet) result() ([]*stream, error) {
 // the transfer's failure; with all set (the client's joins, which always
 // come, connection or error), the ones still to come are then closed as
 // they arrive.
-func (ss *streamSet) awaitJoins(joins <-chan joined, want int, all bool, timeout time.Duration, wg *sync.WaitGroup, run func(st *stream)) {
+//
+// watch, when set, is a connection nobody reads meanwhile (the first stream
+// of a get, on the sending side): if its peer hangs up (or says anything:
+// nothing is due on it), the streams will not come, and the transfer fails.
+func (ss *streamSet) awaitJoins(joins <-chan joined, want int, all bool, watch *conn, timeout time.Duration, wg *sync.WaitGroup, run func(st *stream)) {
 	if want == 0 {
 		return
 	}
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
+	var tick <-chan time.Time
+	if watch != nil {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		tick = t.C
+	}
 	for got := 0; got < want; got++ {
 		select {
+		case <-tick:
+			if !alive(watch) {
+				ss.fail(&Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s hung up before its streams joined", watch.peer), broken: true})
+			}
+			got--
 		case <-ss.dead:
 			if all {
 				go func() {
@@ -397,7 +435,11 @@ func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all boo
 		defer wg.Done()
 		write(first)
 	}()
-	ss.awaitJoins(joins, want, all, s.cfg.Timeout, &wg, func(st *stream) {
+	var watch *conn
+	if !all {
+		watch = first
+	}
+	ss.awaitJoins(joins, want, all, watch, s.cfg.Timeout, &wg, func(st *stream) {
 		rec.Streams.Add(1)
 		st.inStep = write(st.c)
 	})
@@ -498,12 +540,14 @@ func (t *tracker) complete() error {
 // the next one. chunk is the sender's chunk size with several streams, 0
 // with one (chunks in order).
 //
-// At the first failure, onFail runs (the server tells the sender why on
-// first) and the extra streams are closed; first then reads on, discarding,
-// until the sender's end, so it stays in step. The caller aborts dest on
-// error, and releases the extras whatever the outcome.
-func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all bool, dest Dest, metas []Meta, chunk int64, rec *Record, onFail func(error)) (extras []*stream, firstInStep bool, err error) {
-	ss := &streamSet{dead: make(chan struct{}), onFail: onFail}
+// At the first failure the extra streams are closed, abort runs if set
+// (once no write is in flight: the destination is gone before the sender
+// hears), then onFail (the server tells the sender why on first); first then
+// reads on, discarding, until the sender's end, so it stays in step. With
+// abort nil the caller aborts dest on error. The caller releases the extras
+// whatever the outcome.
+func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all bool, dest Dest, metas []Meta, chunk int64, rec *Record, abort func(), onFail func(error)) (extras []*stream, firstInStep bool, err error) {
+	ss := &streamSet{dead: make(chan struct{}), onFail: onFail, abort: abort}
 	tr := newTracker(first.peer, metas, chunk)
 	inPlace, _ := dest.(inPlaceDest)
 	var wg sync.WaitGroup
@@ -512,15 +556,15 @@ func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all boo
 		defer wg.Done()
 		firstInStep = s.recvStream(first, ss, tr, dest, inPlace, chunk, rec)
 	}()
-	ss.awaitJoins(joins, want, all, s.cfg.Timeout, &wg, func(st *stream) {
+	ss.awaitJoins(joins, want, all, nil, s.cfg.Timeout, &wg, func(st *stream) {
 		rec.Streams.Add(1)
 		st.inStep = s.recvStream(st.c, ss, tr, dest, inPlace, chunk, rec)
 	})
 	wg.Wait()
-	extras, err = ss.result()
-	if err == nil {
-		err = tr.complete()
+	if err := tr.complete(); err != nil {
+		ss.fail(err) // a no-op after an earlier failure
 	}
+	extras, err = ss.result()
 	return extras, firstInStep, err
 }
 
@@ -551,19 +595,28 @@ func (s *Service) recvStream(c *conn, ss *streamSet, tr *tracker, dest Dest, inP
 				continue
 			}
 			var crc uint32
+			var werr error
+			ran := true
 			if w.buf == nil {
-				inPlace.WriteInPlace(w.i, w.off, w.n, func(p []byte) error {
-					crc = crc32.Checksum(p, crcTable)
-					return nil
+				ran = ss.guard(func() {
+					_, werr = inPlace.WriteInPlace(w.i, w.off, w.n, func(p []byte) error {
+						crc = crc32.Checksum(p, crcTable)
+						return nil
+					})
 				})
 			} else {
 				crc = crc32.Checksum(w.buf[:w.n], crcTable)
 			}
-			if crc != w.crc {
+			switch {
+			case !ran:
+			case werr != nil:
+				ss.fail(werr)
+			case crc != w.crc:
 				ss.fail(&Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: CRC32C mismatch in %q at %d", c.peer, tr.metas[w.i].Rel, w.off)})
-			} else if w.buf != nil {
-				if err := dest.WriteAt(w.i, w.buf[:w.n], w.off); err != nil {
-					ss.fail(err)
+			case w.buf != nil:
+				ss.guard(func() { werr = dest.WriteAt(w.i, w.buf[:w.n], w.off) })
+				if werr != nil {
+					ss.fail(werr)
 				}
 			}
 			if w.buf != nil {
@@ -645,10 +698,19 @@ func (s *Service) recvStream(c *conn, ss *streamSet, tr *tracker, dest Dest, inP
 		placed := false
 		if inPlace != nil {
 			var rerr error
-			placed, err = inPlace.WriteInPlace(w.i, w.off, w.n, func(p []byte) error {
-				_, rerr = io.ReadFull(c.r, p)
-				return rerr
-			})
+			err = nil
+			if !ss.guard(func() {
+				placed, err = inPlace.WriteInPlace(w.i, w.off, w.n, func(p []byte) error {
+					_, rerr = io.ReadFull(c.r, p)
+					return rerr
+				})
+			}) {
+				// Failed meanwhile: the destination is gone.
+				if _, err := io.CopyN(io.Discard, c.r, dlen); err != nil {
+					return false
+				}
+				continue
+			}
 			if rerr != nil {
 				ss.fail(netErr(rerr))
 				return false
