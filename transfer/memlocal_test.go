@@ -43,7 +43,7 @@ type memLocal struct {
 	// inPlace lets destinations take chunks straight into their memory
 	// (WriteInPlace), as host tensors do; otherwise they take WriteAt only,
 	// as GPU tensors do.
-	inPlace bool
+	inPlace  bool
 	inPlaces int64 // chunks written in place
 
 	// Hooks, called without mu held.
