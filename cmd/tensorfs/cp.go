@@ -451,9 +451,14 @@ func (m *cpMonitor) latest(sized bool) *transfer.RecordReport {
 	if !ok {
 		return nil
 	}
+	return m.pick(after, sized)
+}
+
+// pick is latest's choice among the records recs.
+func (m *cpMonitor) pick(recs []transfer.RecordReport, sized bool) *transfer.RecordReport {
 	var best *transfer.RecordReport
-	for i := range after {
-		r := &after[i]
+	for i := range recs {
+		r := &recs[i]
 		if r.ID > m.maxID && r.PID == m.pid && contains(m.srcs, r.Src) && contains(m.dsts, r.Dst) &&
 			(!sized || r.BytesTotal > 0) && (best == nil || r.ID > best.ID) {
 			best = r
