@@ -67,7 +67,9 @@ created stays, empty if the copy then fails).
 While the copy runs, cp reads user.tensorfs.stats on the mount's root every
 100 ms and draws a progress bar on stderr when stderr is a terminal (always
 with --progress), then prints one summary line: tensors, bytes, seconds and
-throughput. --quiet prints nothing on success. A failure exits non-zero with
+throughput. It follows its own transfer record: one with an id newer than
+those in stats before the copy and cp's own pid (the daemon records which
+process asked), so concurrent copies of the same SRC and DST do not mix. --quiet prints nothing on success. A failure exits non-zero with
 one line: the errno's text and, in parentheses, the daemon's error text from
 stats when it has one.`,
 		Args: twoArgs,
