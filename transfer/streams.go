@@ -258,10 +258,12 @@ func (ss *streamSet) result() ([]*stream, error) {
 // come, connection or error), the ones still to come are then closed as
 // they arrive.
 //
-// watch, when set, is a connection nobody reads meanwhile (the first stream
-// of a get, on the sending side): if its peer hangs up (or says anything:
-// nothing is due on it), the streams will not come, and the transfer fails.
-func (ss *streamSet) awaitJoins(joins <-chan joined, want int, all bool, watch *conn, timeout time.Duration, wg *sync.WaitGroup, run func(st *stream)) {
+// watch, when set, gives a connection nobody reads meanwhile, or nil (the
+// first stream of a get on the sending side; on the receiving side of a
+// put, the first stream once it has ended): if its peer hangs up (or says
+// anything: nothing is due on it), the streams will not come, and the
+// transfer fails rather than wait out the timeout.
+func (ss *streamSet) awaitJoins(joins <-chan joined, want int, all bool, watch func() *conn, timeout time.Duration, wg *sync.WaitGroup, run func(st *stream)) {
 	if want == 0 {
 		return
 	}
@@ -276,8 +278,8 @@ func (ss *streamSet) awaitJoins(joins <-chan joined, want int, all bool, watch *
 	for got := 0; got < want; got++ {
 		select {
 		case <-tick:
-			if !alive(watch) {
-				ss.fail(&Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s hung up before its streams joined", watch.peer), broken: true})
+			if w := watch(); w != nil && !alive(w) {
+				ss.fail(&Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s hung up before its streams joined", w.peer), broken: true})
 			}
 			got--
 		case <-ss.dead:
@@ -435,9 +437,9 @@ func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all boo
 		defer wg.Done()
 		write(first)
 	}()
-	var watch *conn
+	var watch func() *conn
 	if !all {
-		watch = first
+		watch = func() *conn { return first }
 	}
 	ss.awaitJoins(joins, want, all, watch, s.cfg.Timeout, &wg, func(st *stream) {
 		rec.Streams.Add(1)
@@ -551,12 +553,20 @@ func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all boo
 	tr := newTracker(first.peer, metas, chunk)
 	inPlace, _ := dest.(inPlaceDest)
 	var wg sync.WaitGroup
+	var firstDone atomic.Pointer[conn] // first, once it has ended in step
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		firstInStep = s.recvStream(first, ss, tr, dest, inPlace, chunk, rec)
+		if firstInStep {
+			firstDone.Store(first)
+		}
 	}()
-	ss.awaitJoins(joins, want, all, nil, s.cfg.Timeout, &wg, func(st *stream) {
+	var watch func() *conn
+	if !all {
+		watch = firstDone.Load
+	}
+	ss.awaitJoins(joins, want, all, watch, s.cfg.Timeout, &wg, func(st *stream) {
 		rec.Streams.Add(1)
 		st.inStep = s.recvStream(st.c, ss, tr, dest, inPlace, chunk, rec)
 	})
