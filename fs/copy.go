@@ -2,11 +2,15 @@ package fs
 
 import (
 	"context"
+	"fmt"
 	"log"
+	"os"
+	"strconv"
 	"strings"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/tensorfs/tensorfs/transfer"
 )
@@ -91,13 +95,41 @@ func (f *FS) within(p string, dir *Dir) bool {
 	return false
 }
 
+// copyCtx is the context of a copy asked for by the FUSE request of ctx: not
+// the request's own (a copy runs to completion or failure, whatever happens
+// to the request), but carrying its caller's pid for the copy's records.
+func copyCtx(ctx context.Context) context.Context {
+	if c, ok := fuse.FromContext(ctx); ok {
+		return transfer.WithCaller(context.Background(), tgid(int(c.Pid)))
+	}
+	return context.Background()
+}
+
+// tgid is the process of thread tid: FUSE names the calling thread, and a
+// program knows itself by its process id. tid itself when /proc does not
+// say (the thread is gone).
+func tgid(tid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	if err != nil {
+		return tid
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Tgid:"); ok {
+			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+				return n
+			}
+		}
+	}
+	return tid
+}
+
 // copyTo pushes node src (a file, or a directory tree) to a peer path. It
 // ignores the request's cancellation (FUSE interrupts): a copy runs to
 // completion or failure.
 //
 // viaMount lets the final renames go through the mount (so inotify watchers
 // see arrivals); batch turns it off, since the kernel holds the root's lock.
-func (f *FS) copyTo(src gofs.InodeEmbedder, value string, viaMount bool) error {
+func (f *FS) copyTo(ctx context.Context, src gofs.InodeEmbedder, value string, viaMount bool) error {
 	peer, dst, err := f.parseTarget(value)
 	if err != nil {
 		return err
@@ -116,7 +148,7 @@ func (f *FS) copyTo(src gofs.InodeEmbedder, value string, viaMount bool) error {
 		if f.peers == nil {
 			return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
 		}
-		n, err := f.peers.Send(context.Background(), peer, dst, srcs, isDir, label)
+		n, err := f.peers.Send(ctx, peer, dst, srcs, isDir, label)
 		logCopy(label, peer+":"+dst, n, err)
 		return err
 	}
@@ -135,7 +167,7 @@ func (f *FS) copyTo(src gofs.InodeEmbedder, value string, viaMount bool) error {
 			}
 		}
 	}
-	n, err := f.localCopy(label, dst, srcs, isDir, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
+	n, err := f.localCopy(ctx, label, dst, srcs, isDir, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
 		return f.prepare(dst, isDir, metas, nil, viaMount)
 	})
 	logCopy(label, dst, n, err)
@@ -143,7 +175,7 @@ func (f *FS) copyTo(src gofs.InodeEmbedder, value string, viaMount bool) error {
 }
 
 // copyFrom pulls a peer path into node dst (a file, or a directory tree).
-func (f *FS) copyFrom(dst gofs.InodeEmbedder, value string) error {
+func (f *FS) copyFrom(ctx context.Context, dst gofs.InodeEmbedder, value string) error {
 	peer, src, err := f.parseTarget(value)
 	if err != nil {
 		return err
@@ -166,7 +198,7 @@ func (f *FS) copyFrom(dst gofs.InodeEmbedder, value string) error {
 		if f.peers == nil {
 			return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
 		}
-		n, err := f.peers.Receive(context.Background(), peer, src, dstPath, prepare)
+		n, err := f.peers.Receive(ctx, peer, src, dstPath, prepare)
 		logCopy(peer+":"+src, dstPath, n, err)
 		return err
 	}
@@ -192,13 +224,13 @@ func (f *FS) copyFrom(dst gofs.InodeEmbedder, value string) error {
 			s.Close()
 		}
 	}()
-	n, err := f.localCopy(src, dstPath, srcs, isDir, prepare)
+	n, err := f.localCopy(ctx, src, dstPath, srcs, isDir, prepare)
 	logCopy(src, dstPath, n, err)
 	return err
 }
 
 // localCopy copies tensors of this daemon device to device into dst.
-func (f *FS) localCopy(label, dst string, srcs []transfer.Source, isDir bool, prepare func(bool, []transfer.Meta) (transfer.Dest, error)) (int, error) {
+func (f *FS) localCopy(ctx context.Context, label, dst string, srcs []transfer.Source, isDir bool, prepare func(bool, []transfer.Meta) (transfer.Dest, error)) (int, error) {
 	metas := make([]transfer.Meta, len(srcs))
 	var total int64
 	for i, s := range srcs {
@@ -208,7 +240,7 @@ func (f *FS) localCopy(label, dst string, srcs []transfer.Source, isDir bool, pr
 	var rec *transfer.Record
 	end := func(error) {}
 	if f.peers != nil {
-		rec, end = f.peers.Track(label, dst, "local", total, int64(len(srcs)))
+		rec, end = f.peers.TrackCtx(ctx, label, dst, "local", total, int64(len(srcs)))
 	}
 	d, err := prepare(isDir, metas)
 	if err != nil {
@@ -234,7 +266,7 @@ func (f *FS) localCopy(label, dst string, srcs []transfer.Source, isDir bool, pr
 // batch runs the copies of a batch xattr: one "SRC DST" per line. Pushes of
 // local tensors to one peer go as one pipelined transfer; the rest run in
 // order. It stops at the first failure.
-func (f *FS) batch(value string) error {
+func (f *FS) batch(ctx context.Context, value string) error {
 	type push struct{ src, dst string }
 	pushes := map[string][]push{}
 	var order []string
@@ -294,7 +326,7 @@ func (f *FS) batch(value string) error {
 			closeAll()
 			return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
 		}
-		n, err := f.peers.Send(context.Background(), peer, "/", srcs, true, "batch")
+		n, err := f.peers.Send(ctx, peer, "/", srcs, true, "batch")
 		closeAll()
 		logCopy("batch", peer+":/", n, err)
 		if err != nil {
@@ -309,7 +341,7 @@ func (f *FS) batch(value string) error {
 			if dpPeer != "" {
 				return errf(syscall.EINVAL, "batch: %s -> %s: one side must be this mount", o[0], o[1])
 			}
-			if err := f.pullTo(sp, spath, dpath); err != nil {
+			if err := f.pullTo(ctx, sp, spath, dpath); err != nil {
 				return err
 			}
 			continue
@@ -318,7 +350,7 @@ func (f *FS) batch(value string) error {
 		if err != nil {
 			return err
 		}
-		if err := f.copyTo(n, o[1], false); err != nil {
+		if err := f.copyTo(ctx, n, o[1], false); err != nil {
 			return err
 		}
 	}
@@ -327,11 +359,11 @@ func (f *FS) batch(value string) error {
 
 // pullTo copies peer:src to dst in this mount (a batch line). It renames into
 // place inside the daemon: the kernel holds the root's lock for the batch.
-func (f *FS) pullTo(peer, src, dst string) error {
+func (f *FS) pullTo(ctx context.Context, peer, src, dst string) error {
 	if f.peers == nil {
 		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
 	}
-	n, err := f.peers.Receive(context.Background(), peer, src, dst, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
+	n, err := f.peers.Receive(ctx, peer, src, dst, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
 		if !isDir {
 			if t, err := f.resolve(dst); err == nil {
 				if _, isD := t.(*Dir); isD {

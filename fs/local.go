@@ -428,3 +428,11 @@ func (d *Dir) renameInternal(tmp, name string) error {
 	}
 	return nil
 }
+
+// WriteInPlace lets a peer copy receive tensor i's bytes from its socket
+// straight into the temporary's memory when that is host memory
+// (tensor.WriteInPlace); ok is false for GPU memory (the copy then stages
+// through WriteAt).
+func (d *dest) WriteInPlace(i int, off, n int64, fill func(p []byte) error) (bool, error) {
+	return d.items[i].temp.WriteInPlace(off, n, fill)
+}

@@ -32,6 +32,15 @@ func NewAllocID() uint64 { return nextAllocID.Add(1) }
 // docs/performance.md), so freed small buffers are kept for reuse: sealed,
 // mapped and paged in, per (size, owner) since a reused memfd keeps its
 // handle, and only for a short while so idle memory goes back.
+//
+// Large freed buffers are kept too, for a little longer: touching fresh
+// memory costs about 1 s a GiB on the VMs this runs on (page faults), so a
+// copy that replaces a large tensor, or follows the removal of one, should
+// land in memory that is already paged in. They are zeroed in the
+// background after their free, so neither the free nor the next allocation
+// pays for it. Kept memory is not "used" (stats' live bytes do not count
+// it), but it is real memory: used plus kept never exceeds the cap, and an
+// allocation that needs the room releases kept buffers first.
 type Host struct {
 	limit int64
 	used  atomic.Int64
@@ -43,11 +52,17 @@ type Host struct {
 }
 
 // Recycling bounds: buffers up to spareMaxSize bytes are kept, at most
-// spareMaxBytes in all, each for at most spareTTL after its free.
+// spareMaxBytes in all, each for at most spareTTL after its free. Larger
+// ones are kept up to spareLargeMaxBytes in all (and a quarter of the cap),
+// each for spareLargeTTL: long enough for the next copy of a series, short
+// enough that an idle daemon holds no memory (and no memfd) within the few
+// seconds the tests allow for fds to go back to their baseline.
 const (
-	spareMaxSize  = 2 << 20
-	spareMaxBytes = 64 << 20
-	spareTTL      = 500 * time.Millisecond
+	spareMaxSize       = 2 << 20
+	spareMaxBytes      = 64 << 20
+	spareTTL           = 500 * time.Millisecond
+	spareLargeMaxBytes = 8 << 30
+	spareLargeTTL      = 2 * time.Second
 )
 
 type spareKey struct {
@@ -59,6 +74,18 @@ type spare struct {
 	fd    int
 	mem   []byte
 	freed time.Time
+	// zeroed is closed once mem is all zeros (large spares are cleared in
+	// the background after their free; small ones at reuse).
+	zeroed chan struct{}
+}
+
+func (sp *spare) large() bool { return int64(len(sp.mem)) > spareMaxSize }
+
+func (sp *spare) ttl() time.Duration {
+	if sp.large() {
+		return spareLargeTTL
+	}
+	return spareTTL
 }
 
 // NewHost returns a host-memory device whose capacity is maxMemory bytes, or,
@@ -114,11 +141,19 @@ func (h *Host) Close() error {
 	h.spareMu.Unlock()
 	for _, l := range all {
 		for _, sp := range l {
-			unix.Munmap(sp.mem)
-			unix.Close(sp.fd)
+			sp.release()
 		}
 	}
 	return nil
+}
+
+// release unmaps and closes a spare, once its background zeroing is over.
+func (sp *spare) release() {
+	if sp.zeroed != nil {
+		<-sp.zeroed
+	}
+	unix.Munmap(sp.mem)
+	unix.Close(sp.fd)
 }
 
 // reserve accounts n bytes against the cap, or fails with ErrOutOfMemory.
@@ -154,6 +189,8 @@ func (h *Host) Alloc(nbytes int64, owner uint32) (Buffer, error) {
 	if b := h.reuse(nbytes, owner); b != nil {
 		return b, nil
 	}
+	// New memory: kept buffers give up the room it needs under the cap.
+	h.shrinkSpares(h.limit - h.used.Load())
 	b, err := newHostBuffer(h, nbytes, owner)
 	if err != nil {
 		h.used.Add(-committed(nbytes))
@@ -175,27 +212,74 @@ func (h *Host) reuse(n int64, owner uint32) *hostBuffer {
 	h.spares[k] = l[:len(l)-1]
 	h.spareBytes -= committed(n)
 	h.spareMu.Unlock()
-	clear(sp.mem)
+	if sp.zeroed != nil {
+		<-sp.zeroed
+	} else {
+		clear(sp.mem)
+	}
 	return &hostBuffer{dev: h, id: NewAllocID(), fd: sp.fd, mem: sp.mem, owner: owner}
+}
+
+// shrinkSpares releases kept buffers, oldest first, until they hold at most
+// room bytes.
+func (h *Host) shrinkSpares(room int64) {
+	h.spareMu.Lock()
+	var drop []*spare
+	for h.spareBytes > max(room, 0) {
+		var oldest *spare
+		var ok spareKey
+		for k, l := range h.spares {
+			if len(l) > 0 && (oldest == nil || l[0].freed.Before(oldest.freed)) {
+				oldest, ok = l[0], k
+			}
+		}
+		if oldest == nil {
+			break
+		}
+		h.spares[ok] = h.spares[ok][1:]
+		if len(h.spares[ok]) == 0 {
+			delete(h.spares, ok)
+		}
+		h.spareBytes -= committed(ok.n)
+		drop = append(drop, oldest)
+	}
+	h.spareMu.Unlock()
+	for _, sp := range drop {
+		sp.release()
+	}
 }
 
 // keep takes a freed buffer's memory for reuse; false when it is not worth
 // keeping (too large, or the pool is full).
+//
+// Small and large spares share spareBytes: the large bound (its own, a
+// quarter of the cap, and the cap less what is in use) applies to the sum,
+// the small one to the sum while it holds no large spare, so small spares
+// never crowd out large ones past spareMaxBytes.
 func (h *Host) keep(fd int, mem []byte, owner uint32) bool {
 	n := int64(len(mem))
-	if n > spareMaxSize {
-		return false
-	}
+	sp := &spare{fd: fd, mem: mem, freed: time.Now()}
 	h.spareMu.Lock()
 	defer h.spareMu.Unlock()
-	if h.spareBytes+committed(n) > spareMaxBytes {
+	bound := int64(spareMaxBytes)
+	if sp.large() {
+		bound = min(spareLargeMaxBytes, h.limit/4, h.limit-h.used.Load())
+	}
+	if h.spareBytes+committed(n) > bound {
 		return false
 	}
 	if h.spares == nil {
 		h.spares = map[spareKey][]*spare{}
 	}
+	if sp.large() {
+		sp.zeroed = make(chan struct{})
+		go func() {
+			clear(sp.mem)
+			close(sp.zeroed)
+		}()
+	}
 	k := spareKey{n, owner}
-	h.spares[k] = append(h.spares[k], &spare{fd: fd, mem: mem, freed: time.Now()})
+	h.spares[k] = append(h.spares[k], sp)
 	h.spareBytes += committed(n)
 	if !h.trimming {
 		h.trimming = true
@@ -208,11 +292,11 @@ func (h *Host) keep(fd int, mem []byte, owner uint32) bool {
 func (h *Host) trim() {
 	h.spareMu.Lock()
 	var drop []*spare
-	cutoff := time.Now().Add(-spareTTL)
+	now := time.Now()
 	for k, l := range h.spares {
 		kept := l[:0]
 		for _, sp := range l {
-			if sp.freed.Before(cutoff) {
+			if now.Sub(sp.freed) >= sp.ttl() {
 				drop = append(drop, sp)
 				h.spareBytes -= committed(k.n)
 			} else {
@@ -231,8 +315,7 @@ func (h *Host) trim() {
 	}
 	h.spareMu.Unlock()
 	for _, sp := range drop {
-		unix.Munmap(sp.mem)
-		unix.Close(sp.fd)
+		sp.release()
 	}
 }
 
@@ -378,4 +461,25 @@ func (b *hostBuffer) Free() error {
 		err = cerr
 	}
 	return err
+}
+
+// InPlace runs fn on bytes [off, off+n) of b when b is host memory mapped
+// into this process, holding b against Free until fn returns: a copy can then
+// receive from a socket straight into the buffer. ok is false (fn not run)
+// for any other buffer. Errors: ErrFreed, a range outside b (checkRange's),
+// or fn's.
+func InPlace(b Buffer, off, n int64, fn func(p []byte) error) (ok bool, err error) {
+	hb, isHost := b.(*hostBuffer)
+	if !isHost {
+		return false, nil
+	}
+	hb.mu.RLock()
+	defer hb.mu.RUnlock()
+	if hb.mem == nil {
+		return true, ErrFreed
+	}
+	if err := checkRange(int64(len(hb.mem)), off, n); err != nil {
+		return true, err
+	}
+	return true, fn(hb.mem[off : off+n])
 }

@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"strings"
@@ -129,4 +130,49 @@ func TestHostCountsWholePages(t *testing.T) {
 		require.NoError(t, b.Free())
 	}
 	require.Zero(t, h.MemInfo().Used)
+}
+
+// TestHostRecyclesLargeBuffers: a freed large buffer is kept (zeroed in the
+// background) for the next allocation of its size and owner, is not counted
+// as used, and gives way to new memory that needs the room under the cap.
+func TestHostRecyclesLargeBuffers(t *testing.T) {
+	const big = 8 << 20
+	h, err := NewHost(64 << 20)
+	require.NoError(t, err)
+	defer h.Close()
+	a, err := h.Alloc(big, 1000)
+	require.NoError(t, err)
+	_, err = a.WriteAt(bytes.Repeat([]byte("secret"), 1000), big-6000)
+	require.NoError(t, err)
+	addr := a.Addr()
+	require.NoError(t, a.Free())
+	require.Zero(t, h.MemInfo().Used, "a kept buffer is not in use")
+	b, err := h.Alloc(big, 1000)
+	require.NoError(t, err)
+	require.Equal(t, addr, b.Addr(), "same size and owner reuses it")
+	got := make([]byte, 6000)
+	_, err = b.ReadAt(got, big-6000)
+	require.NoError(t, err)
+	require.Equal(t, make([]byte, 6000), got, "zeroed")
+	require.NoError(t, b.Free())
+
+	// Kept memory counts against the cap: 8 MiB kept, 60 MiB wanted.
+	c, err := h.Alloc(60<<20, 1000)
+	require.NoError(t, err, "the kept buffer gives way")
+	h.spareMu.Lock()
+	require.Zero(t, h.spareBytes)
+	h.spareMu.Unlock()
+	require.NoError(t, c.Free())
+	h.spareMu.Lock()
+	require.Zero(t, h.spareBytes, "60 MiB is over a quarter of the 64 MiB cap: not kept")
+	h.spareMu.Unlock()
+
+	d, err := h.Alloc(big, 7)
+	require.NoError(t, err)
+	require.NoError(t, d.Free())
+	require.Eventually(t, func() bool {
+		h.spareMu.Lock()
+		defer h.spareMu.Unlock()
+		return len(h.spares) == 0 && h.spareBytes == 0
+	}, 5*time.Second, 50*time.Millisecond, "large spares are released when idle")
 }

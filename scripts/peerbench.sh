@@ -11,6 +11,8 @@
 #   BENCH        -bench regexp, default all three benchmarks
 #   RAW          file to keep the raw `go test` output in (default: a temp file)
 #   STRICT=1     exit 2 when a goal is missed (default: report only)
+#   PEERBENCH_STREAMS  TCP streams per copy: the daemons' --streams and the
+#                raw baselines' connections (default: the daemons' default)
 #   TENSORFS_BIN benchmark this tensorfs binary (default: built by the tests)
 #
 # Needs root (FUSE mounts) and about 6 GiB of free memory (the 1 GiB source,
@@ -65,7 +67,7 @@ if [ -z "${TENSORFS_BIN:-}" ]; then
 	export TENSORFS_BIN=$bindir/tensorfs
 fi
 go test -c -o "$bindir/tests.test" ./tests/
-echo "# $COUNT rounds of: go test -run '^\$' -bench '$BENCH' -benchtime $BENCHTIME -count 1 ./tests/ (TENSORFS_BIN=$TENSORFS_BIN)" >&2
+echo "# $COUNT rounds of: go test -run '^\$' -bench '$BENCH' -benchtime $BENCHTIME -count 1 ./tests/ (TENSORFS_BIN=$TENSORFS_BIN, PEERBENCH_STREAMS=${PEERBENCH_STREAMS:-default})" >&2
 echo "# raw output: $RAW" >&2
 : >"$RAW"
 status=0

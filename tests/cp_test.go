@@ -2,6 +2,7 @@ package tests
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // tcp runs `tensorfs cp` with args and returns its stdout and stderr apart:
@@ -214,6 +216,58 @@ func TestCpErrors(t *testing.T) {
 	require.ErrorIs(t, err, os.ErrNotExist, "nothing arrived")
 
 	require.NoError(t, os.Remove(a.path("t")))
+	a.requireClean()
+	b.requireClean()
+}
+
+// TestCopyRecordIDs: every transfer record has an id, never reused, and the
+// pid of the process whose setxattr asked for it (none on the peer that was
+// asked); concurrent cps of the same SRC and DST each report their own copy.
+func TestCopyRecordIDs(t *testing.T) {
+	ds := cluster(t, []string{"a", "b"})
+	a, b := ds["a"], ds["b"]
+	data := fill(8<<20, 5)
+	require.NoError(t, os.WriteFile(a.path("x"), data, 0o644))
+	type rec struct {
+		ID      uint64 `json:"id"`
+		PID     int    `json:"pid"`
+		Src     string `json:"src"`
+		Streams int    `json:"streams"`
+	}
+	last := func(d *daemon) rec {
+		r := d.stats().Transfers.Recent
+		require.NotEmpty(t, r)
+		var x rec
+		require.NoError(t, json.Unmarshal(r[len(r)-1], &x))
+		return x
+	}
+	var ids []uint64
+	for range 2 {
+		require.NoError(t, unix.Setxattr(a.path("x"), "user.tensorfs.copy_to", []byte("b:/x"), 0))
+		r := last(a)
+		require.Equal(t, os.Getpid(), r.PID, "the record names the process that asked")
+		require.Equal(t, 2, r.Streams, "8 MiB takes the default 2 streams")
+		ids = append(ids, r.ID)
+		require.Zero(t, last(b).PID, "the peer's record names no process")
+	}
+	require.Greater(t, ids[1], ids[0])
+
+	outs := make(chan string, 2)
+	for range 2 {
+		go func() {
+			_, errOut, err := tcp(t, a.path("x"), "b:/x")
+			if err != nil {
+				errOut = "failed: " + err.Error() + ": " + errOut
+			}
+			outs <- errOut
+		}()
+	}
+	for range 2 {
+		require.Contains(t, <-outs, "copied 1 tensor, 8,388,608 bytes")
+	}
+	sameFile(t, b.path("x"), data)
+	os.Remove(a.path("x"))
+	os.Remove(b.path("x"))
 	a.requireClean()
 	b.requireClean()
 }

@@ -6,8 +6,9 @@ package tests
 //
 //   - BenchmarkPeerCopy1G: a 1 GiB host tensor of random bytes pushed to a
 //     peer, into a new destination and over an existing one of the same size,
-//     against one raw TCP stream of 1 GiB into a freshly allocated buffer and
-//     into a reused one.
+//     against raw TCP streams of 1 GiB into a freshly allocated buffer and
+//     into a reused one (as many streams as the daemons use: --streams, set
+//     by $PEERBENCH_STREAMS, default transfer.DefaultStreams).
 //   - BenchmarkPeerTree1000x64K: 1000 tensors of 64 KiB as one directory
 //     copy_to, against one copy_to per file.
 //   - BenchmarkPeerSmallCopy4K: the round trip of a 4 KiB copy_to (p50, p99),
@@ -32,12 +33,15 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/transfer"
 )
 
 const (
@@ -57,9 +61,11 @@ const (
 
 // BenchmarkPeerCopy1G: per op, one copy of a 1 GiB host tensor of random
 // bytes to a peer (setxattr user.tensorfs.copy_to "b:/dst" on daemon a's
-// mount; it returns when b has put the tensor in place), or one raw TCP stream
-// of the same 1 GiB on one connection, from one buffer of this process to
-// another, acknowledged by the receiver with 8 bytes. Reported as MB/s.
+// mount; it returns when b has put the tensor in place), or the same 1 GiB
+// over raw TCP from one buffer of this process to another, in as many
+// contiguous parts on as many connections as the daemons' streams
+// (peerBenchRawStreams), acknowledged by the receiver with 8 bytes.
+// Reported as MB/s.
 //
 //   - tensorfs-new: the destination does not exist (it is unlinked, untimed,
 //     after each copy, and b's memory waited back to zero).
@@ -106,35 +112,21 @@ func BenchmarkPeerCopy1G(b *testing.B) {
 		a.requireTCPCopies(copies)
 	})
 	b.Run("raw-new", func(b *testing.B) {
-		got := make(chan []byte, 1)
-		c := peerBenchRawPeer(b, func(c net.Conn) error {
-			for {
-				n, err := peerBenchReadHeader(c)
-				if err != nil {
-					return err
-				}
-				buf := make([]byte, n) // fresh memory, touched by the receive
-				if _, err := io.ReadFull(c, buf); err != nil {
-					return err
-				}
-				if _, err := c.Write(make([]byte, 8)); err != nil {
-					return err
-				}
-				got <- buf
-			}
+		send, got := peerBenchRawStreams(b, peerBenchStreams(b), func(n int) []byte {
+			return make([]byte, n) // fresh memory, touched by the receive
 		})
 		release := func() {
 			runtime.GC()
 			debug.FreeOSMemory()
 		}
-		peerBenchRawSend(b, c, data) // warm-up, as tensorfs-new's
+		send(data) // warm-up, as tensorfs-new's
 		if !bytes.Equal(<-got, data) {
-			b.Fatal("raw stream: the received bytes differ from the sent ones")
+			b.Fatal("raw streams: the received bytes differ from the sent ones")
 		}
 		release()
 		b.SetBytes(peerBigSize)
 		for b.Loop() {
-			peerBenchRawSend(b, c, data)
+			send(data)
 			b.StopTimer()
 			<-got
 			release()
@@ -171,29 +163,14 @@ func BenchmarkPeerCopy1G(b *testing.B) {
 		for i := 0; i < len(buf); i += 4096 {
 			buf[i] = 1 // touched: the memory is there before the first receive
 		}
-		done := make(chan struct{}, 1)
-		c := peerBenchRawPeer(b, func(c net.Conn) error {
-			for {
-				n, err := peerBenchReadHeader(c)
-				if err != nil {
-					return err
-				}
-				if _, err := io.ReadFull(c, buf[:n]); err != nil {
-					return err
-				}
-				if _, err := c.Write(make([]byte, 8)); err != nil {
-					return err
-				}
-				done <- struct{}{}
-			}
-		})
+		send, got := peerBenchRawStreams(b, peerBenchStreams(b), func(n int) []byte { return buf[:n] })
 		b.SetBytes(peerBigSize)
 		for b.Loop() {
-			peerBenchRawSend(b, c, data)
-			<-done
+			send(data)
+			<-got
 		}
 		if !bytes.Equal(buf, data) {
-			b.Fatal("raw stream: the received bytes differ from the sent ones")
+			b.Fatal("raw streams: the received bytes differ from the sent ones")
 		}
 	})
 }
@@ -416,7 +393,8 @@ func peerBenchPair(b *testing.B) (a, d *peerBenchDaemon) {
 	ds := map[string]*peerBenchDaemon{}
 	for _, n := range names {
 		flags := []string{"--device", "host", "--name", n, "--listen", fmt.Sprintf("127.0.0.1:%d", ports[n]),
-			"--secret-file", secret, "--host-id", "bench-host-" + n, "--timeout", "30s"}
+			"--secret-file", secret, "--host-id", "bench-host-" + n, "--timeout", "30s",
+			"--streams", strconv.Itoa(peerBenchStreams(b))}
 		for _, o := range names {
 			if o != n {
 				flags = append(flags, "--peer", fmt.Sprintf("%s=127.0.0.1:%d", o, ports[o]))
@@ -536,23 +514,110 @@ func peerBenchRawPeer(b *testing.B, serve func(net.Conn) error) net.Conn {
 	return c
 }
 
-// peerBenchRawSend sends data as one stream, after an 8-byte length, and
-// waits for the receiver's 8-byte acknowledgement.
-func peerBenchRawSend(b *testing.B, c net.Conn, data []byte) {
-	var hdr [8]byte
-	binary.BigEndian.PutUint64(hdr[:], uint64(len(data)))
-	if _, err := c.Write(hdr[:]); err != nil {
-		b.Fatal(err)
+// peerBenchStreams is the TCP streams per copy of the daemons and of the
+// raw baselines: $PEERBENCH_STREAMS, else the daemons' default.
+func peerBenchStreams(b *testing.B) int {
+	v := os.Getenv("PEERBENCH_STREAMS")
+	if v == "" {
+		return transfer.DefaultStreams
 	}
-	if _, err := c.Write(data); err != nil {
-		b.Fatal(err)
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > transfer.MaxStreams {
+		b.Fatalf("PEERBENCH_STREAMS=%q: want 1 to %d", v, transfer.MaxStreams)
 	}
-	if _, err := io.ReadFull(c, hdr[:]); err != nil {
-		b.Fatal(err)
-	}
+	return n
 }
 
-// peerBenchReadHeader reads the 8-byte length of peerBenchRawSend.
+// peerBenchRawStreams is the raw baseline of a copy over n TCP streams: a
+// receiver in this process on n loopback connections. send(data) writes
+// data's length on the first connection, then part i of data (n contiguous
+// parts) on connection i, all at once, and returns when the receiver has
+// acknowledged with 8 bytes on the first connection. The receiver takes a
+// buffer from buffer(len) (inside the timed region), reads each part into
+// its place from its connection, acknowledges, and hands the buffer to got.
+// The clean-up closes the connections and waits for the receiver.
+func peerBenchRawStreams(b *testing.B, n int, buffer func(int) []byte) (send func([]byte), got <-chan []byte) {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	mustNo(b, err)
+	defer ln.Close()
+	out := make(chan []byte, 1)
+	cs := make([]net.Conn, n)
+	ss := make([]net.Conn, n)
+	for i := range n {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		mustNo(b, err)
+		cs[i] = c
+		s, err := ln.Accept()
+		mustNo(b, err)
+		ss[i] = s
+	}
+	part := func(total, i int) (int, int) { return total * i / n, total * (i + 1) / n }
+	served := make(chan error, 1)
+	go func() {
+		served <- func() error {
+			for {
+				total, err := peerBenchReadHeader(ss[0])
+				if err != nil {
+					return err
+				}
+				buf := buffer(total)
+				errs := make(chan error, n)
+				for i := range n {
+					go func() {
+						lo, hi := part(total, i)
+						_, err := io.ReadFull(ss[i], buf[lo:hi])
+						errs <- err
+					}()
+				}
+				for range n {
+					if err := <-errs; err != nil {
+						return err
+					}
+				}
+				if _, err := ss[0].Write(make([]byte, 8)); err != nil {
+					return err
+				}
+				out <- buf
+			}
+		}()
+	}()
+	b.Cleanup(func() {
+		for i := range n {
+			cs[i].Close()
+			ss[i].Close()
+		}
+		if err := <-served; err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			b.Errorf("raw peer: %v", err)
+		}
+	})
+	send = func(data []byte) {
+		var hdr [8]byte
+		binary.BigEndian.PutUint64(hdr[:], uint64(len(data)))
+		if _, err := cs[0].Write(hdr[:]); err != nil {
+			b.Fatal(err)
+		}
+		errs := make(chan error, n)
+		for i := range n {
+			go func() {
+				lo, hi := part(len(data), i)
+				_, err := cs[i].Write(data[lo:hi])
+				errs <- err
+			}()
+		}
+		for range n {
+			if err := <-errs; err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, err := io.ReadFull(cs[0], hdr[:]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return send, out
+}
+
+// peerBenchReadHeader reads the 8-byte length of a raw transfer.
 func peerBenchReadHeader(c net.Conn) (int, error) {
 	var hdr [8]byte
 	if _, err := io.ReadFull(c, hdr[:]); err != nil {

@@ -412,6 +412,12 @@ func TestPeerIPCSameHost(t *testing.T) {
 	require.Zero(t, sa.Copies["tcp"], "%v", sa.Copies)
 	require.Equal(t, 3, sb.Copies["ipc"], "%v", sb.Copies)
 	require.Zero(t, sa.Live.Pins, "pins end with the copy")
+	for _, st := range []statsDoc{sa, sb} {
+		require.Zero(t, st.Transfers.Active, "every transfer record ended")
+		for _, r := range st.Transfers.Recent {
+			require.Contains(t, string(r), `"path":"ipc"`, "no record of another path: %s", r)
+		}
+	}
 	// Imports stay cached, leased by their exporter, one import per
 	// allocation (on host memory one per tensor; a GPU backend carves small
 	// tensors from shared arenas): b holds those of t and the 50 tree

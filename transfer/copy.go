@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"net"
 	"sync/atomic"
 	"syscall"
@@ -34,7 +33,7 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 	}
 	c, err := s.conn(ctx, peer)
 	if err != nil {
-		_, end := s.Track(src, peer+":"+remotePath, "tcp", total, int64(len(srcs)))
+		_, end := s.TrackCtx(ctx, src, peer+":"+remotePath, "tcp", total, int64(len(srcs)))
 		end(err)
 		return 0, err
 	}
@@ -43,7 +42,7 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 	if s.sameHost(c) {
 		lc := s.leaseChannel(ctx, peer, c)
 		if descs, release, ok := s.exports(srcs, c, lc); ok {
-			rec, end := s.Track(src, peer+":"+remotePath, "ipc", total, int64(len(srcs)))
+			rec, end := s.TrackCtx(ctx, src, peer+":"+remotePath, "ipc", total, int64(len(srcs)))
 			err := c.sendJSON(frameRequest, request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, IPC: descs})
 			var r reply
 			if err == nil {
@@ -62,8 +61,8 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 			end(err) // the peer cannot reach this daemon's memory: TCP then
 		}
 	}
-	rec, end := s.Track(src, peer+":"+remotePath, "tcp", total, int64(len(srcs)))
-	n, err = s.send(c, remotePath, srcs, metas, isDir, rec)
+	rec, end := s.TrackCtx(ctx, src, peer+":"+remotePath, "tcp", total, int64(len(srcs)))
+	n, err = s.send(ctx, peer, c, remotePath, srcs, metas, isDir, rec)
 	end(err)
 	return n, err
 }
@@ -81,12 +80,22 @@ func (s *Service) sameHost(c *conn) bool {
 	return rok && lok && (r.IP.IsLoopback() || r.IP.Equal(l.IP))
 }
 
-func (s *Service) send(c *conn, remotePath string, srcs []Source, metas []Meta, isDir bool, rec *Record) (int, error) {
-	if err := c.sendJSON(frameRequest, request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas}); err != nil {
+// send runs one put on c over TCP: the request, then the data over c and
+// the extra streams the peer takes (their connections go back to the idle
+// pool after a success), then the peer's reply once it has committed.
+func (s *Service) send(ctx context.Context, peer string, c *conn, remotePath string, srcs []Source, metas []Meta, isDir bool, rec *Record) (int, error) {
+	if err := c.sendJSON(frameRequest, request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, Streams: s.cfg.Streams, Chunk: s.cfg.ChunkSize}); err != nil {
 		return 0, netErr(err)
 	}
-	if err := c.recvJSON(frameOK, nil); err != nil {
+	var ok reply
+	if err := c.recvJSON(frameOK, &ok); err != nil {
 		return 0, err
+	}
+	want := 0
+	var joins <-chan joined
+	if ok.Streams > 1 {
+		want = min(ok.Streams, MaxStreams) - 1
+		joins = s.joinStreams(ctx, peer, ok.Token, want)
 	}
 	// The destination may fail part-way (ENOSPC, a bad chunk): its error
 	// frame is read while the data still goes out, so the sender stops and
@@ -120,38 +129,53 @@ func (s *Service) send(c *conn, remotePath string, srcs []Source, metas []Meta, 
 			res <- result{r: r}
 		}
 	}()
-	sendErr := make(chan error, 1)
-	go func() { sendErr <- s.sendTensors(c, srcs, rec) }()
+	type sendResult struct {
+		extras []*stream
+		err    error
+	}
+	sendErr := make(chan sendResult, 1)
+	go func() {
+		extras, err := s.sendChunks(c, joins, want, true, srcs, rec, nil)
+		sendErr <- sendResult{extras, err}
+	}()
+	var r reply
+	var err error
 	select {
-	case r := <-res:
-		c.c.Close() // stops the sender if it is still going
-		<-sendErr
-		if r.err != nil {
-			return 0, r.err
+	case rr := <-res:
+		c.c.Close() // stops the senders if they are still going
+		sr := <-sendErr
+		s.releaseStreams(peer, sr.extras, errors.New("stopped"))
+		if rr.err != nil {
+			return 0, rr.err
 		}
-		return r.r.Copied, nil
-	case err := <-sendErr:
-		if err != nil {
+		// The peer replied before taking all the data: its reply stands,
+		// but none of the streams is in step any more.
+		return rr.r.Copied, nil
+	case sr := <-sendErr:
+		if sr.err != nil {
+			s.releaseStreams(peer, sr.extras, sr.err)
 			c.c.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
 			// Prefer the destination's own reason, if it sent one in time.
 			select {
-			case r := <-res:
-				if r.err != nil {
-					return 0, r.err
+			case rr := <-res:
+				if rr.err != nil {
+					return 0, rr.err
 				}
 			case <-time.After(100 * time.Millisecond):
 			}
 			c.c.Close()
-			return 0, err
+			return 0, sr.err
 		}
 		sent.Store(true)
 		c.c.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
-		r := <-res
-		if r.err != nil {
-			return 0, r.err
-		}
-		return r.r.Copied, nil
+		rr := <-res
+		r, err = rr.r, rr.err
+		s.releaseStreams(peer, sr.extras, err)
 	}
+	if err != nil {
+		return 0, err
+	}
+	return r.Copied, nil
 }
 
 // Receive copies the tensors at remotePath on peer into this node: prepare
@@ -167,7 +191,7 @@ func (s *Service) Receive(ctx context.Context, peer, remotePath, dst string, pre
 	}
 	c, err := s.conn(ctx, peer)
 	if err != nil {
-		_, end := s.Track(peer+":"+remotePath, dst, "tcp", 0, 0)
+		_, end := s.TrackCtx(ctx, peer+":"+remotePath, dst, "tcp", 0, 0)
 		end(err)
 		return 0, err
 	}
@@ -181,7 +205,7 @@ func (s *Service) Receive(ctx context.Context, peer, remotePath, dst string, pre
 	}
 	for {
 		var retry bool
-		n, retry, err = s.receive(c, peer, remotePath, dst, prepare, ipcOK)
+		n, retry, err = s.receive(ctx, c, peer, remotePath, dst, prepare, ipcOK)
 		if retry {
 			ipcOK = false // the peer's memory is out of reach: ask again over TCP
 			continue
@@ -192,8 +216,8 @@ func (s *Service) Receive(ctx context.Context, peer, remotePath, dst string, pre
 
 // receive runs one get on c; retry says the IPC copy could not start and the
 // request should be made again without it.
-func (s *Service) receive(c *conn, peer, remotePath, dst string, prepare func(bool, []Meta) (Dest, error), ipcOK bool) (n int, retry bool, err error) {
-	if err := c.sendJSON(frameRequest, request{Op: "get", Path: remotePath, IPCOK: ipcOK}); err != nil {
+func (s *Service) receive(ctx context.Context, c *conn, peer, remotePath, dst string, prepare func(bool, []Meta) (Dest, error), ipcOK bool) (n int, retry bool, err error) {
+	if err := c.sendJSON(frameRequest, request{Op: "get", Path: remotePath, IPCOK: ipcOK, Streams: s.cfg.Streams}); err != nil {
 		return 0, false, netErr(err)
 	}
 	var r reply
@@ -208,7 +232,7 @@ func (s *Service) receive(c *conn, peer, remotePath, dst string, prepare func(bo
 	for _, m := range r.Tensors {
 		total += m.NBytes
 	}
-	rec, end := s.Track(peer+":"+remotePath, dst, path, total, int64(len(r.Tensors)))
+	rec, end := s.TrackCtx(ctx, peer+":"+remotePath, dst, path, total, int64(len(r.Tensors)))
 	defer func() { end(err) }()
 	if err := checkMetas(r.Tensors, r.Dir); err != nil {
 		return 0, false, err
@@ -240,7 +264,7 @@ func (s *Service) receive(c *conn, peer, remotePath, dst string, prepare func(bo
 			err = c.sendJSON(frameDone, doneMsg{})
 		}
 	} else {
-		err = s.recvTensors(c, dest, r.Tensors, rec)
+		err = s.receiveTCP(c, peer, r, dest, rec)
 	}
 	if err != nil {
 		dest.Abort()
@@ -260,10 +284,10 @@ func (s *Service) servePut(c *conn, req request) error {
 	for _, m := range req.Tensors {
 		total += m.NBytes
 	}
-	rec, end := s.Track(c.peer, req.Path, "tcp", total, int64(len(req.Tensors)))
 	if len(req.IPC) > 0 {
 		return s.servePutIPC(c, req)
 	}
+	rec, end := s.Track(c.peer, req.Path, "tcp", total, int64(len(req.Tensors)))
 	var dest Dest
 	err := c.whileSilent(func() (err error) {
 		dest, err = s.local.Put(req.Path, req.Dir, req.Tensors)
@@ -274,20 +298,31 @@ func (s *Service) servePut(c *conn, req request) error {
 		c.sendError(err)
 		return err
 	}
-	if err := c.sendJSON(frameOK, reply{}); err != nil {
+	// Several streams when the sender asks and the copy is large; with
+	// one, chunks come in order whatever the sender's chunk size.
+	k := streamsFor(total, req.Streams, req.Chunk)
+	var pend *pending
+	ok := reply{}
+	var joins <-chan joined
+	var chunk int64
+	if k > 1 {
+		pend = s.expect(c.peer, k-1)
+		ok.Streams, ok.Token = k, []byte(pend.token)
+		joins, chunk = pend.joins, int64(req.Chunk)
+	}
+	if err := c.sendJSON(frameOK, ok); err != nil {
+		pend.close(nil)
 		dest.Abort()
 		end(err)
 		return netErr(err)
 	}
-	if err := s.recvTensors(c, dest, req.Tensors, rec); err != nil {
-		dest.Abort()
+	// At a failure recvChunks aborts dest, then the sender hears why on c;
+	// recvChunks then reads on until the sender stops, so c stays in step
+	// for the next request.
+	extras, _, err := s.recvChunks(c, joins, k-1, false, dest, req.Tensors, chunk, rec, dest.Abort, func(err error) { c.sendError(err) })
+	pend.close(extras)
+	if err != nil {
 		end(err)
-		c.sendError(err)
-		if !isNetErr(err) {
-			// Tell the sender why, then discard what it still sends until it
-			// stops, so the connection stays in step for the next request.
-			drain(c)
-		}
 		return err
 	}
 	var n int
@@ -386,150 +421,45 @@ func (s *Service) serveGet(c *conn, req request) error {
 		}
 	}
 	rec, end := s.Track(req.Path, c.peer, "tcp", total, int64(len(srcs)))
-	if err := c.sendJSON(frameOK, reply{Dir: isDir, Tensors: metas}); err != nil {
+	k := streamsFor(total, req.Streams, s.cfg.ChunkSize)
+	var pend *pending
+	ok := reply{Dir: isDir, Tensors: metas}
+	var joins <-chan joined
+	if k > 1 {
+		pend = s.expect(c.peer, k-1)
+		ok.Streams, ok.Token, ok.Chunk = k, []byte(pend.token), s.cfg.ChunkSize
+		joins = pend.joins
+	}
+	if err := c.sendJSON(frameOK, ok); err != nil {
+		pend.close(nil)
 		end(err)
 		return netErr(err)
 	}
-	err = s.sendTensors(c, srcs, rec)
+	extras, err := s.sendChunks(c, joins, k-1, false, srcs, rec, func(error) { c.c.Close() })
+	pend.close(extras)
 	end(err)
 	return err
 }
 
-// sendTensors streams every source in chunks (pipelined: no per-chunk
-// acknowledgement; TCP's window keeps the pipe full), then a done frame.
-func (s *Service) sendTensors(c *conn, srcs []Source, rec *Record) error {
-	// A reader goroutine fills chunks (device to host for GPU tensors, and
-	// the CRC) while this one writes the previous ones to the socket: three
-	// buffers keep both busy.
-	type chunk struct {
-		buf []byte
-		err error
-	}
-	// Buffers no larger than the largest tensor: a 4 KiB copy should not
-	// allocate (and collect) megabytes.
-	size := int64(1)
-	for _, sc := range srcs {
-		size = max(size, min(sc.Meta().NBytes, int64(s.cfg.ChunkSize)))
-	}
-	free := make(chan []byte, 3)
-	for range cap(free) {
-		free <- make([]byte, dataHeaderLen+size)
-	}
-	full := make(chan chunk, cap(free)+1) // room for an error after every buffer
-	stop := make(chan struct{})
-	defer func() {
-		// Stop the reader and wait for it: the caller closes the sources
-		// when this returns.
-		close(stop)
-		for range full {
+// receiveTCP receives the data of a get that the peer answered with r into
+// dest, over c and the extra streams r asks for (back to the idle pool
+// after a success).
+func (s *Service) receiveTCP(c *conn, peer string, r reply, dest Dest, rec *Record) error {
+	want := 0
+	var chunk int64
+	var joins <-chan joined
+	if r.Streams > 1 {
+		if r.Streams > MaxStreams || r.Chunk < minGridChunk || r.Chunk > MaxFrame-dataHeaderLen-1 {
+			return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: %d streams of %d-byte chunks", c.peer, r.Streams, r.Chunk)}
 		}
-	}()
-	go func() {
-		defer close(full)
-		for i, sc := range srcs {
-			size := sc.Meta().NBytes
-			for off := int64(0); off < size; {
-				var buf []byte
-				select {
-				case buf = <-free:
-				case <-stop:
-					return
-				}
-				n := min(int64(s.cfg.ChunkSize), size-off)
-				data := buf[dataHeaderLen : dataHeaderLen+n]
-				if _, err := sc.ReadAt(data, off); err != nil {
-					full <- chunk{err: fmt.Errorf("read %s at %d: %w", sc.Meta().Rel, off, err)}
-					return
-				}
-				putChunkHeader(buf, chunkHeader{index: uint32(i), offset: off, crc: crc32.Checksum(data, crcTable)})
-				full <- chunk{buf: buf[:dataHeaderLen+n]}
-				off += n
-			}
-		}
-	}()
-	var chunks int64
-	for ch := range full {
-		if ch.err != nil {
-			c.sendError(ch.err)
-			return ch.err
-		}
-		if err := c.send(frameData, ch.buf); err != nil {
-			return netErr(err)
-		}
-		chunks++
-		rec.BytesDone.Add(int64(len(ch.buf) - dataHeaderLen))
-		free <- ch.buf[:cap(ch.buf)]
+		want, chunk = r.Streams-1, int64(r.Chunk)
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+		defer cancel()
+		joins = s.joinStreams(ctx, peer, r.Token, want)
 	}
-	if err := c.sendJSON(frameDone, doneMsg{Chunks: chunks}); err != nil {
-		return netErr(err)
-	}
-	return nil
-}
-
-// recvTensors writes incoming chunks into dest until the done frame, and
-// checks that every byte of every tensor arrived exactly once and intact.
-func (s *Service) recvTensors(c *conn, dest Dest, metas []Meta, rec *Record) error {
-	got := make([]int64, len(metas))
-	var chunks int64
-	for {
-		typ, p, err := c.recv()
-		if err != nil {
-			return netErr(err)
-		}
-		switch typ {
-		case frameData:
-			h, data, err := parseChunk(p)
-			if err != nil {
-				return netErr(err)
-			}
-			if int(h.index) >= len(metas) || h.offset > metas[h.index].NBytes-int64(len(data)) {
-				return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: chunk [%d, +%d) of tensor %d is outside it", c.peer, h.offset, len(data), h.index)}
-			}
-			if h.offset != got[h.index] {
-				// Chunks of a tensor come in order; anything else would leave
-				// holes or write twice.
-				return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: chunk at %d of %q, expected %d", c.peer, h.offset, metas[h.index].Rel, got[h.index])}
-			}
-			if crc32.Checksum(data, crcTable) != h.crc {
-				return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: CRC32C mismatch in %q at %d", c.peer, metas[h.index].Rel, h.offset)}
-			}
-			if err := dest.WriteAt(int(h.index), data, h.offset); err != nil {
-				return err
-			}
-			got[h.index] += int64(len(data))
-			chunks++
-			rec.BytesDone.Add(int64(len(data)))
-		case frameDone:
-			for i, m := range metas {
-				if got[i] != m.NBytes {
-					return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: %q: %d of %d bytes arrived", c.peer, m.Rel, got[i], m.NBytes)}
-				}
-			}
-			return nil
-		case frameError:
-			return wireToError(c.peer, p)
-		default:
-			return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: frame type %d in a data stream", c.peer, typ)}
-		}
-	}
-}
-
-// isNetErr reports whether err is the connection's failure (nothing more
-// can be said on it) rather than a refusal the peer should hear.
-func isNetErr(err error) bool {
-	var te *Error
-	return errors.As(err, &te) && te.broken
-}
-
-// drain discards frames until the sender's done frame or the connection's
-// end (bounded by the timeout of each read).
-func drain(c *conn) {
-	for {
-		typ, _, err := c.recv()
-		if err != nil || typ == frameDone {
-			return
-		}
-	}
+	extras, _, err := s.recvChunks(c, joins, want, true, dest, r.Tensors, chunk, rec, nil, func(error) { c.c.Close() })
+	s.releaseStreams(peer, extras, err)
+	return err
 }
 
 // checkMetas validates a peer's tensor list: relative paths without "..",

@@ -145,6 +145,11 @@ func serveSeeds() (authed, raw [][]byte) {
 		frameBytes(frameRequest, marshal(request{Op: "get", Path: "/"})),
 		cat(frameBytes(frameRequest, marshal(request{Op: "get", Path: "/nope"})), frameBytes(frameRequest, marshal(request{Op: "get", Path: "/t"}))),
 		frameBytes(frameRequest, marshal(request{Op: "rm", Path: "/t"})),
+		// several streams: a put that waits for a join, and joins
+		cat(frameBytes(frameRequest, marshal(request{Op: "put", Path: "/big", Tensors: []Meta{{DType: "U8", Shape: "8192", NBytes: 8192}}, Streams: 2, Chunk: 1024})),
+			frameBytes(frameData, dataFrame(0, 1024, make([]byte, 1024), crcOf(make([]byte, 1024)))), done),
+		frameBytes(frameRequest, marshal(request{Op: "join", Path: "/", Token: []byte("nope")})),
+		frameBytes(frameRequest, marshal(request{Op: "get", Path: "/t", Streams: 8})),
 		frameBytes(frameRequest, []byte("{not json")),
 		frameBytes(frameRequest, marshal(request{Op: "put", Path: "/t", Tensors: []Meta{{NBytes: 1 << 40}}})),
 		chunk,

@@ -3,6 +3,7 @@ package transfer
 import (
 	"fmt"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -39,6 +40,11 @@ type memLocal struct {
 	sink bool
 	// commitDelay makes every Commit take this long (a large tree's renames).
 	commitDelay time.Duration
+	// inPlace lets destinations take chunks straight into their memory
+	// (WriteInPlace), as host tensors do; otherwise they take WriteAt only,
+	// as GPU tensors do.
+	inPlace  bool
+	inPlaces int64 // chunks written in place
 
 	// Hooks, called without mu held.
 	onWrite func(i int, off int64, n int) error // before each Dest.WriteAt
@@ -356,6 +362,36 @@ func (d *memDest) WriteAt(i int, p []byte, off int64) error {
 	d.l.writes += int64(len(p))
 	d.l.mu.Unlock()
 	return nil
+}
+
+// WriteInPlace implements inPlaceDest when the local is inPlace: fill gets
+// the temporary's bytes. The checks match WriteAt's; the range is recorded
+// once (a second call on the same range reads it, for the CRC32C).
+func (d *memDest) WriteInPlace(i int, off, n int64, fill func(p []byte) error) (bool, error) {
+	if !d.l.inPlace || d.l.sink {
+		return false, nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.done {
+		d.l.noteMisuse("WriteInPlace after Commit/Abort of " + d.root)
+		return true, syscall.EBADF
+	}
+	if i < 0 || i >= len(d.metas) || off < 0 || n < 0 || off > d.metas[i].NBytes-n {
+		d.l.mu.Lock()
+		d.l.badWrites++
+		d.l.mu.Unlock()
+		return true, &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("memLocal: in place [%d,+%d) outside tensor %d", off, n, i)}
+	}
+	r := [2]int64{off, off + n}
+	if !slices.Contains(d.written[i], r) {
+		d.written[i] = append(d.written[i], r)
+		d.l.mu.Lock()
+		d.l.writes += n
+		d.l.inPlaces++
+		d.l.mu.Unlock()
+	}
+	return true, fill(d.tmp[i][off : off+n])
 }
 
 func (d *memDest) finish(what string) bool {

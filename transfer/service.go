@@ -77,6 +77,11 @@ type Config struct {
 	// a mapping of it when it is sealed against shrinking, so that a copy
 	// is one memmove into the destination. nil: pread from the file.
 	ImportFile func(f *os.File) (Mapping, error)
+	// Streams is how many parallel TCP streams a large transfer asks for
+	// (default DefaultStreams, at most MaxStreams; 1: one connection). The
+	// receiving side of a put and the sending side of a get decide: one
+	// stream for transfers under a few chunks per stream (streamsFor).
+	Streams int
 }
 
 // Service is a node's peer service: a listener for peers and the client side
@@ -95,6 +100,9 @@ type Service struct {
 	// small copy itself.
 	idle    map[string][]idleConn
 	reaping bool
+	// pending holds the transfers that wait for extra streams to join, by
+	// token.
+	pending map[string]*pending
 
 	// instance identifies this run of the node (random, fresh at New).
 	instance string
@@ -105,6 +113,7 @@ type Service struct {
 	closed2 bool       // closeChans ran: no new channels
 	dialMu  sync.Mutex // one lease-channel dial at a time
 
+	nextID   atomic.Uint64   // the last record id given
 	copies   [3]atomic.Int64 // local, ipc, tcp
 	active   atomic.Int64
 	recentMu sync.Mutex
@@ -121,11 +130,17 @@ const (
 // Record is one transfer, for stats: progress while it runs, the outcome
 // after.
 type Record struct {
+	// ID numbers the records of a service from 1 (never reused); PID is
+	// the process that asked for the copy, 0 when unknown (see WithCaller).
+	ID             uint64
+	PID            int
 	Src, Dst, Path string
-	BytesDone      atomic.Int64
-	BytesTotal     atomic.Int64
-	Tensors        atomic.Int64
-	err            atomic.Value // string
+	// Streams is how many TCP streams carry the data.
+	Streams    atomic.Int64
+	BytesDone  atomic.Int64
+	BytesTotal atomic.Int64
+	Tensors    atomic.Int64
+	err        atomic.Value // string
 }
 
 // ErrConfig: a configuration the service refuses to start with.
@@ -141,6 +156,10 @@ func New(cfg Config, local Local) (*Service, error) {
 		cfg.ChunkSize = 1 << 20
 	}
 	cfg.ChunkSize = min(cfg.ChunkSize, 4<<20)
+	if cfg.Streams <= 0 {
+		cfg.Streams = DefaultStreams
+	}
+	cfg.Streams = min(cfg.Streams, MaxStreams)
 	if cfg.Secret != nil && len(cfg.Secret) < 16 {
 		return nil, fmt.Errorf("secret of %d bytes, want at least 16: %w", len(cfg.Secret), ErrConfig)
 	}
@@ -260,12 +279,12 @@ type idleConn struct {
 	since time.Time
 }
 
-// maxIdle is how many idle connections are kept per peer, and idleFor how
-// long at most (also bounded by half the timeout, after which the peer drops
+// maxIdle is how many idle connections are kept per peer (enough for the
+// streams of two transfers), and idleFor how long at most (also bounded by half the timeout, after which the peer drops
 // a silent connection); idle ones are closed then, so an idle node holds no
 // sockets.
 const (
-	maxIdle = 4
+	maxIdle = 2 * MaxStreams
 	idleFor = 2 * time.Second
 )
 
@@ -633,6 +652,10 @@ func (s *Service) serve(nc net.Conn) {
 		case "lease":
 			s.serveLease(c)
 			return
+		case "join":
+			if !s.serveJoin(c, req) {
+				return
+			}
 		default:
 			rerr = &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("unknown op %q", req.Op)}
 			c.sendError(rerr)

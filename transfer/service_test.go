@@ -1386,18 +1386,18 @@ func TestStats(t *testing.T) {
 	require.Equal(t, map[string]PeerReport{"b": {Addr: addrOf(p.srv)}}, cs.Peers)
 	require.Len(t, cs.Transfers.Recent, 1)
 	r := cs.Transfers.Recent[0]
-	require.Equal(t, RecordReport{Src: "/f", Dst: "b:/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1}, r)
+	require.Equal(t, RecordReport{ID: 1, Streams: 1, Src: "/f", Dst: "b:/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1}, r)
 	require.Eventually(t, func() bool { return p.srv.Stats().Transfers.Active == 0 }, 5*time.Second, 5*time.Millisecond)
 	ss := p.srv.Stats()
 	require.Equal(t, int64(1), ss.Copies.TCP)
-	require.Equal(t, RecordReport{Src: "a", Dst: "/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1}, ss.Transfers.Recent[0])
+	require.Equal(t, RecordReport{ID: 1, Streams: 1, Src: "a", Dst: "/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1}, ss.Transfers.Recent[0])
 
 	// a pull: total and tensors are known once the server answers
 	_, err := pull(ctx, p.client, p.a, "b", "/d/f", "/g")
 	require.NoError(t, err)
 	cs = p.client.Stats()
 	require.Equal(t, int64(2), cs.Copies.TCP)
-	require.Equal(t, RecordReport{Src: "b:/d/f", Dst: "/g", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1}, cs.Transfers.Recent[1])
+	require.Equal(t, RecordReport{ID: 2, Streams: 1, Src: "b:/d/f", Dst: "/g", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1}, cs.Transfers.Recent[1])
 
 	// failures are recorded with their error and do not count as copies
 	_, err = push(ctx, p.client, p.a, "/f", "b", "/missing/f")

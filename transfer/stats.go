@@ -1,13 +1,37 @@
 package transfer
 
+import "context"
+
 // recentMax is how many finished transfers stats keeps.
 const recentMax = 16
+
+type callerKey struct{}
+
+// WithCaller returns ctx carrying the process id of the program that asked
+// for a copy (the FUSE caller of the setxattr), so that the copy's records
+// name it in stats ("pid") and that program can tell its own transfer from
+// concurrent ones with the same src and dst (tensorfs cp does).
+func WithCaller(ctx context.Context, pid int) context.Context {
+	return context.WithValue(ctx, callerKey{}, pid)
+}
+
+func callerOf(ctx context.Context) int {
+	pid, _ := ctx.Value(callerKey{}).(int)
+	return pid
+}
 
 // Track records a transfer (for stats and logs) of total bytes in tensors
 // tensors along path ("local", "ipc" or "tcp"); call end with its outcome.
 // Completed ones count in the copies of their path.
 func (s *Service) Track(src, dst, path string, total, tensors int64) (rec *Record, end func(error)) {
-	rec = &Record{Src: src, Dst: dst, Path: path}
+	return s.TrackCtx(context.Background(), src, dst, path, total, tensors)
+}
+
+// TrackCtx is Track for a copy asked for with ctx: its record carries the
+// caller's process id (WithCaller).
+func (s *Service) TrackCtx(ctx context.Context, src, dst, path string, total, tensors int64) (rec *Record, end func(error)) {
+	rec = &Record{ID: s.nextID.Add(1), PID: callerOf(ctx), Src: src, Dst: dst, Path: path}
+	rec.Streams.Store(1)
 	rec.BytesTotal.Store(total)
 	rec.Tensors.Store(tensors)
 	rec.err.Store("")
@@ -58,6 +82,12 @@ type Stats struct {
 
 // RecordReport is one transfer in stats.
 type RecordReport struct {
+	// ID is the record's number in this daemon, from 1, never reused: a
+	// program follows a transfer by it.
+	ID uint64 `json:"id"`
+	// PID is the process that asked for the copy (through the mount), 0
+	// for a transfer a peer asked for.
+	PID        int    `json:"pid,omitempty"`
 	Src        string `json:"src"`
 	Dst        string `json:"dst"`
 	Path       string `json:"path"`
@@ -65,6 +95,9 @@ type RecordReport struct {
 	BytesTotal int64  `json:"bytes_total"`
 	Tensors    int64  `json:"tensors"`
 	Error      string `json:"error"`
+	// Streams is how many TCP streams carry the data (1 for local and IPC
+	// copies).
+	Streams int64 `json:"streams"`
 }
 
 // PeerReport is one configured peer in stats.
@@ -88,8 +121,9 @@ func (s *Service) Stats() Stats {
 	s.recentMu.Lock()
 	for _, r := range s.recent {
 		st.Transfers.Recent = append(st.Transfers.Recent, RecordReport{
-			Src: r.Src, Dst: r.Dst, Path: r.Path, BytesDone: r.BytesDone.Load(),
+			ID: r.ID, PID: r.PID, Src: r.Src, Dst: r.Dst, Path: r.Path, BytesDone: r.BytesDone.Load(),
 			BytesTotal: r.BytesTotal.Load(), Tensors: r.Tensors.Load(), Error: r.err.Load().(string),
+			Streams: r.Streams.Load(),
 		})
 	}
 	s.recentMu.Unlock()

@@ -82,6 +82,16 @@ type request struct {
 	// socket. On a get, IPCOK asks the server for the same.
 	IPC   []IPCDesc `json:"ipc,omitempty"`
 	IPCOK bool      `json:"ipc_ok,omitempty"`
+	// Streams is how many parallel TCP streams the client would use for
+	// the data (put and get; at most maxStreams); the server answers with
+	// the number it takes (reply.Streams) and a Token that the extra
+	// connections present in a "join" request (Op "join", Path "/").
+	Streams int `json:"streams,omitempty"`
+	// Chunk is the sender's bytes per data frame, on a put: with several
+	// streams, chunk j of a tensor is its bytes [j*Chunk, (j+1)*Chunk).
+	Chunk int `json:"chunk,omitempty"`
+	// Token names the transfer that a join request's connection joins.
+	Token []byte `json:"token,omitempty"`
 }
 
 // IPCDesc is where a tensor's bytes are in another process of this host.
@@ -117,6 +127,13 @@ type reply struct {
 	Tensors []Meta    `json:"tensors,omitempty"`
 	Copied  int       `json:"copied,omitempty"`
 	IPC     []IPCDesc `json:"ipc,omitempty"`
+	// Streams, Token and Chunk answer a request's Streams: how many streams
+	// the data takes (0 or 1: only this connection, chunks in order), the
+	// token for the others to join with, and, on a get, the sender's chunk
+	// size.
+	Streams int    `json:"streams,omitempty"`
+	Token   []byte `json:"token,omitempty"`
+	Chunk   int    `json:"chunk,omitempty"`
 }
 
 // doneMsg ends a data stream.

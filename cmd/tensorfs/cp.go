@@ -67,7 +67,9 @@ created stays, empty if the copy then fails).
 While the copy runs, cp reads user.tensorfs.stats on the mount's root every
 100 ms and draws a progress bar on stderr when stderr is a terminal (always
 with --progress), then prints one summary line: tensors, bytes, seconds and
-throughput. --quiet prints nothing on success. A failure exits non-zero with
+throughput. It follows its own transfer record: one with an id newer than
+those in stats before the copy and cp's own pid (the daemon records which
+process asked), so concurrent copies of the same SRC and DST do not mix. --quiet prints nothing on success. A failure exits non-zero with
 one line: the errno's text and, in parentheses, the daemon's error text from
 stats when it has one.`,
 		Args: twoArgs,
@@ -402,18 +404,28 @@ func isTerminal(w io.Writer) bool {
 }
 
 // cpMonitor finds this copy's transfer in the stats document of the mount
-// at mnt. Records carry no id, so a record is this copy's when it is new
-// since the baseline (read before the setxattr) and its src and dst are
-// among the strings the daemon would record for it.
+// at mnt. Every record has an id, never reused, and the pid of the process
+// whose setxattr asked for the copy: this copy's record is one with an id
+// above every id of the baseline (read before the setxattr), this process's
+// pid, and a src and dst among the strings the daemon would record for it.
+// Of those the newest is followed (a pull over IPC that falls back to TCP
+// makes a second record). Concurrent copies of the same src and dst by
+// other processes carry their own pids, so they never match.
 type cpMonitor struct {
 	mnt        string
 	srcs, dsts []string
-	before     []transfer.RecordReport
-	ok         bool // the baseline was read
+	pid        int
+	maxID      uint64 // the highest id of the baseline
+	ok         bool   // the baseline was read
 }
 
 func (m *cpMonitor) baseline() {
-	m.before, m.ok = m.recent()
+	m.pid = os.Getpid()
+	before, ok := m.recent()
+	for _, r := range before {
+		m.maxID = max(m.maxID, r.ID)
+	}
+	m.ok = ok
 }
 
 // recent reads transfers.recent, robustly: stats changes while copies run,
@@ -441,14 +453,20 @@ func (m *cpMonitor) latest(sized bool) *transfer.RecordReport {
 	if !ok {
 		return nil
 	}
-	fresh := newRecords(m.before, after)
-	for i := len(fresh) - 1; i >= 0; i-- {
-		r := fresh[i]
-		if contains(m.srcs, r.Src) && contains(m.dsts, r.Dst) && (!sized || r.BytesTotal > 0) {
-			return &r
+	return m.pick(after, sized)
+}
+
+// pick is latest's choice among the records recs.
+func (m *cpMonitor) pick(recs []transfer.RecordReport, sized bool) *transfer.RecordReport {
+	var best *transfer.RecordReport
+	for i := range recs {
+		r := &recs[i]
+		if r.ID > m.maxID && r.PID == m.pid && contains(m.srcs, r.Src) && contains(m.dsts, r.Dst) &&
+			(!sized || r.BytesTotal > 0) && (best == nil || r.ID > best.ID) {
+			best = r
 		}
 	}
-	return nil
+	return best
 }
 
 func contains(list []string, s string) bool {
@@ -458,26 +476,6 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
-}
-
-// newRecords returns the records of after that are not in before. The list
-// only grows at its end and drops its oldest entries past a cap, so before's
-// tail and after's head overlap; a record's src, dst and path never change
-// (its counters do). Of the possible overlaps the longest is taken: when
-// repeated copies make it ambiguous, cp then misses its record (and reports
-// less) rather than take an older copy's numbers or error for its own.
-func newRecords(before, after []transfer.RecordReport) []transfer.RecordReport {
-	same := func(a, b transfer.RecordReport) bool { return a.Src == b.Src && a.Dst == b.Dst && a.Path == b.Path }
-	for k := min(len(before), len(after)); k > 0; k-- {
-		match := true
-		for i := 0; i < k && match; i++ {
-			match = same(before[len(before)-k+i], after[i])
-		}
-		if match {
-			return after[k:]
-		}
-	}
-	return after
 }
 
 // drawProgress shows rec on bar, creating the bar at the first record with a

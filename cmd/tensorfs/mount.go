@@ -46,6 +46,11 @@ readable by group or others); listening on a non-loopback address needs one.
 --host-id overrides the host identity (default: the kernel's boot id).
 --timeout bounds how long a copy waits on a silent peer.
 
+--streams N spreads each large copy over N parallel TCP connections to the
+peer (1 to 8; default 2): chunks of at least 4 per stream, each checked by
+CRC32C and counted exactly once; a stream that dies fails the whole copy. The
+receiving side of a copy decides, up to what the asking side offers.
+
 --revoke-timeout bounds how long freeing a tensor waits for the peer daemons
 that cached an import of it (a dead peer's leases end with its connection; a
 silent one's after this time, logged).`,
