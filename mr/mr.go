@@ -15,6 +15,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 )
@@ -51,6 +52,7 @@ func (r *Region) Contains(addr uintptr, n uint64) bool {
 
 type entry struct {
 	*Region
+	shared   bool // may overlap other shared regions (RegisterShared)
 	pins     int
 	dead     bool   // deregistered; no new pins
 	released func() // runs once, when dead and unpinned
@@ -64,12 +66,17 @@ type Registry struct {
 	// byAddr holds the live regions of each device sorted by Addr; they never
 	// overlap, so a binary search finds the only candidate for a lookup.
 	byAddr map[string][]*entry
+	// shared holds each device's regions of memory tensorfs did not
+	// allocate (RegisterShared), which may overlap one another: two files
+	// registered over the same foreign memory, as two ibv_reg_mr calls on
+	// one buffer give two MRs.
+	shared map[string][]*entry
 	pins   int
 }
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	return &Registry{byID: map[uint64]*entry{}, byAddr: map[string][]*entry{}}
+	return &Registry{byID: map[uint64]*entry{}, byAddr: map[string][]*entry{}, shared: map[string][]*entry{}}
 }
 
 // Register records [addr, addr+length) on device as a new region. Errors:
@@ -103,6 +110,33 @@ func (r *Registry) Register(device string, addr uintptr, length uint64) (*Region
 	return e.Region, nil
 }
 
+// RegisterShared records [addr, addr+length) on device as a new region of
+// memory tensorfs did not allocate (manual registration): it may overlap
+// other shared regions, never one from Register (tensorfs's own memory and
+// imported memory never share addresses). Errors: ErrInvalid for length 0
+// or a wrapping range, ErrOverlap when it overlaps a Register region.
+func (r *Registry) RegisterShared(device string, addr uintptr, length uint64) (*Region, error) {
+	if length == 0 || uint64(addr)+length < uint64(addr) {
+		return nil, fmt.Errorf("register [%#x, +%d): %w", addr, length, ErrInvalid)
+	}
+	var kb [4]byte
+	if _, err := rand.Read(kb[:]); err != nil {
+		return nil, fmt.Errorf("rkey: %w", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	list := r.byAddr[device]
+	i := sort.Search(len(list), func(i int) bool { return list[i].Addr >= addr })
+	if i < len(list) && uint64(list[i].Addr) < uint64(addr)+length || i > 0 && uint64(list[i-1].Addr)+list[i-1].Len > uint64(addr) {
+		return nil, fmt.Errorf("register shared [%#x, +%d) on %s: %w", addr, length, device, ErrOverlap)
+	}
+	r.nextID++
+	e := &entry{Region: &Region{ID: r.nextID, Key: binary.LittleEndian.Uint32(kb[:]), Device: device, Addr: addr, Len: length}, shared: true}
+	r.shared[device] = append(r.shared[device], e)
+	r.byID[e.ID] = e
+	return e.Region, nil
+}
+
 // Get returns the live region with this id, or ErrNotFound.
 func (r *Registry) Get(id uint64) (*Region, error) {
 	r.mu.Lock()
@@ -124,6 +158,11 @@ func (r *Registry) Lookup(device string, addr uintptr, n uint64) (*Region, error
 	i := sort.Search(len(list), func(i int) bool { return list[i].Addr > addr }) - 1
 	if i >= 0 && list[i].Contains(addr, n) {
 		return list[i].Region, nil
+	}
+	for _, e := range r.shared[device] {
+		if e.Contains(addr, n) {
+			return e.Region, nil
+		}
 	}
 	return nil, fmt.Errorf("[%#x, +%d) on %s: %w", addr, n, device, ErrNotFound)
 }
@@ -170,11 +209,20 @@ func (r *Registry) Deregister(id uint64, released func()) error {
 	}
 	e.dead = true
 	e.released = released
-	list := r.byAddr[e.Device]
-	i := sort.Search(len(list), func(i int) bool { return list[i].Addr >= e.Addr })
-	r.byAddr[e.Device] = append(list[:i], list[i+1:]...)
-	if len(r.byAddr[e.Device]) == 0 {
-		delete(r.byAddr, e.Device)
+	if e.shared {
+		list := r.shared[e.Device]
+		i := slices.Index(list, e)
+		r.shared[e.Device] = slices.Delete(list, i, i+1)
+		if len(r.shared[e.Device]) == 0 {
+			delete(r.shared, e.Device)
+		}
+	} else {
+		list := r.byAddr[e.Device]
+		i := sort.Search(len(list), func(i int) bool { return list[i].Addr >= e.Addr })
+		r.byAddr[e.Device] = append(list[:i], list[i+1:]...)
+		if len(r.byAddr[e.Device]) == 0 {
+			delete(r.byAddr, e.Device)
+		}
 	}
 	var release func()
 	if e.pins == 0 {

@@ -141,3 +141,34 @@ func TestConcurrent(t *testing.T) {
 	_, err := r.Get(1)
 	require.True(t, errors.Is(err, ErrNotFound))
 }
+
+// TestRegisterShared: foreign memory may be registered twice (two files over
+// one buffer, like two ibv_reg_mr calls), never over tensorfs's own regions;
+// lookups and deregistration see each region.
+func TestRegisterShared(t *testing.T) {
+	r := NewRegistry()
+	own, err := r.Register("cuda:0", 0x10000, 0x1000)
+	require.NoError(t, err)
+	a, err := r.RegisterShared("cuda:0", 0x20000, 0x4000)
+	require.NoError(t, err)
+	b, err := r.RegisterShared("cuda:0", 0x21000, 0x1000)
+	require.NoError(t, err, "overlaps a only: allowed")
+	require.NotEqual(t, a.ID, b.ID)
+	_, err = r.RegisterShared("cuda:0", 0x10800, 0x1000)
+	require.ErrorIs(t, err, ErrOverlap, "never over tensorfs's own memory")
+	_, err = r.Register("cuda:0", 0x20000, 0x10)
+	require.NoError(t, err, "own regions are checked among themselves; imported memory never shares their addresses")
+	got, err := r.Lookup("cuda:0", 0x23000, 0x10)
+	require.NoError(t, err)
+	require.Equal(t, a.ID, got.ID)
+	require.NoError(t, r.Deregister(a.ID, nil))
+	_, err = r.Lookup("cuda:0", 0x23000, 0x10)
+	require.ErrorIs(t, err, ErrNotFound)
+	got, err = r.Lookup("cuda:0", 0x21000, 0x10)
+	require.NoError(t, err)
+	require.Equal(t, b.ID, got.ID)
+	require.NoError(t, r.Deregister(b.ID, nil))
+	require.NoError(t, r.Deregister(own.ID, nil))
+	n, _ := r.Stats()
+	require.Equal(t, 1, n)
+}

@@ -605,7 +605,9 @@ func (t *Tensor) Register(buf gpu.Buffer) error {
 		}
 	}
 	dev := buf.Device().Name()
-	region, err := t.s.MRs.Register(dev, buf.Addr(), uint64(n))
+	// Shared: another file may register the same foreign memory (CUDA maps
+	// a handle once per process, so both get one address range).
+	region, err := t.s.MRs.RegisterShared(dev, buf.Addr(), uint64(n))
 	if err != nil {
 		t.mu.Unlock()
 		return fail(fmt.Errorf("register %d bytes on %s: %w", n, dev, err))
