@@ -3,13 +3,13 @@ package fs
 import (
 	"context"
 	"fmt"
-	"os"
 	"path"
 	"sort"
 	"strings"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"golang.org/x/sys/unix"
 
 	"github.com/tensorfs/tensorfs/tensor"
 	"github.com/tensorfs/tensorfs/transfer"
@@ -354,6 +354,15 @@ func (d *dest) tensorAt(i int) *tensor.Tensor { return d.items[i].temp }
 
 // Commit implements transfer.Dest: each tensor is put in place atomically.
 func (d *dest) Commit() (int, error) {
+	// Renames through the mount go relative to an fd of each directory,
+	// opened once: a full path would make the kernel look up every
+	// directory of it again for each tensor (entry timeouts are 0).
+	dirs := map[string]int{}
+	defer func() {
+		for _, fd := range dirs {
+			unix.Close(fd)
+		}
+	}()
 	for d.done < len(d.items) {
 		it := &d.items[d.done]
 		var err error
@@ -366,8 +375,15 @@ func (d *dest) Commit() (int, error) {
 				it.h = nil
 			}
 		case d.rename:
-			base := d.fsys.mnt + it.dirRel
-			err = os.Rename(path.Join(base, it.tmp), path.Join(base, it.final))
+			fd, ok := dirs[it.dirRel]
+			if !ok {
+				if fd, err = unix.Open(d.fsys.mnt+it.dirRel, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
+					dirs[it.dirRel] = fd
+				}
+			}
+			if err == nil {
+				err = unix.Renameat(fd, it.tmp, fd, it.final)
+			}
 		default:
 			err = it.dir.renameInternal(it.tmp, it.final)
 		}
