@@ -2,12 +2,16 @@ package transfer
 
 import (
 	"context"
+	"fmt"
+	"math"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // fakeLease is a PeerLease whose revocation the test triggers.
@@ -143,4 +147,52 @@ func TestLateDescriptorAfterRevoke(t *testing.T) {
 	// (about 2 s later).
 	require.Eventually(t, func() bool { return imp.imports.len() == 0 && closed.Load() == 1 }, 500*time.Millisecond, time.Millisecond,
 		"the import is closed")
+}
+
+// TestHostilePutDescriptors: an authenticated peer of this host sends puts
+// whose IPC descriptors name ranges outside the allocation, negative or
+// wrapping offsets, handles that are not tensorfs memfds, or another
+// allocation id under a handle already cached: each fails with an errno (or
+// is refused with EXDEV), nothing panics, and nothing is committed or left
+// open.
+func TestHostilePutDescriptors(t *testing.T) {
+	local := newMemLocal()
+	srv := startServer(t, "srv", local, testSecret, func(c *Config) { c.HostID = "raw" })
+	fd, err := unix.MemfdCreate("tensorfs-hostile", unix.MFD_CLOEXEC)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, unix.Ftruncate(fd, 4096))
+	handle := fmt.Sprintf("memfd:/proc/%d/fd/%d", os.Getpid(), fd)
+	other, err := os.CreateTemp(t.TempDir(), "plain")
+	require.NoError(t, err)
+	defer other.Close()
+	m := Meta{DType: "U8", Shape: "4096", NBytes: 4096}
+	for _, d := range []IPCDesc{
+		{Handle: handle, Offset: 1, Alloc: 1},
+		{Handle: handle, Offset: 4096, Alloc: 1},
+		{Handle: handle, Offset: -1, Alloc: 1},
+		{Handle: handle, Offset: math.MaxInt64, Alloc: 1},
+		{Handle: handle, Offset: math.MaxInt64 - 100, Alloc: 2},
+		{Handle: handle, Offset: math.MinInt64, Alloc: 3},
+		{Handle: fmt.Sprintf("memfd:/proc/%d/fd/%d", os.Getpid(), other.Fd()), Alloc: 4},
+		{Handle: "memfd:/etc/passwd", Alloc: 5},
+		{Handle: "memfd:/proc/self/fd/0", Alloc: 6},
+		{Handle: "cuda:00", Alloc: 7},
+	} {
+		c := authed(t, srv)
+		require.NoError(t, c.sendJSON(frameRequest, request{Op: "put", Path: "/x", Tensors: []Meta{m}, IPC: []IPCDesc{d}}))
+		we := expectError(t, c)
+		require.Contains(t, []string{"EIO", "EXDEV"}, we.Errno, "%+v: %+v", d, we)
+	}
+	// A well-formed one still works (the connection's daemon is fine).
+	c := authed(t, srv)
+	require.NoError(t, c.sendJSON(frameRequest, request{Op: "put", Path: "/x", Tensors: []Meta{m}, IPC: []IPCDesc{{Handle: handle, Alloc: 9}}}))
+	var r reply
+	require.NoError(t, c.recvJSON(frameOK, &r))
+	require.Equal(t, 1, r.Copied)
+	_, got, ok := local.get("/x")
+	require.True(t, ok)
+	require.EqualValues(t, 4096, got.NBytes)
+	require.Eventually(t, func() bool { return srv.imports.len() == 0 }, time.Second, time.Millisecond)
+	requireClean(t, local)
 }
