@@ -91,7 +91,9 @@ type Buffer interface {
 // where both sides allow it. Errors: ErrInvalidSize for ranges outside either
 // buffer, or whatever the backend reports.
 func Copy(dst Buffer, dstOff int64, src Buffer, srcOff int64, n int64) error {
-	if n < 0 || srcOff < 0 || dstOff < 0 || srcOff+n > src.Size() || dstOff+n > dst.Size() {
+	// checkRange, not off+n > size: offsets can come from a peer (an IPC
+	// descriptor), and a sum that wraps would pass.
+	if checkRange(src.Size(), srcOff, n) != nil || checkRange(dst.Size(), dstOff, n) != nil {
 		return fmt.Errorf("copy %d bytes from %d/%d to %d/%d: %w", n, srcOff, src.Size(), dstOff, dst.Size(), ErrInvalidSize)
 	}
 	if n == 0 {

@@ -49,6 +49,12 @@ func TestHostReadWriteCopyBounds(t *testing.T) {
 	_, err = a.ReadAt(make([]byte, 1), -1)
 	require.ErrorIs(t, err, ErrInvalidSize)
 	require.ErrorIs(t, Copy(b, 4000, a, 0, 200), ErrInvalidSize)
+	// Offsets come from peers (an IPC descriptor's offset): one whose sum
+	// with n wraps past MaxInt64 is refused, not sliced (a panic) or read
+	// out of bounds.
+	const huge = int64(^uint64(0) >> 1)
+	require.ErrorIs(t, Copy(b, 0, a, huge-5, 100), ErrInvalidSize)
+	require.ErrorIs(t, Copy(b, huge-5, a, 0, 100), ErrInvalidSize)
 }
 
 // TestHostHandleIsSealed opens the exported memfd the way another process

@@ -44,6 +44,9 @@ func frameSeeds() [][]byte {
 		frameBytes(frameData, []byte{1, 2, 3}),
 		cat(frameBytes(frameRequest, marshal(request{Op: "get", Path: "/t"})), frameBytes(frameDone, marshal(doneMsg{}))),
 		frameBytes(frameData, dataFrame(0, 0, data, crcOf(data)))[:20],
+		frameBytes(frameRevoke, marshal(idsMsg{IDs: []uint64{1, math.MaxUint64}})),
+		frameBytes(frameRevoked, marshal(idsMsg{})),
+		frameBytes(frameKeepalive, nil),
 	}
 }
 
@@ -132,6 +135,11 @@ func serveSeeds() (authed, raw [][]byte) {
 	dirPut := frameBytes(frameRequest, marshal(request{Op: "put", Path: "/d", Dir: true, Tensors: []Meta{{Rel: "a/b", NBytes: 8}, {Rel: "c", NBytes: 0}}}))
 	chunk := frameBytes(frameData, dataFrame(0, 0, data, crcOf(data)))
 	done := frameBytes(frameDone, marshal(doneMsg{Chunks: 1}))
+	lease := frameBytes(frameRequest, marshal(request{Op: "lease", Path: "/"}))
+	manyIDs := make([]uint64, 10000)
+	for i := range manyIDs {
+		manyIDs[i] = uint64(i) * 7919
+	}
 	authed = [][]byte{
 		{},
 		cat(put, chunk, done),
@@ -152,6 +160,16 @@ func serveSeeds() (authed, raw [][]byte) {
 		frameBytes(frameRequest, marshal(request{Op: "get", Path: "/t", Streams: 8})),
 		frameBytes(frameRequest, []byte("{not json")),
 		frameBytes(frameRequest, marshal(request{Op: "put", Path: "/t", Tensors: []Meta{{NBytes: 1 << 40}}})),
+		// Lease channels: a hostile peer's revocations, answers for ids it
+		// never held, garbage, a huge id list, frames of other kinds.
+		cat(lease, frameBytes(frameRevoke, marshal(idsMsg{IDs: []uint64{1, 2, 3}}))),
+		cat(lease, frameBytes(frameRevoked, marshal(idsMsg{IDs: []uint64{0, math.MaxUint64}}))),
+		cat(lease, frameBytes(frameRevoke, marshal(idsMsg{IDs: manyIDs})), frameBytes(frameRevoked, marshal(idsMsg{IDs: manyIDs}))),
+		cat(lease, frameBytes(frameRevoke, []byte("{not json"))),
+		cat(lease, frameBytes(frameRevoked, []byte(`{"ids":[-1]}`))),
+		cat(lease, frameBytes(frameKeepalive, nil), frameBytes(frameRevoke, marshal(idsMsg{}))),
+		cat(lease, put, chunk, done),
+		cat(lease, lease),
 		chunk,
 		{0, 0, 0, 0, 0},
 		{0xff, 0xff, 0xff, 0xff, frameRequest},

@@ -43,9 +43,13 @@ func handleKind(h string) string {
 // export is also leased to the peer there, so that it may keep its import.
 func (s *Service) exports(srcs []Source, c *conn, lc *leaseChan) (descs []IPCDesc, release func(), ok bool) {
 	var rels []func()
+	var leased []uint64
 	release = func() {
 		for _, r := range rels {
 			r()
+		}
+		for _, id := range leased {
+			lc.afterCopy(id)
 		}
 	}
 	accept := func(h string) bool { return slices.Contains(c.imports, handleKind(h)) }
@@ -64,6 +68,8 @@ func (s *Service) exports(srcs []Source, c *conn, lc *leaseChan) (descs []IPCDes
 			d.Leased = lc.hold(d.Export, lease)
 			if !d.Leased {
 				lease.Release()
+			} else {
+				leased = append(leased, d.Export)
 			}
 		}
 		descs = append(descs, d)

@@ -178,6 +178,31 @@ func (lc *leaseChan) hold(id uint64, l PeerLease) bool {
 	return true
 }
 
+// afterCopy is called, as exporter, when a copy that handed out export id
+// with Leased set ends (the importer has imported it by then). That
+// descriptor may have reached the importer after the export's frameRevoke
+// did (the copy's connection and the lease channel are not ordered), so the
+// importer holds a lease that no revocation will reach: when id is revoked
+// or no longer held here, it is revoked again (an importer holding nothing
+// for it just answers). An id still held and not revoked needs nothing: its
+// revocation comes later.
+func (lc *leaseChan) afterCopy(id uint64) {
+	if !lc.alive() {
+		return // the importer drops everything leased through it
+	}
+	lc.mu.Lock()
+	h, ok := lc.held[id]
+	lc.mu.Unlock()
+	if ok {
+		select {
+		case <-h.lease.Revoked():
+		default:
+			return
+		}
+	}
+	lc.sendIDs(frameRevoke, []uint64{id})
+}
+
 // run reads the channel until it ends, and keeps it alive meanwhile.
 func (lc *leaseChan) run() {
 	go func() {

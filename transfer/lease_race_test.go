@@ -1,0 +1,198 @@
+package transfer
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// fakeLease is a PeerLease whose revocation the test triggers.
+type fakeLease struct {
+	revoked  chan struct{}
+	released chan struct{}
+	once     sync.Once
+}
+
+func newFakeLease() *fakeLease {
+	return &fakeLease{revoked: make(chan struct{}), released: make(chan struct{})}
+}
+func (l *fakeLease) Revoked() <-chan struct{} { return l.revoked }
+func (l *fakeLease) Release()                 { l.once.Do(func() { close(l.released) }) }
+
+// exportSource is a one-tensor Source that exports "fake:1" (allocation 1,
+// export 7); each Export's lease is handed to onExport, which may block.
+type exportSource struct {
+	meta     Meta
+	onExport func(l *fakeLease)
+}
+
+func (s *exportSource) Meta() Meta                              { return s.meta }
+func (s *exportSource) ReadAt(p []byte, off int64) (int, error) { return len(p), nil }
+func (s *exportSource) Close()                                  {}
+func (s *exportSource) Export(holder string, accept func(string) bool, keep bool) (IPCDesc, func(), PeerLease, bool) {
+	if !accept("fake:1") {
+		return IPCDesc{}, nil, nil, false
+	}
+	l := newFakeLease()
+	s.onExport(l)
+	return IPCDesc{Handle: "fake:1", Alloc: 1, Export: 7}, func() {}, l, true
+}
+
+// exportLocal serves src at every path; Put is a memLocal's.
+type exportLocal struct {
+	*memLocal
+	src *exportSource
+}
+
+func (l exportLocal) Get(string) ([]Source, bool, error) { return []Source{l.src}, false, nil }
+
+// gatedMapping is an import whose reads wait for gate (a copy in flight).
+type gatedMapping struct {
+	gate   chan struct{}
+	closed *atomic.Int32
+}
+
+func (m gatedMapping) ReadAt(p []byte, off int64) (int, error) { <-m.gate; return len(p), nil }
+func (m gatedMapping) Close() error                            { m.closed.Add(1); return nil }
+
+// TestLateDescriptorAfterRevoke: a copy's descriptor handed out just before
+// its export is revoked can reach the importer after the revocation did (the
+// copy's connection and the lease channel are not ordered). The importer
+// must not keep that export leased: the revocation has to be answered
+// promptly (not after the peer timeout) and the import closed once the
+// copies end.
+func TestLateDescriptorAfterRevoke(t *testing.T) {
+	var mu sync.Mutex
+	var leases []*fakeLease
+	exported := make(chan struct{}, 4)
+	proceed := make(chan struct{}) // the second export waits for it
+	src := &exportSource{meta: Meta{DType: "U8", Shape: "64", NBytes: 64}}
+	src.onExport = func(l *fakeLease) {
+		mu.Lock()
+		leases = append(leases, l)
+		n := len(leases)
+		mu.Unlock()
+		exported <- struct{}{}
+		if n == 2 {
+			<-proceed
+		}
+	}
+	exp := startServer(t, "e", exportLocal{newMemLocal(), src}, testSecret, func(c *Config) {
+		c.HostID = "one"
+		c.Timeout = 10 * time.Second
+	})
+	gate := make(chan struct{})
+	var closed atomic.Int32
+	into := newMemLocal()
+	imp := newClient(t, "i", into, testSecret, map[string]string{"e": addrOf(exp)}, func(c *Config) {
+		c.HostID = "one"
+		c.Timeout = 10 * time.Second
+		c.Importers = map[string]func(string) (Mapping, error){
+			"fake": func(string) (Mapping, error) { return gatedMapping{gate, &closed}, nil },
+		}
+	})
+	ctx := context.Background()
+	errs := make(chan error, 2)
+	// Copy 1 imports and reads (held at the gate): the import is in use.
+	go func() { _, err := pull(ctx, imp, into, "e", "/t", "/one"); errs <- err }()
+	<-exported
+	require.Eventually(t, func() bool { return imp.imports.len() == 1 }, 5*time.Second, time.Millisecond)
+	// Copy 2's descriptor is made (its lease taken) before the revocation...
+	go func() { _, err := pull(ctx, imp, into, "e", "/t", "/two"); errs <- err }()
+	<-exported
+	// ...which reaches the importer first: it drops the export's lease and
+	// waits for copy 1 to end before answering.
+	mu.Lock()
+	for _, l := range leases {
+		close(l.revoked)
+	}
+	mu.Unlock()
+	require.Eventually(t, func() bool {
+		imp.imports.mu.Lock()
+		defer imp.imports.mu.Unlock()
+		for _, e := range imp.imports.m {
+			return len(e.lease) == 0 && e.idle != nil
+		}
+		return false
+	}, 5*time.Second, time.Millisecond, "the revocation reached the importer")
+	close(proceed) // copy 2's late descriptor now arrives, while copy 1 reads
+	require.Eventually(t, func() bool {
+		imp.imports.mu.Lock()
+		defer imp.imports.mu.Unlock()
+		for _, e := range imp.imports.m {
+			return e.refs == 2
+		}
+		return false
+	}, 5*time.Second, time.Millisecond, "copy 2 imported")
+	close(gate)
+	for range 2 {
+		require.NoError(t, <-errs)
+	}
+	// The lease held on the channel (the first one) ends with the
+	// importer's answer, well before the 10 s timeout.
+	select {
+	case <-leases[0].released:
+	case <-time.After(3 * time.Second):
+		t.Fatal("the revocation was not answered: the importer kept the late descriptor's lease")
+	}
+	// Closed with the copies' end, not at the lease channel's idle close
+	// (about 2 s later).
+	require.Eventually(t, func() bool { return imp.imports.len() == 0 && closed.Load() == 1 }, 500*time.Millisecond, time.Millisecond,
+		"the import is closed")
+}
+
+// TestHostilePutDescriptors: an authenticated peer of this host sends puts
+// whose IPC descriptors name ranges outside the allocation, negative or
+// wrapping offsets, handles that are not tensorfs memfds, or another
+// allocation id under a handle already cached: each fails with an errno (or
+// is refused with EXDEV), nothing panics, and nothing is committed or left
+// open.
+func TestHostilePutDescriptors(t *testing.T) {
+	local := newMemLocal()
+	srv := startServer(t, "srv", local, testSecret, func(c *Config) { c.HostID = "raw" })
+	fd, err := unix.MemfdCreate("tensorfs-hostile", unix.MFD_CLOEXEC)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, unix.Ftruncate(fd, 4096))
+	handle := fmt.Sprintf("memfd:/proc/%d/fd/%d", os.Getpid(), fd)
+	other, err := os.CreateTemp(t.TempDir(), "plain")
+	require.NoError(t, err)
+	defer other.Close()
+	m := Meta{DType: "U8", Shape: "4096", NBytes: 4096}
+	for _, d := range []IPCDesc{
+		{Handle: handle, Offset: 1, Alloc: 1},
+		{Handle: handle, Offset: 4096, Alloc: 1},
+		{Handle: handle, Offset: -1, Alloc: 1},
+		{Handle: handle, Offset: math.MaxInt64, Alloc: 1},
+		{Handle: handle, Offset: math.MaxInt64 - 100, Alloc: 2},
+		{Handle: handle, Offset: math.MinInt64, Alloc: 3},
+		{Handle: fmt.Sprintf("memfd:/proc/%d/fd/%d", os.Getpid(), other.Fd()), Alloc: 4},
+		{Handle: "memfd:/etc/passwd", Alloc: 5},
+		{Handle: "memfd:/proc/self/fd/0", Alloc: 6},
+		{Handle: "cuda:00", Alloc: 7},
+	} {
+		c := authed(t, srv)
+		require.NoError(t, c.sendJSON(frameRequest, request{Op: "put", Path: "/x", Tensors: []Meta{m}, IPC: []IPCDesc{d}}))
+		we := expectError(t, c)
+		require.Contains(t, []string{"EIO", "EXDEV"}, we.Errno, "%+v: %+v", d, we)
+	}
+	// A well-formed one still works (the connection's daemon is fine).
+	c := authed(t, srv)
+	require.NoError(t, c.sendJSON(frameRequest, request{Op: "put", Path: "/x", Tensors: []Meta{m}, IPC: []IPCDesc{{Handle: handle, Alloc: 9}}}))
+	var r reply
+	require.NoError(t, c.recvJSON(frameOK, &r))
+	require.Equal(t, 1, r.Copied)
+	_, got, ok := local.get("/x")
+	require.True(t, ok)
+	require.EqualValues(t, 4096, got.NBytes)
+	require.Eventually(t, func() bool { return srv.imports.len() == 0 }, time.Second, time.Millisecond)
+	requireClean(t, local)
+}
