@@ -2,11 +2,14 @@ package fs
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log"
 	"path"
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"golang.org/x/sys/unix"
@@ -363,6 +366,7 @@ func (d *dest) Commit() (int, error) {
 			unix.Close(fd)
 		}
 	}()
+	stuck := false
 	for d.done < len(d.items) {
 		it := &d.items[d.done]
 		var err error
@@ -374,16 +378,27 @@ func (d *dest) Commit() (int, error) {
 				it.h.Close()
 				it.h = nil
 			}
-		case d.rename:
+		case d.rename && !stuck:
 			fd, ok := dirs[it.dirRel]
 			if !ok {
-				if fd, err = unix.Open(d.fsys.mnt+it.dirRel, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
+				if fd, err = openDirWithin(d.fsys.mnt+it.dirRel, renameStuckAfter); err == nil {
 					dirs[it.dirRel] = fd
 				}
 			}
 			if err == nil {
-				err = unix.Renameat(fd, it.tmp, fd, it.final)
+				stuck, err = renameViaMount(fd, it)
+			} else if errors.Is(err, errStuck) {
+				stuck = true
+				err = it.dir.renameInternal(it.tmp, it.final)
 			}
+			if stuck {
+				// The kernel holds the directory's lock for someone who
+				// waits on us (see renameViaMount): this tensor and the rest
+				// go in place inside the daemon, without inotify events.
+				log.Printf("put %s/%s in place: the directory stayed locked for %v; renamed inside the daemon (no IN_MOVED_TO for the %d tensors left)", it.dirRel, it.final, renameStuckAfter, len(d.items)-d.done)
+			}
+		case d.rename:
+			err = it.dir.renameInternal(it.tmp, it.final)
 		default:
 			err = it.dir.renameInternal(it.tmp, it.final)
 		}
@@ -395,6 +410,77 @@ func (d *dest) Commit() (int, error) {
 		d.done++
 	}
 	return d.done, nil
+}
+
+// renameStuckAfter bounds a rename through the mount. A copy runs inside
+// a FUSE request (the setxattr of copy_to, whose source's inode lock the
+// kernel holds; or a peer's put while that peer's own setxattr waits on
+// us): a process that takes the destination directory's lock and then
+// waits for the source's (rm or mv of the source, in the same directory;
+// or the same across two daemons copying to each other) would wait on us
+// while our rename waits on it. Past this bound the tensor goes in place
+// inside the daemon: still atomic, without the inotify event. A rename
+// takes about 100 µs; a directory busy for 2 s is such a cycle, or a
+// machine too loaded to matter.
+const renameStuckAfter = 2 * time.Second
+
+// errStuck: a rename through the mount did not finish within
+// renameStuckAfter.
+var errStuck = errors.New("rename through the mount is stuck")
+
+// renameViaMount renames it.tmp to it.final in the directory fd through
+// the mount, so that watchers see IN_MOVED_TO. When that does not finish
+// within renameStuckAfter (stuck), the tensor is put in place inside the
+// daemon instead: the kernel's rename may still be waiting for the lock,
+// and when the lock comes free its lookup of the temporary finds nothing
+// and it fails harmlessly; if the kernel's rename wins that race instead,
+// the internal one finds no temporary (ENOENT), and the kernel's result is
+// the outcome.
+func renameViaMount(fd int, it *destItem) (stuck bool, err error) {
+	done := make(chan error, 1)
+	go func() { done <- unix.Renameat(fd, it.tmp, fd, it.final) }()
+	t := time.NewTimer(renameStuckAfter)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return false, err
+	case <-t.C:
+	}
+	if err := it.dir.renameInternal(it.tmp, it.final); err != nil {
+		if errors.Is(err, syscall.ENOENT) {
+			return true, <-done // the kernel's rename got the temporary
+		}
+		return true, err
+	}
+	return true, nil
+}
+
+// openDirWithin opens a destination directory (O_PATH) through the mount;
+// errStuck when the lookup does not finish in time (the same lock cycle
+// as renameViaMount's: a path walk waits on a locked directory).
+func openDirWithin(p string, limit time.Duration) (int, error) {
+	type res struct {
+		fd  int
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		fd, err := unix.Open(p, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		done <- res{fd, err}
+	}()
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case r := <-done:
+		return r.fd, r.err
+	case <-t.C:
+		go func() {
+			if r := <-done; r.err == nil {
+				unix.Close(r.fd)
+			}
+		}()
+		return -1, errStuck
+	}
 }
 
 // Abort implements transfer.Dest: the temporaries not yet in place go away.

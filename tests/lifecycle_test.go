@@ -290,3 +290,62 @@ func waitPinnedOrDone(t *testing.T, a *daemon, done chan error) {
 		t.Log("the copy ended before its pin was seen")
 	}
 }
+
+// TestCopyCommitNotStuckBehindSourceLock: `rm` of a copy's source, in the
+// directory the copy commits into, takes that directory's lock and then
+// waits for the source's, which the kernel holds for the copy_to setxattr;
+// the copy's rename into place through the mount needs the directory's
+// lock. Neither may wait forever: past a bound the copy puts its tensor in
+// place inside the daemon (logged), and both calls return.
+func TestCopyCommitNotStuckBehindSourceLock(t *testing.T) {
+	d := startDaemon(t)
+	dir := d.path("dir")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	src := dir + "/src"
+	const n = 1 << 30
+	require.NoError(t, os.WriteFile(src, nil, 0o644))
+	require.NoError(t, os.Truncate(src, n))
+	f, err := os.OpenFile(src, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte("tail"), n-4)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	copied := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		err := unix.Setxattr(src, "user.tensorfs.copy_to", []byte("/dir/dst"), 0)
+		t.Logf("copy_to returned after %v", time.Since(start))
+		copied <- err
+	}()
+	require.Eventually(t, func() bool { return d.stats().Transfers.Active > 0 || len(copied) > 0 }, 10*time.Second, time.Millisecond)
+	removed := make(chan error, 1)
+	t.Logf("rm at %v", time.Since(start))
+	go func() {
+		err := os.Remove(src)
+		t.Logf("rm returned after %v", time.Since(start))
+		removed <- err
+	}()
+	for name, ch := range map[string]chan error{"copy_to": copied, "rm": removed} {
+		select {
+		case err := <-ch:
+			require.NoError(t, err, name)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s still blocked after 20 s: the copy's commit and rm wait on each other\n%s", name, d.log.String())
+		}
+	}
+	g, err := os.Open(dir + "/dst")
+	require.NoError(t, err)
+	buf := make([]byte, 4)
+	_, err = g.ReadAt(buf, n-4)
+	require.NoError(t, err)
+	require.Equal(t, "tail", string(buf))
+	require.NoError(t, g.Close())
+	_, err = os.Stat(src)
+	require.True(t, os.IsNotExist(err), "%v", err)
+	// rm began once the copy ran (the kernel held the source's lock), so it
+	// held the directory when the copy committed: the fallback must have run.
+	require.Contains(t, d.log.String(), "stayed locked")
+	require.NoError(t, os.Remove(dir+"/dst"))
+	d.requireClean()
+}

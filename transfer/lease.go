@@ -270,7 +270,10 @@ func (lc *leaseChan) run() {
 }
 
 // adopt registers a new channel end for the peer instance, applying the
-// tie-break when one is already there; false: lc lost and was closed.
+// tie-break when one is already there (the channel dialed by the smaller
+// instance id wins; between two dialed by the same node, the newer: the
+// older is one its dialer already closed, unnoticed here yet); false: lc
+// lost and was closed.
 func (s *Service) adoptChan(lc *leaseChan) bool {
 	s.chanMu.Lock()
 	if s.closed2 {
@@ -279,7 +282,7 @@ func (s *Service) adoptChan(lc *leaseChan) bool {
 		return false
 	}
 	old := s.chans[lc.instance]
-	if old != nil && old.alive() && old.dialer <= lc.dialer {
+	if old != nil && old.alive() && old.dialer < lc.dialer {
 		s.chanMu.Unlock()
 		lc.close(nil)
 		return false
