@@ -290,7 +290,9 @@ func (d *daemon) requireClean() {
 		require.NoError(d.t, unix.Statfs(d.mnt, &st))
 		used = (st.Blocks - st.Bfree) * uint64(st.Bsize)
 		fds = d.countFDs()
-		if s.Live == (liveStats{}) && used == 0 && fds == d.fds {
+		// Fewer fds than at the start is no leak (the CUDA driver closes
+		// some of its own; idle peer connections are reaped).
+		if s.Live == (liveStats{}) && used == 0 && fds <= d.fds {
 			ok = true
 			break
 		}

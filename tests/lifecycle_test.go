@@ -255,7 +255,7 @@ func TestResizeDuringImport(t *testing.T) {
 // its exported memfd keeps the memory alive past unlink (its open file is
 // its lease); the memory is freed at its close.
 func TestUnlinkWhileMapped(t *testing.T) {
-	d := startDaemon(t)
+	d := startDaemon(t, "--device", "host") // a memfd handle to map
 	writeTensor(t, d.path("t"), fill(1<<20, 9))
 	f, err := os.Open(d.path("t"))
 	require.NoError(t, err)
