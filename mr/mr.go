@@ -83,6 +83,19 @@ func NewRegistry() *Registry {
 // ErrInvalid for length 0 or a wrapping range, ErrOverlap when the range overlaps
 // a live region of the same device.
 func (r *Registry) Register(device string, addr uintptr, length uint64) (*Region, error) {
+	return r.register(device, addr, length, false)
+}
+
+// RegisterShared records [addr, addr+length) on device as a new region of
+// memory tensorfs did not allocate (manual registration): it may overlap
+// other shared regions, never one from Register (tensorfs's own memory and
+// imported memory never share addresses). Errors: ErrInvalid for length 0
+// or a wrapping range, ErrOverlap when it overlaps a Register region.
+func (r *Registry) RegisterShared(device string, addr uintptr, length uint64) (*Region, error) {
+	return r.register(device, addr, length, true)
+}
+
+func (r *Registry) register(device string, addr uintptr, length uint64, shared bool) (*Region, error) {
 	if length == 0 || uint64(addr)+length < uint64(addr) {
 		return nil, fmt.Errorf("register [%#x, +%d): %w", addr, length, ErrInvalid)
 	}
@@ -101,38 +114,13 @@ func (r *Registry) Register(device string, addr uintptr, length uint64) (*Region
 		return nil, fmt.Errorf("register [%#x, +%d) on %s: %w (mr %d)", addr, length, device, ErrOverlap, list[i-1].ID)
 	}
 	r.nextID++
-	e := &entry{Region: &Region{ID: r.nextID, Key: binary.LittleEndian.Uint32(kb[:]), Device: device, Addr: addr, Len: length}}
-	list = append(list, nil)
-	copy(list[i+1:], list[i:])
-	list[i] = e
-	r.byAddr[device] = list
-	r.byID[e.ID] = e
-	return e.Region, nil
-}
-
-// RegisterShared records [addr, addr+length) on device as a new region of
-// memory tensorfs did not allocate (manual registration): it may overlap
-// other shared regions, never one from Register (tensorfs's own memory and
-// imported memory never share addresses). Errors: ErrInvalid for length 0
-// or a wrapping range, ErrOverlap when it overlaps a Register region.
-func (r *Registry) RegisterShared(device string, addr uintptr, length uint64) (*Region, error) {
-	if length == 0 || uint64(addr)+length < uint64(addr) {
-		return nil, fmt.Errorf("register [%#x, +%d): %w", addr, length, ErrInvalid)
+	e := &entry{Region: &Region{ID: r.nextID, Key: binary.LittleEndian.Uint32(kb[:]), Device: device, Addr: addr, Len: length}, shared: shared}
+	if shared {
+		r.shared[device] = append(r.shared[device], e)
+	} else {
+		list = slices.Insert(list, i, e)
+		r.byAddr[device] = list
 	}
-	var kb [4]byte
-	if _, err := rand.Read(kb[:]); err != nil {
-		return nil, fmt.Errorf("rkey: %w", err)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	list := r.byAddr[device]
-	i := sort.Search(len(list), func(i int) bool { return list[i].Addr >= addr })
-	if i < len(list) && uint64(list[i].Addr) < uint64(addr)+length || i > 0 && uint64(list[i-1].Addr)+list[i-1].Len > uint64(addr) {
-		return nil, fmt.Errorf("register shared [%#x, +%d) on %s: %w", addr, length, device, ErrOverlap)
-	}
-	r.nextID++
-	e := &entry{Region: &Region{ID: r.nextID, Key: binary.LittleEndian.Uint32(kb[:]), Device: device, Addr: addr, Len: length}, shared: true}
-	r.shared[device] = append(r.shared[device], e)
 	r.byID[e.ID] = e
 	return e.Region, nil
 }
