@@ -599,9 +599,9 @@ func (t *Tensor) Register(buf gpu.Buffer) error {
 	old := t.alloc
 	if old != nil {
 		leases, _ := t.s.IPC.Leases(old.export.ID)
-		if len(t.handles) > 0 || leases > 0 {
+		if handles := len(t.handles); handles > 0 || leases > 0 {
 			t.mu.Unlock()
-			return fail(fmt.Errorf("register over an allocation with %d open handles and %d leases: %w", len(t.handles), leases, ErrBusy))
+			return fail(fmt.Errorf("register over an allocation with %d open handles and %d leases: %w", handles, leases, ErrBusy))
 		}
 	}
 	dev := buf.Device().Name()
