@@ -264,6 +264,7 @@ func TestPeerRefusals(t *testing.T) {
 		{[]string{"--secret-file", loose}, "readable by group or others"},
 		{[]string{"--secret-file", short}, "at least 16"},
 		{[]string{"--peer", "nonsense"}, "NAME=HOST:PORT"},
+		{[]string{"--peer", "b=nohost"}, `"nohost" is not HOST:PORT`},
 	} {
 		out, err := runCmd(bin, append([]string{"mount", mnt}, tc.args...)...)
 		require.Error(t, err, "%v", tc.args)

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -537,7 +538,12 @@ func nonce() []byte {
 func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
 	addr, ok := s.cfg.Peers[peer]
 	if !ok {
-		return nil, &Error{Errno: syscall.ENOENT, Msg: fmt.Sprintf("unknown peer %q (known: --peer NAME=HOST:PORT)", peer)}
+		known := make([]string, 0, len(s.cfg.Peers))
+		for n := range s.cfg.Peers {
+			known = append(known, n)
+		}
+		sort.Strings(known)
+		return nil, &Error{Errno: syscall.ENOENT, Msg: fmt.Sprintf("unknown peer %q (known peers: %s; add one with --peer NAME=HOST:PORT)", peer, strings.Join(known, ", "))}
 	}
 	d := net.Dialer{Timeout: s.cfg.Timeout}
 	nc, err := d.DialContext(ctx, "tcp", addr)

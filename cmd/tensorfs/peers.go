@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -56,6 +57,9 @@ func (p *peerFlags) config() (transfer.Config, error) {
 		name, addr, ok := strings.Cut(pe, "=")
 		if !ok || name == "" || addr == "" || strings.ContainsAny(name, ":/ ") {
 			return cfg, fmt.Errorf("--peer %q: want NAME=HOST:PORT", pe)
+		}
+		if host, port, err := net.SplitHostPort(addr); err != nil || host == "" || port == "" {
+			return cfg, fmt.Errorf("--peer %q: %q is not HOST:PORT", pe, addr)
 		}
 		cfg.Peers[name] = addr
 	}
