@@ -84,8 +84,16 @@ func (s *Service) exports(srcs []Source, c *conn, lc *leaseChan) (descs []IPCDes
 func (s *Service) importAll(c *conn, descs []IPCDesc) ([]*importEntry, error) {
 	lc := s.chanTo(c.instance)
 	entries := make([]*importEntry, 0, len(descs))
+	open := func(h string) (Mapping, error) {
+		if handleKind(h) == "memfd" {
+			if err := checkOwner(c, h); err != nil {
+				return nil, err
+			}
+		}
+		return s.openHandle(h)
+	}
 	for _, d := range descs {
-		e, err := s.imports.acquire(c.instance, d, lc, s.openHandle)
+		e, err := s.imports.acquire(c.instance, d, lc, open)
 		if err != nil {
 			s.releaseAll(entries)
 			return nil, err
@@ -99,6 +107,27 @@ func (s *Service) releaseAll(entries []*importEntry) {
 	for _, e := range entries {
 		s.imports.release(e)
 	}
+}
+
+// checkOwner refuses a memfd handle that names any process but the peer's
+// own (see peerproc.go). Errors wrap errNoIPC.
+func checkOwner(c *conn, handle string) error {
+	pid := handlePID(handle)
+	if pid == 0 {
+		return fmt.Errorf("handle %q names no process: %w", handle, errNoIPC)
+	}
+	if pid == c.ownerPID {
+		return nil
+	}
+	ok, err := holdsPeerSocket(c.c, pid)
+	if err != nil {
+		return fmt.Errorf("handle %q: who is the peer: %v: %w", handle, err, errNoIPC)
+	}
+	if !ok {
+		return fmt.Errorf("handle %q names process %d, which is not the peer %s: %w", handle, pid, c.peer, errNoIPC)
+	}
+	c.ownerPID = pid
+	return nil
 }
 
 // openHandle opens another daemon's exported allocation. Errors wrap

@@ -2,9 +2,12 @@ package transfer
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math"
+	"net"
 	"os"
+	"os/exec"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -195,4 +198,57 @@ func TestHostilePutDescriptors(t *testing.T) {
 	require.EqualValues(t, 4096, got.NBytes)
 	require.Eventually(t, func() bool { return srv.imports.len() == 0 }, time.Second, time.Millisecond)
 	requireClean(t, local)
+}
+
+// TestPutNamingAnotherProcessRefused: an authenticated peer of this host may
+// name only its own process's memory. A tensorfs memfd held by another
+// process (another daemon, e.g. of another cluster with another secret) is
+// refused (EXDEV: the peer must send the bytes itself), never read.
+func TestPutNamingAnotherProcessRefused(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 is needed to hold a memfd in another process")
+	}
+	cmd := exec.Command(py, "-c", `import os,sys
+fd = os.memfd_create("tensorfs")
+os.ftruncate(fd, 4096)
+os.pwrite(fd, b"secret", 0)
+print(fd, flush=True)
+sys.stdin.read()`)
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	defer func() { stdin.Close(); cmd.Wait() }()
+	var fd int
+	_, err = fmt.Fscan(out, &fd)
+	require.NoError(t, err)
+	handle := fmt.Sprintf("memfd:/proc/%d/fd/%d", cmd.Process.Pid, fd)
+
+	local := newMemLocal()
+	srv := startServer(t, "srv", local, testSecret, func(c *Config) { c.HostID = "raw" })
+	c := authed(t, srv)
+	m := Meta{DType: "U8", Shape: "4096", NBytes: 4096}
+	require.NoError(t, c.sendJSON(frameRequest, request{Op: "put", Path: "/x", Tensors: []Meta{m}, IPC: []IPCDesc{{Handle: handle, Alloc: 1}}}))
+	we := expectError(t, c)
+	require.Equal(t, "EXDEV", we.Errno, "%+v", we)
+	require.Contains(t, we.Message, "not the peer")
+	_, _, ok := local.get("/x")
+	require.False(t, ok, "nothing was written")
+	require.Zero(t, srv.imports.len())
+}
+
+// TestProcAddr: /proc/net/tcp addresses (host-order words in hex).
+func TestProcAddr(t *testing.T) {
+	a := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8080}
+	if binary.NativeEndian.Uint32([]byte{1, 0, 0, 0}) == 1 { // little-endian hosts, as /proc shows them
+		require.True(t, procAddrIs("0100007F:1F90", a))
+		require.False(t, procAddrIs("0100007F:1F91", a))
+		require.True(t, procAddrIs("0000000000000000FFFF00000100007F:1F90", a), "IPv4-mapped in tcp6")
+	}
+	require.False(t, procAddrIs("garbage", a))
+	require.Equal(t, 42, handlePID("memfd:/proc/42/fd/7"))
+	require.Zero(t, handlePID("memfd:/proc/self/fd/7"))
+	require.Zero(t, handlePID("cuda:00"))
 }

@@ -399,6 +399,9 @@ type conn struct {
 	// instance and imports: the peer's, from the handshake.
 	instance string
 	imports  []string
+	// ownerPID is the peer's process, once a memfd handle naming it was
+	// checked against the connection (checkOwner).
+	ownerPID int
 }
 
 func (c *conn) send(typ byte, payload []byte) error {

@@ -1,0 +1,122 @@
+package transfer
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// A memfd handle names a process ("memfd:/proc/PID/fd/N"). An authenticated
+// peer of this host may name only its own process's memory: otherwise a
+// peer of one cluster could make this daemon read the tensors of another
+// cluster's daemon on the same host (another secret) into a destination the
+// peer then reads. TCP on loopback carries no peer credentials, so the check
+// finds the socket at the other end of the connection in /proc/net/tcp{,6}
+// and requires the named process to hold it.
+
+// holdsPeerSocket reports whether process pid holds the socket at the other
+// end of the local TCP connection c. Errors: c is not a TCP connection, or
+// /proc cannot be read.
+func holdsPeerSocket(c net.Conn, pid int) (bool, error) {
+	local, lok := c.LocalAddr().(*net.TCPAddr)
+	remote, rok := c.RemoteAddr().(*net.TCPAddr)
+	if !lok || !rok {
+		return false, fmt.Errorf("not a TCP connection")
+	}
+	// The peer's socket has our remote address as its local one.
+	inode, err := socketInode(remote, local)
+	if err != nil {
+		return false, err
+	}
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return false, err
+	}
+	want := "socket:[" + inode + "]"
+	for _, e := range ents {
+		if t, err := os.Readlink(dir + "/" + e.Name()); err == nil && t == want {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// socketInode finds the inode of the TCP socket bound to local and
+// connected to remote, in /proc/net/tcp and /proc/net/tcp6.
+func socketInode(local, remote *net.TCPAddr) (string, error) {
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		inode, err := findSocket(f, local, remote)
+		if err != nil {
+			return "", err
+		}
+		if inode != "" {
+			return inode, nil
+		}
+	}
+	return "", fmt.Errorf("no socket %v -> %v in /proc/net/tcp", local, remote)
+}
+
+func findSocket(file string, local, remote *net.TCPAddr) (string, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return "", nil
+		}
+		return "", err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Scan() // the header
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 10 {
+			continue
+		}
+		if procAddrIs(fields[1], local) && procAddrIs(fields[2], remote) {
+			return fields[9], nil
+		}
+	}
+	return "", sc.Err()
+}
+
+// procAddrIs reports whether a /proc/net/tcp address ("0100007F:1F90": the
+// IP as host-order 32-bit words in hex, then the port) is a.
+func procAddrIs(s string, a *net.TCPAddr) bool {
+	ipHex, portHex, ok := strings.Cut(s, ":")
+	if !ok {
+		return false
+	}
+	port, err := strconv.ParseUint(portHex, 16, 16)
+	if err != nil || int(port) != a.Port {
+		return false
+	}
+	raw, err := hex.DecodeString(ipHex)
+	if err != nil || len(raw)%4 != 0 {
+		return false
+	}
+	ip := make(net.IP, len(raw))
+	for i := 0; i < len(raw); i += 4 {
+		binary.BigEndian.PutUint32(ip[i:], binary.NativeEndian.Uint32(raw[i:]))
+	}
+	return ip.Equal(a.IP)
+}
+
+// handlePID is the PID a memfd handle names, or 0.
+func handlePID(handle string) int {
+	rest, ok := strings.CutPrefix(handle, "memfd:/proc/")
+	if !ok {
+		return 0
+	}
+	pidStr, _, _ := strings.Cut(rest, "/")
+	pid, err := strconv.Atoi(pidStr)
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	return pid
+}
