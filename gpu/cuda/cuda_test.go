@@ -669,3 +669,55 @@ func TestLingeringArenasNeverCostENOSPC(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, d.MemInfo().Used)
 }
+
+// TestWholeAllocationsRecycled: a freed whole allocation is kept for the
+// linger and handed to the next allocation of the same size and owner
+// (zeroed, a new allocation id), without cuMemFree/cuMemAlloc; another
+// size or owner gets its own; the spare is freed after the linger, and at
+// once when memory runs short.
+func TestWholeAllocationsRecycled(t *testing.T) {
+	f, devs := openFake(t, 1, 0)
+	d := devs[0]
+	d.linger = time.Hour
+	const size = 4 * ArenaSize
+	a, err := d.Alloc(size, 7)
+	require.NoError(t, err)
+	_, err = a.WriteAt([]byte("old bytes"), 0)
+	require.NoError(t, err)
+	addr, id, handle := a.Addr(), a.ID(), a.Handle()
+	require.NoError(t, a.Free())
+	require.EqualValues(t, size, d.MemInfo().Used, "the spare lingers, and counts")
+	f.mu.Lock()
+	allocs := f.calls["cuMemAlloc_v2"]
+	f.mu.Unlock()
+
+	b, err := d.Alloc(size, 7)
+	require.NoError(t, err)
+	require.Equal(t, addr, b.Addr(), "the spare was reused")
+	require.Equal(t, handle, b.Handle())
+	require.NotEqual(t, id, b.ID(), "a new allocation id: importers must not take it for the old one")
+	f.mu.Lock()
+	require.Equal(t, allocs, f.calls["cuMemAlloc_v2"], "no cuMemAlloc")
+	f.mu.Unlock()
+	p := make([]byte, 9)
+	_, err = b.ReadAt(p, 0)
+	require.NoError(t, err)
+	require.Equal(t, make([]byte, 9), p, "zeroed")
+
+	c, err := d.Alloc(size, 8)
+	require.NoError(t, err)
+	require.NotEqual(t, addr, c.Addr(), "another owner never gets the spare")
+	require.NoError(t, c.Free())
+	require.NoError(t, b.Free())
+	require.EqualValues(t, 2*size, d.MemInfo().Used)
+	n, err := d.flushIdle()
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.Zero(t, d.MemInfo().Used)
+
+	d.linger = 20 * time.Millisecond
+	e, err := d.Alloc(size, 7)
+	require.NoError(t, err)
+	require.NoError(t, e.Free())
+	require.Eventually(t, func() bool { return d.MemInfo().Used == 0 }, time.Second, 5*time.Millisecond, "freed after the linger")
+}

@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"log"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,8 +64,15 @@ type Device struct {
 	limit atomic.Int64 // capacity tensorfs may use, bytes
 	used  atomic.Int64 // bytes of allocations held, arenas whole
 
-	amu   sync.Mutex // guards pools and every arena's free list
+	amu   sync.Mutex // guards pools and every arena's free list, and spares
 	pools pools
+	// spares are freed whole allocations kept for d.linger for the next
+	// allocation of the same size and owner (a copy that replaces a large
+	// tensor frees one and allocates one: cuMemFree, cuMemAlloc and
+	// cuIpcGetMemHandle cost about 1 ms a GiB each). Counted in used, like
+	// lingering arenas; at most a quarter of the cap.
+	spares     []*allocation
+	spareBytes int64
 
 	smu      sync.Mutex
 	stagers  chan *stager // idle stagers
@@ -197,8 +205,9 @@ func (d *Device) Ordinal() int { return d.ordinal }
 
 // MemInfo implements gpu.Device. Total is the device's memory or the cap,
 // whichever is smaller; Used counts whole allocations (arenas included, each
-// ArenaSize bytes, and an owner's last empty arena for the 250 ms it
-// lingers), so it drops to 0 once no buffer has been held for that long.
+// ArenaSize bytes, an owner's last empty arena and freed large allocations
+// for the 250 ms they linger for reuse), so it drops to 0 once no buffer has
+// been held for that long.
 func (d *Device) MemInfo() gpu.MemInfo {
 	return gpu.MemInfo{Total: d.limit.Load(), Used: d.used.Load()}
 }
@@ -253,7 +262,11 @@ func (d *Device) Alloc(nbytes int64, owner uint32) (gpu.Buffer, error) {
 // allocWhole gives a large buffer an allocation of its own.
 func (d *Device) allocWhole(nbytes int64, owner uint32) (gpu.Buffer, error) {
 	size := roundUp(nbytes, ArenaSize)
-	a, err := d.newAllocation(size, owner, false)
+	a := d.takeWhole(size, owner)
+	var err error
+	if a == nil {
+		a, err = d.newAllocation(size, owner, false)
+	}
 	if errors.Is(err, gpu.ErrOutOfMemory) {
 		if n, _ := d.flushIdle(); n > 0 {
 			a, err = d.newAllocation(size, owner, false)
@@ -366,6 +379,9 @@ func (d *Device) freeAllocation(a *allocation) error {
 // has stayed empty for d.linger.
 func (d *Device) release(a *allocation, off, span int64) error {
 	if !a.arena {
+		if d.keepWhole(a) {
+			return nil
+		}
 		return d.freeAllocation(a)
 	}
 	d.amu.Lock()
@@ -384,6 +400,74 @@ func (d *Device) release(a *allocation, off, span int64) error {
 	d.pools.drop(a)
 	d.amu.Unlock()
 	return d.freeAllocation(a)
+}
+
+// keepWhole parks a freed whole allocation among the spares for d.linger;
+// false when it is not kept (linger off, closing, aliases of it live, or
+// the spares are full).
+func (d *Device) keepWhole(a *allocation) bool {
+	if d.linger <= 0 || d.closed.Load() {
+		return false
+	}
+	exports.Lock()
+	if a.pins > 0 {
+		exports.Unlock()
+		return false
+	}
+	if exports.m[a.handle] == a {
+		delete(exports.m, a.handle) // no alias of a spare
+	}
+	exports.Unlock()
+	d.amu.Lock()
+	if d.spareBytes+a.size > d.limit.Load()/4 {
+		d.amu.Unlock()
+		return false
+	}
+	a.idleGen++
+	gen := a.idleGen
+	d.spares = append(d.spares, a)
+	d.spareBytes += a.size
+	d.amu.Unlock()
+	time.AfterFunc(d.linger, func() { d.expireWhole(a, gen) })
+	return true
+}
+
+// takeWhole returns a spare of exactly size bytes of owner, with a new
+// allocation id (importers key their caches by it: the memory is another
+// allocation now), or nil.
+func (d *Device) takeWhole(size int64, owner uint32) *allocation {
+	d.amu.Lock()
+	i := slices.IndexFunc(d.spares, func(a *allocation) bool { return a.size == size && a.owner == owner })
+	if i < 0 {
+		d.amu.Unlock()
+		return nil
+	}
+	a := d.spares[i]
+	d.spares = slices.Delete(d.spares, i, i+1)
+	d.spareBytes -= a.size
+	a.idleGen++ // its expiry timer finds it taken
+	d.amu.Unlock()
+	a.id = newAllocID()
+	exports.Lock()
+	exports.m[a.handle] = a
+	exports.Unlock()
+	return a
+}
+
+// expireWhole frees a spare still parked since gen.
+func (d *Device) expireWhole(a *allocation, gen uint64) {
+	d.amu.Lock()
+	i := slices.Index(d.spares, a)
+	if i < 0 || a.idleGen != gen {
+		d.amu.Unlock()
+		return
+	}
+	d.spares = slices.Delete(d.spares, i, i+1)
+	d.spareBytes -= a.size
+	d.amu.Unlock()
+	if err := d.freeAllocation(a); err != nil {
+		log.Printf("%s: %v", d.name, err)
+	}
 }
 
 // expire frees an idle arena that stayed empty since it became idle (gen).
@@ -425,7 +509,15 @@ func (d *Device) reclaimIdleLocked() (int, error) {
 			first = err
 		}
 	}
-	return len(idle), first
+	spares := d.spares
+	d.spares, d.spareBytes = nil, 0
+	for _, a := range spares {
+		a.idleGen++
+		if err := d.freeAllocation(a); err != nil && first == nil {
+			first = err
+		}
+	}
+	return len(idle) + len(spares), first
 }
 
 // Close implements gpu.Device: it frees the staging buffers and streams and
