@@ -276,7 +276,7 @@ func (lc *leaseChan) run() {
 // lost and was closed.
 func (s *Service) adoptChan(lc *leaseChan) bool {
 	s.chanMu.Lock()
-	if s.closed2 {
+	if s.chansClosed {
 		s.chanMu.Unlock()
 		lc.close(nil)
 		return false
@@ -361,7 +361,7 @@ func (s *Service) serveLease(c *conn) {
 // closeChans ends every lease channel (at Close).
 func (s *Service) closeChans() {
 	s.chanMu.Lock()
-	s.closed2 = true
+	s.chansClosed = true
 	all := make([]*leaseChan, 0, len(s.chans))
 	for _, lc := range s.chans {
 		all = append(all, lc)

@@ -109,10 +109,10 @@ type Service struct {
 	instance string
 	imports  *importCache
 	// chans are the lease channels, by the peer's instance id.
-	chanMu  sync.Mutex
-	chans   map[string]*leaseChan
-	closed2 bool       // closeChans ran: no new channels
-	dialMu  sync.Mutex // one lease-channel dial at a time
+	chanMu      sync.Mutex
+	chans       map[string]*leaseChan
+	chansClosed bool       // closeChans ran: no new channels
+	dialMu      sync.Mutex // one lease-channel dial at a time
 
 	nextID   atomic.Uint64   // the last record id given
 	copies   [3]atomic.Int64 // local, ipc, tcp
