@@ -65,7 +65,9 @@ func (s *Service) exports(srcs []Source, c *conn, lc *leaseChan) (descs []IPCDes
 			return nil, func() {}, false
 		}
 		if lease != nil {
-			d.Leased = lc.hold(d.Export, lease)
+			// hold releases a duplicate itself; without a live channel
+			// (none yet, or ended) the lease is given back here.
+			d.Leased = lc != nil && lc.hold(d.Export, lease)
 			if !d.Leased {
 				lease.Release()
 			} else {

@@ -349,13 +349,17 @@ func (s *Service) chanTo(instance string) *leaseChan {
 
 // serveLease turns an accepted connection into a lease channel.
 func (s *Service) serveLease(c *conn) {
-	if err := c.sendJSON(frameOK, reply{}); err != nil {
+	// Adopted before the answer: the dialer's next request (a get that
+	// this node exports for) must find the channel to lease on.
+	lc := s.newChan(c, c.instance)
+	if !s.adoptChan(lc) {
 		return
 	}
-	lc := s.newChan(c, c.instance)
-	if s.adoptChan(lc) {
-		lc.run()
+	if err := c.sendJSON(frameOK, reply{}); err != nil {
+		lc.close(err)
+		return
 	}
+	lc.run()
 }
 
 // closeChans ends every lease channel (at Close).

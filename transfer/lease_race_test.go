@@ -252,3 +252,22 @@ func TestProcAddr(t *testing.T) {
 	require.Zero(t, handlePID("memfd:/proc/self/fd/7"))
 	require.Zero(t, handlePID("cuda:00"))
 }
+
+// TestExportsWithoutChannel: an exporter that returns a lease when there is
+// no lease channel to hold it on (none adopted yet, or ended) gets it back
+// at once, and the descriptor is not leased (the importer will not cache).
+// It crashed the serving goroutine once (a nil channel), under -race in CI.
+func TestExportsWithoutChannel(t *testing.T) {
+	var got *fakeLease
+	src := &exportSource{meta: Meta{DType: "U8", Shape: "1", NBytes: 1}, onExport: func(l *fakeLease) { got = l }}
+	s := &Service{}
+	descs, release, ok := s.exports([]Source{src}, &conn{imports: []string{"fake"}}, nil)
+	require.True(t, ok)
+	require.False(t, descs[0].Leased)
+	select {
+	case <-got.released:
+	default:
+		t.Fatal("the lease was not given back")
+	}
+	release()
+}
