@@ -148,8 +148,10 @@ func (ic *importCache) release(e *importEntry) {
 	}
 	for _, v := range evicted {
 		ic.closeEntry(v)
+		// The leases, given back; not on this goroutine: a failed send ends
+		// the channel, whose end waits for imports this copy may still hold.
 		for id, lc := range v.lease {
-			lc.sendIDs(frameRevoked, []uint64{id}) // the lease, given back
+			go lc.sendIDs(frameRevoked, []uint64{id})
 		}
 	}
 }
