@@ -4,13 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"os"
-	"strconv"
 	"strings"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/tensorfs/tensorfs/transfer"
 )
@@ -109,16 +108,8 @@ func copyCtx(ctx context.Context) context.Context {
 // program knows itself by its process id. tid itself when /proc does not
 // say (the thread is gone).
 func tgid(tid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
-	if err != nil {
-		return tid
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "Tgid:"); ok {
-			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
-				return n
-			}
-		}
+	if n, _, err := procStatus(unix.AT_FDCWD, fmt.Sprintf("/proc/%d/status", tid)); err == nil {
+		return n
 	}
 	return tid
 }

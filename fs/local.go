@@ -381,7 +381,7 @@ func (d *dest) Commit() (int, error) {
 		case d.rename && !stuck:
 			fd, ok := dirs[it.dirRel]
 			if !ok {
-				if fd, err = openDirWithin(d.fsys.mnt+it.dirRel, renameStuckAfter); err == nil {
+				if fd, err = openDirWithin(d.fsys.mnt + it.dirRel); err == nil {
 					dirs[it.dirRel] = fd
 				}
 			}
@@ -397,9 +397,7 @@ func (d *dest) Commit() (int, error) {
 				// go in place inside the daemon, without inotify events.
 				log.Printf("put %s/%s in place: the directory stayed locked for %v; renamed inside the daemon (no IN_MOVED_TO for the %d tensors left)", it.dirRel, it.final, renameStuckAfter, len(d.items)-d.done)
 			}
-		case d.rename:
-			err = it.dir.renameInternal(it.tmp, it.final)
-		default:
+		default: // no renames through the mount, or they got stuck
 			err = it.dir.renameInternal(it.tmp, it.final)
 		}
 		if err != nil {
@@ -437,18 +435,13 @@ var errStuck = errors.New("rename through the mount is stuck")
 // the internal one finds no temporary (ENOENT), and the kernel's result is
 // the outcome.
 func renameViaMount(fd int, it *destItem) (stuck bool, err error) {
-	done := make(chan error, 1)
-	go func() { done <- unix.Renameat(fd, it.tmp, fd, it.final) }()
-	t := time.NewTimer(renameStuckAfter)
-	defer t.Stop()
-	select {
-	case err := <-done:
+	late, err := bounded(func() error { return unix.Renameat(fd, it.tmp, fd, it.final) })
+	if late == nil {
 		return false, err
-	case <-t.C:
 	}
 	if err := it.dir.renameInternal(it.tmp, it.final); err != nil {
 		if errors.Is(err, syscall.ENOENT) {
-			return true, <-done // the kernel's rename got the temporary
+			return true, <-late // the kernel's rename got the temporary
 		}
 		return true, err
 	}
@@ -458,28 +451,37 @@ func renameViaMount(fd int, it *destItem) (stuck bool, err error) {
 // openDirWithin opens a destination directory (O_PATH) through the mount;
 // errStuck when the lookup does not finish in time (the same lock cycle
 // as renameViaMount's: a path walk waits on a locked directory).
-func openDirWithin(p string, limit time.Duration) (int, error) {
-	type res struct {
-		fd  int
-		err error
-	}
-	done := make(chan res, 1)
-	go func() {
-		fd, err := unix.Open(p, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		done <- res{fd, err}
-	}()
-	t := time.NewTimer(limit)
-	defer t.Stop()
-	select {
-	case r := <-done:
-		return r.fd, r.err
-	case <-t.C:
+func openDirWithin(p string) (int, error) {
+	fd := -1
+	late, err := bounded(func() (err error) {
+		fd, err = unix.Open(p, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		return err
+	})
+	if late != nil {
 		go func() {
-			if r := <-done; r.err == nil {
-				unix.Close(r.fd)
+			if <-late == nil {
+				unix.Close(fd) // opened after we gave up on it
 			}
 		}()
 		return -1, errStuck
+	}
+	return fd, err
+}
+
+// bounded runs call, a syscall on the mount, on its own goroutine and waits
+// at most renameStuckAfter for it. When it is late, late is non-nil and
+// delivers its result once it comes (and call's own variables may be read
+// only after that); else err is its result.
+func bounded(call func() error) (late <-chan error, err error) {
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	t := time.NewTimer(renameStuckAfter)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return nil, err
+	case <-t.C:
+		return done, nil
 	}
 }
 
