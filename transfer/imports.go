@@ -2,7 +2,6 @@ package transfer
 
 import (
 	"cmp"
-	"fmt"
 	"log"
 	"slices"
 	"sync"
@@ -252,8 +251,4 @@ func (ic *importCache) dropChan(lc *leaseChan) int {
 // until they release it.
 func (ic *importCache) closeAll() {
 	ic.drop(func(uint64, *leaseChan) bool { return true })
-}
-
-func (e *importEntry) String() string {
-	return fmt.Sprintf("allocation %d of %s", e.key.alloc, e.key.instance)
 }

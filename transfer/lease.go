@@ -99,38 +99,46 @@ func (lc *leaseChan) close(why error) {
 // hold and acquire take, so a lease being taken meanwhile either sees the
 // channel end or keeps it.
 func (lc *leaseChan) closeIfIdle() bool {
-	ic := lc.s.imports
-	ic.mu.Lock()
-	lc.mu.Lock()
-	idle := len(lc.held) == 0 && !ic.leasedThroughLocked(lc)
 	first := false
-	if idle {
-		lc.once.Do(func() { close(lc.done); first = true })
-	}
-	lc.mu.Unlock()
-	ic.mu.Unlock()
+	idle := lc.whileLocked(func(idle bool) {
+		if idle {
+			lc.once.Do(func() { close(lc.done); first = true })
+		}
+	})
 	if first {
 		lc.finish(nil)
 	}
 	return idle
 }
 
+// whileLocked runs fn with whether the channel carries no lease, under the
+// import cache's lock and the channel's (the order acquire takes them in),
+// and returns that.
+func (lc *leaseChan) whileLocked(fn func(idle bool)) bool {
+	ic := lc.s.imports
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	idle := len(lc.held) == 0 && !ic.leasedThroughLocked(lc)
+	fn(idle)
+	return idle
+}
+
 // finish does the work of closing, once.
 func (lc *leaseChan) finish(why error) {
-	{
-		lc.c.c.Close()
-		lc.s.chanMu.Lock()
-		if lc.s.chans[lc.instance] == lc {
-			delete(lc.s.chans, lc.instance)
-		}
-		lc.s.chanMu.Unlock()
-		n := lc.s.imports.dropChan(lc)
-		lc.mu.Lock()
-		held := len(lc.held)
-		lc.mu.Unlock()
-		if why != nil && (n > 0 || held > 0) {
-			log.Printf("peer %s: lease channel ended (%v): %d imports dropped, %d leases released", lc.peer, why, n, held)
-		}
+	lc.c.c.Close()
+	lc.s.chanMu.Lock()
+	if lc.s.chans[lc.instance] == lc {
+		delete(lc.s.chans, lc.instance)
+	}
+	lc.s.chanMu.Unlock()
+	n := lc.s.imports.dropChan(lc)
+	lc.mu.Lock()
+	held := len(lc.held)
+	lc.mu.Unlock()
+	if why != nil && (n > 0 || held > 0) {
+		log.Printf("peer %s: lease channel ended (%v): %d imports dropped, %d leases released", lc.peer, why, n, held)
 	}
 }
 
@@ -376,12 +384,5 @@ func (s *Service) closeChans() {
 	}
 }
 
-// isIdle is a lock-light look at whether the channel carries any lease.
-func (lc *leaseChan) isIdle() bool {
-	ic := lc.s.imports
-	ic.mu.Lock()
-	defer ic.mu.Unlock()
-	lc.mu.Lock()
-	defer lc.mu.Unlock()
-	return len(lc.held) == 0 && !ic.leasedThroughLocked(lc)
-}
+// isIdle reports whether the channel carries no lease now.
+func (lc *leaseChan) isIdle() bool { return lc.whileLocked(func(bool) {}) }
