@@ -133,26 +133,27 @@ func BenchmarkGPUIPCCopy1G(b *testing.B) {
 			}
 		}
 	})
-	b.Run("raw-ipc-dtod", func(b *testing.B) {
-		devs, err := cuda.Open(0)
-		mustNo(b, err)
-		defer func() {
-			for _, dv := range devs {
-				dv.Close()
-			}
-		}()
-		byName := map[string]gpu.Device{}
+	// The baselines run in this process, on the destination's device.
+	devs, err := cuda.Open(0)
+	mustNo(b, err)
+	defer func() {
 		for _, dv := range devs {
-			byName[dv.Name()] = dv
+			dv.Close()
 		}
-		h, err := getxErr(src, "user.tensorfs.ipc_handle")
+	}()
+	var dev gpu.Device
+	for _, dv := range devs {
+		if dv.Name() == devB {
+			dev = dv
+		}
+	}
+	b.Run("raw-ipc-dtod", func(b *testing.B) {
+		off, err := strconv.ParseInt(getx(b, src, "user.tensorfs.ipc_offset"), 10, 64)
 		mustNo(b, err)
-		off, err := strconv.ParseInt(mustGetx(b, src, "user.tensorfs.ipc_offset"), 10, 64)
-		mustNo(b, err)
-		imp, err := byName[devB].(gpu.Importer).Import(h, off, size)
+		imp, err := dev.(gpu.Importer).Import(getx(b, src, "user.tensorfs.ipc_handle"), off, size)
 		mustNo(b, err)
 		defer imp.Free()
-		dst, err := byName[devB].Alloc(size, 0)
+		dst, err := dev.Alloc(size, 0)
 		mustNo(b, err)
 		defer dst.Free()
 		mustNo(b, gpu.Copy(dst, 0, imp, 0, size)) // warm
@@ -172,19 +173,6 @@ func BenchmarkGPUIPCCopy1G(b *testing.B) {
 	// For reading the two above: the GPU's own copy rate now, between two
 	// buffers of this process on the destination's device.
 	b.Run("local-dtod", func(b *testing.B) {
-		devs, err := cuda.Open(0)
-		mustNo(b, err)
-		defer func() {
-			for _, dv := range devs {
-				dv.Close()
-			}
-		}()
-		var dev gpu.Device
-		for _, dv := range devs {
-			if dv.Name() == devB {
-				dev = dv
-			}
-		}
 		x, err := dev.Alloc(size, 0)
 		mustNo(b, err)
 		defer x.Free()
@@ -201,11 +189,4 @@ func BenchmarkGPUIPCCopy1G(b *testing.B) {
 	mustNo(b, os.Remove(src))
 	mustNo(b, os.Remove(filepath.Join(d.mnt, "t")))
 	time.Sleep(100 * time.Millisecond)
-}
-
-func mustGetx(b *testing.B, path, name string) string {
-	b.Helper()
-	v, err := getxErr(path, name)
-	mustNo(b, err)
-	return v
 }

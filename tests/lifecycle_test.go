@@ -190,27 +190,12 @@ func TestRevokeDuringIPCCopy(t *testing.T) {
 	ds := sameHost(t, []string{"a", "b"})
 	a, b := ds["a"], ds["b"]
 	const n = 256 << 20
-	require.NoError(t, os.WriteFile(a.path("big"), nil, 0o644))
-	require.NoError(t, os.Truncate(a.path("big"), n))
-	f, err := os.OpenFile(a.path("big"), os.O_WRONLY, 0)
-	require.NoError(t, err)
-	_, err = f.WriteAt([]byte("tail"), n-4)
-	require.NoError(t, err)
-	require.NoError(t, f.Close())
+	bigTensor(t, a.path("big"), n)
 	writeTensor(t, b.path("big"), []byte("old"))
-	done := make(chan error, 1)
-	go func() { done <- unix.Setxattr(b.path("big"), "user.tensorfs.copy_from", []byte("a:/big"), 0) }()
-	waitPinnedOrDone(t, a, done)
+	done := pullWhilePinned(t, a, b.path("big"), "a:/big")
 	require.NoError(t, os.Remove(a.path("big")))
-	err = <-done
-	if err == nil {
-		g, err := os.Open(b.path("big"))
-		require.NoError(t, err)
-		buf := make([]byte, 4)
-		_, err = g.ReadAt(buf, n-4)
-		require.NoError(t, err)
-		require.Equal(t, "tail", string(buf))
-		require.NoError(t, g.Close())
+	if err := <-done; err == nil {
+		requireTail(t, b.path("big"), n)
 	} else {
 		t.Logf("copy failed cleanly: %v", err)
 		requireContent(t, b.path("big"), []byte("old"))
@@ -227,12 +212,9 @@ func TestResizeDuringImport(t *testing.T) {
 	ds := sameHost(t, []string{"a", "b"})
 	a, b := ds["a"], ds["b"]
 	const n = 128 << 20
-	require.NoError(t, os.WriteFile(a.path("big"), nil, 0o644))
-	require.NoError(t, os.Truncate(a.path("big"), n))
+	bigTensor(t, a.path("big"), n)
 	writeTensor(t, b.path("big"), []byte("old"))
-	done := make(chan error, 1)
-	go func() { done <- unix.Setxattr(b.path("big"), "user.tensorfs.copy_from", []byte("a:/big"), 0) }()
-	waitPinnedOrDone(t, a, done)
+	done := pullWhilePinned(t, a, b.path("big"), "a:/big")
 	require.NoError(t, os.Truncate(a.path("big"), 2*n))
 	if err := <-done; err == nil {
 		st, err := os.Stat(b.path("big"))
@@ -279,16 +261,44 @@ func TestUnlinkWhileMapped(t *testing.T) {
 	require.NoError(t, unix.Munmap(mem))
 }
 
-// waitPinnedOrDone waits until the exporter pins the source for the copy
-// (the importer is reading it) or the copy has already ended (done, buffered,
-// holds its result: a GPU copy of a few hundred MiB takes well under a
-// millisecond, so the race is lost and the test checks the sequential case).
-func waitPinnedOrDone(t *testing.T, a *daemon, done chan error) {
+// pullWhilePinned starts copy_from of src into dst and returns once the
+// exporter a pins the source for it (the importer is reading) or the copy
+// has already ended (its result, buffered, is in the channel: a GPU copies
+// a few hundred MiB in well under a millisecond, so the race is then lost
+// and the test checks the sequential case).
+func pullWhilePinned(t *testing.T, a *daemon, dst, src string) chan error {
 	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- unix.Setxattr(dst, "user.tensorfs.copy_from", []byte(src), 0) }()
 	require.Eventually(t, func() bool { return a.stats().Live.Pins > 0 || len(done) > 0 }, 10*time.Second, time.Millisecond)
 	if len(done) > 0 {
 		t.Log("the copy ended before its pin was seen")
 	}
+	return done
+}
+
+// bigTensor makes a tensor of n zero bytes ending in "tail".
+func bigTensor(t *testing.T, path string, n int64) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(path, nil, 0o644))
+	require.NoError(t, os.Truncate(path, n))
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte("tail"), n-4)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+}
+
+// requireTail checks that the n-byte tensor at path ends in "tail".
+func requireTail(t *testing.T, path string, n int64) {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	buf := make([]byte, 4)
+	_, err = f.ReadAt(buf, n-4)
+	require.NoError(t, err)
+	require.Equal(t, "tail", string(buf))
 }
 
 // TestCopyCommitNotStuckBehindSourceLock: `rm` of a copy's source, in the
@@ -303,13 +313,7 @@ func TestCopyCommitNotStuckBehindSourceLock(t *testing.T) {
 	require.NoError(t, os.Mkdir(dir, 0o755))
 	src := dir + "/src"
 	const n = 1 << 30
-	require.NoError(t, os.WriteFile(src, nil, 0o644))
-	require.NoError(t, os.Truncate(src, n))
-	f, err := os.OpenFile(src, os.O_WRONLY, 0)
-	require.NoError(t, err)
-	_, err = f.WriteAt([]byte("tail"), n-4)
-	require.NoError(t, err)
-	require.NoError(t, f.Close())
+	bigTensor(t, src, n)
 
 	copied := make(chan error, 1)
 	start := time.Now()
@@ -334,14 +338,8 @@ func TestCopyCommitNotStuckBehindSourceLock(t *testing.T) {
 			t.Fatalf("%s still blocked after 20 s: the copy's commit and rm wait on each other\n%s", name, d.log.String())
 		}
 	}
-	g, err := os.Open(dir + "/dst")
-	require.NoError(t, err)
-	buf := make([]byte, 4)
-	_, err = g.ReadAt(buf, n-4)
-	require.NoError(t, err)
-	require.Equal(t, "tail", string(buf))
-	require.NoError(t, g.Close())
-	_, err = os.Stat(src)
+	requireTail(t, dir+"/dst", n)
+	_, err := os.Stat(src)
 	require.True(t, os.IsNotExist(err), "%v", err)
 	// rm began once the copy ran (the kernel held the source's lock), so it
 	// held the directory when the copy committed: the fallback must have run.

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -205,26 +206,21 @@ func TestHostilePutDescriptors(t *testing.T) {
 // process (another daemon, e.g. of another cluster with another secret) is
 // refused (EXDEV: the peer must send the bytes itself), never read.
 func TestPutNamingAnotherProcessRefused(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("python3 is needed to hold a memfd in another process")
-	}
-	cmd := exec.Command(py, "-c", `import os,sys
-fd = os.memfd_create("tensorfs")
-os.ftruncate(fd, 4096)
-os.pwrite(fd, b"secret", 0)
-print(fd, flush=True)
-sys.stdin.read()`)
-	stdin, err := cmd.StdinPipe()
+	fd, err := unix.MemfdCreate("tensorfs", unix.MFD_CLOEXEC)
 	require.NoError(t, err)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
+	mem := os.NewFile(uintptr(fd), "memfd")
+	defer mem.Close()
+	require.NoError(t, mem.Truncate(4096))
+	// Another process holds it, as its fd 3.
+	cmd := exec.Command("sleep", "60")
+	cmd.ExtraFiles = []*os.File{mem}
 	require.NoError(t, cmd.Start())
-	defer func() { stdin.Close(); cmd.Wait() }()
-	var fd int
-	_, err = fmt.Fscan(out, &fd)
-	require.NoError(t, err)
-	handle := fmt.Sprintf("memfd:/proc/%d/fd/%d", cmd.Process.Pid, fd)
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	handle := fmt.Sprintf("memfd:/proc/%d/fd/3", cmd.Process.Pid)
+	require.Eventually(t, func() bool {
+		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/3", cmd.Process.Pid))
+		return err == nil && strings.HasPrefix(target, "/memfd:tensorfs")
+	}, 5*time.Second, time.Millisecond, "the child holds the memfd")
 
 	local := newMemLocal()
 	srv := startServer(t, "srv", local, testSecret, func(c *Config) { c.HostID = "raw" })
