@@ -3,7 +3,6 @@ package fs
 import (
 	"log"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 
@@ -74,32 +73,25 @@ func (m *bufferMapping) onDevice(device string) gpu.Buffer {
 }
 
 // Importers returns the handle openers the peer service needs beyond memfd
-// (transfer.Config.Importers): "cuda" when the store has a CUDA device, which
-// imports on the first such device (a copy into a tensor on another GPU
-// imports once more there: bufferMapping.onDevice). Empty otherwise.
+// (transfer.Config.Importers): "cuda" when the store has a CUDA device that
+// imports, opening on the device Store.Import picks (a copy into a tensor on
+// another GPU imports once more there: bufferMapping.onDevice). Empty
+// otherwise.
 func Importers(store *tensor.Store) map[string]func(handle string) (transfer.Mapping, error) {
 	m := map[string]func(string) (transfer.Mapping, error){}
-	names := store.DeviceNames()
-	slices.Sort(names)
-	for _, name := range names {
+	for _, name := range store.DeviceNames() {
 		dev, err := store.Device(name)
-		if err != nil {
-			continue
-		}
-		imp, ok := dev.(gpu.Importer)
-		if !ok || name == gpu.HostName {
-			continue
-		}
-		if _, done := m["cuda"]; done {
+		if _, ok := dev.(gpu.Importer); err != nil || !ok || !strings.HasPrefix(name, "cuda:") {
 			continue
 		}
 		m["cuda"] = func(handle string) (transfer.Mapping, error) {
-			b, err := imp.Import(handle, 0, 0)
+			b, err := store.Import(handle, 0, 0)
 			if err != nil {
 				return nil, err
 			}
 			return &bufferMapping{Buffer: b, store: store}, nil
 		}
+		break
 	}
 	return m
 }
