@@ -308,7 +308,9 @@ func requireTail(t *testing.T, path string, n int64) {
 // lock. Neither may wait forever: past a bound the copy puts its tensor in
 // place inside the daemon (logged), and both calls return.
 func TestCopyCommitNotStuckBehindSourceLock(t *testing.T) {
-	d := startDaemon(t)
+	// Host memory: rm must come while the copy runs, and a GPU copies 1 GiB
+	// in well under the time rm takes to start.
+	d := startDaemon(t, "--device", "host")
 	dir := d.path("dir")
 	require.NoError(t, os.Mkdir(dir, 0o755))
 	src := dir + "/src"
