@@ -99,7 +99,8 @@ func (f *FS) within(p string, dir *Dir) bool {
 // to the request), but carrying its caller's pid for the copy's records.
 func copyCtx(ctx context.Context) context.Context {
 	if c, ok := fuse.FromContext(ctx); ok {
-		return transfer.WithCaller(context.Background(), tgid(int(c.Pid)))
+		tid := int(c.Pid)
+		return transfer.WithCallerLookup(context.Background(), func() int { return tgid(tid) })
 	}
 	return context.Background()
 }

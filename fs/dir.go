@@ -5,6 +5,7 @@ import (
 	"sort"
 	"sync"
 	"syscall"
+	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -76,11 +77,32 @@ func (d *Dir) template() tensor.Template {
 	return t
 }
 
+// invalidateAttr tells the kernel to drop the attributes it caches for d
+// (after a change the daemon made itself, not through the mount). It takes
+// no inode lock in the kernel (FUSE_NOTIFY_INVAL_INODE with a negative
+// offset only marks the attributes stale), so it is safe from inside any
+// request, the deadlock trap's included. A directory the kernel has not
+// looked up has nothing cached: that error is expected and ignored.
+func (d *Dir) invalidateAttr() {
+	d.NotifyContent(-1, 0)
+}
+
 // isRoot reports whether d is the mount's root directory.
 func (d *Dir) isRoot() bool { return d == d.fsys.root }
 
+// dirAttrTimeout is how long the kernel may keep a directory's attributes.
+// With default_permissions the kernel checks the directory's mode before
+// every lookup, create, unlink and rename in it; with a timeout of 0 each
+// check is a GETATTR round trip (four per rename). A directory's attributes
+// change only through the kernel (setattr, entries made or removed through
+// the mount, after which the kernel drops what it cached) or through
+// mkdirAll, which tells the kernel (invalidateAttr), so caching them never
+// shows a stale value. Tensor files keep 0: peers change their size.
+const dirAttrTimeout = time.Second
+
 // Getattr implements gofs.NodeGetattrer.
 func (d *Dir) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.SetTimeout(dirAttrTimeout)
 	d.meta.fill(&out.Attr)
 	out.Nlink = 2
 	out.Size = blockSize
@@ -114,6 +136,7 @@ func (d *Dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gof
 		return nil, errno
 	}
 	out.Attr = a.Attr
+	out.SetAttrTimeout(a.Timeout())
 	return c, 0
 }
 
@@ -135,6 +158,7 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 	var a fuse.AttrOut
 	child.Getattr(ctx, nil, &a)
 	out.Attr = a.Attr
+	out.SetAttrTimeout(a.Timeout())
 	return in, 0
 }
 

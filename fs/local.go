@@ -22,6 +22,13 @@ import (
 // place; directory copies skip them.
 const tmpPrefix = ".tensorfs-tmp-"
 
+// tmpMode is a copy's temporary's mode until Commit gives it copyMode, the
+// mode of a tensor a copy creates.
+const (
+	tmpMode  = 0o600
+	copyMode = 0o644
+)
+
 // errf returns a transfer.Error with an errno, for copies.
 func errf(errno syscall.Errno, format string, args ...any) error {
 	return &transfer.Error{Errno: errno, Msg: fmt.Sprintf(format, args...)}
@@ -251,6 +258,9 @@ func (d *dest) add(dir *Dir, dirRel, name string, m transfer.Meta, adoptTarget g
 	if err != nil {
 		return err
 	}
+	// The copy writes every byte before the tensor is in place (a failed
+	// one is dropped unseen), so its memory need not be cleared first.
+	tmpl.Uninit = true
 	item := destItem{dir: dir, dirRel: dirRel, final: name}
 	existing := dir.child(name)
 	if existing != nil {
@@ -281,7 +291,10 @@ func (d *dest) add(dir *Dir, dirRel, name string, m transfer.Meta, adoptTarget g
 		return err
 	}
 	nf := &File{fsys: d.fsys, t: t}
-	nf.meta.init(context.Background(), 0o644)
+	// Owner-only until Commit: the temporary's name can be looked up, and
+	// until the copy has written it, its memory may hold what an earlier
+	// tensor of the same owner left there (Template.Uninit).
+	nf.meta.init(context.Background(), tmpMode)
 	dir.meta.mu.Lock()
 	nf.meta.uid, nf.meta.gid = dir.meta.uid, dir.meta.gid
 	dir.meta.mu.Unlock()
@@ -330,13 +343,17 @@ func (f *FS) mkdirAll(p string) (*Dir, error) {
 		}
 		cur.mu.Lock()
 		in := cur.entries[c]
-		if in == nil {
+		made := in == nil
+		if made {
 			nd := &Dir{fsys: f, tmpl: cur.template()}
 			nd.meta.init(context.Background(), 0o755)
 			in = cur.NewPersistentInode(context.Background(), nd, gofs.StableAttr{Mode: syscall.S_IFDIR})
 			cur.setEntry(c, in)
 		}
 		cur.mu.Unlock()
+		if made {
+			cur.invalidateAttr() // its nlink counts the new subdirectory
+		}
 		next, ok := in.Operations().(*Dir)
 		if !ok {
 			return nil, errf(syscall.ENOTDIR, "%s: %s is a file", p, c)
@@ -369,6 +386,11 @@ func (d *dest) Commit() (int, error) {
 	stuck := false
 	for d.done < len(d.items) {
 		it := &d.items[d.done]
+		if it.f != nil {
+			it.f.meta.mu.Lock()
+			it.f.meta.mode = copyMode
+			it.f.meta.mu.Unlock()
+		}
 		var err error
 		switch {
 		case it.target != nil:

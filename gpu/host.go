@@ -75,9 +75,15 @@ type spare struct {
 	mem   []byte
 	freed time.Time
 	// zeroed is closed once mem is all zeros (large spares are cleared in
-	// the background after their free; small ones at reuse).
+	// the background after their free; small ones at reuse), or once the
+	// background clear has stopped for a taker that set stop.
 	zeroed chan struct{}
+	stop   atomic.Bool
 }
+
+// zeroStep is the bytes the background clear of a large spare clears
+// between looks at spare.stop.
+const zeroStep = 4 << 20
 
 func (sp *spare) large() bool { return int64(len(sp.mem)) > spareMaxSize }
 
@@ -147,9 +153,10 @@ func (h *Host) Close() error {
 	return nil
 }
 
-// release unmaps and closes a spare, once its background zeroing is over.
+// release unmaps and closes a spare, once its background zeroing has stopped.
 func (sp *spare) release() {
 	if sp.zeroed != nil {
+		sp.stop.Store(true) // no need to clear what is unmapped
 		<-sp.zeroed
 	}
 	unix.Munmap(sp.mem)
@@ -180,13 +187,24 @@ func committed(n int64) int64 { return (n + pageSize - 1) / pageSize * pageSize 
 // Alloc implements Device. Every host buffer is its own memfd, so owner needs
 // no separation here (it keys the recycling of freed buffers).
 func (h *Host) Alloc(nbytes int64, owner uint32) (Buffer, error) {
+	return h.alloc(nbytes, owner, false)
+}
+
+// AllocUninit implements gpu.UninitAllocator: a recycled buffer of owner is
+// handed out as it is (its background clear, if still running, is
+// stopped); a new memfd is zero anyway.
+func (h *Host) AllocUninit(nbytes int64, owner uint32) (Buffer, error) {
+	return h.alloc(nbytes, owner, true)
+}
+
+func (h *Host) alloc(nbytes int64, owner uint32, uninit bool) (Buffer, error) {
 	if nbytes <= 0 || int64(int(nbytes)) != nbytes || nbytes > 1<<62 {
 		return nil, fmt.Errorf("host alloc of %d bytes: %w", nbytes, ErrInvalidSize)
 	}
 	if err := h.reserve(committed(nbytes)); err != nil {
 		return nil, err
 	}
-	if b := h.reuse(nbytes, owner); b != nil {
+	if b := h.reuse(nbytes, owner, uninit); b != nil {
 		return b, nil
 	}
 	// New memory: kept buffers give up the room it needs under the cap.
@@ -199,8 +217,9 @@ func (h *Host) Alloc(nbytes int64, owner uint32) (Buffer, error) {
 	return b, nil
 }
 
-// reuse returns a zeroed recycled buffer of exactly n bytes of owner, or nil.
-func (h *Host) reuse(n int64, owner uint32) *hostBuffer {
+// reuse returns a recycled buffer of exactly n bytes of owner, or nil:
+// zeroed, or as its last owner left it when uninit.
+func (h *Host) reuse(n int64, owner uint32, uninit bool) *hostBuffer {
 	k := spareKey{n, owner}
 	h.spareMu.Lock()
 	l := h.spares[k]
@@ -212,9 +231,13 @@ func (h *Host) reuse(n int64, owner uint32) *hostBuffer {
 	h.spares[k] = l[:len(l)-1]
 	h.spareBytes -= committed(n)
 	h.spareMu.Unlock()
-	if sp.zeroed != nil {
+	switch {
+	case sp.zeroed != nil:
+		if uninit {
+			sp.stop.Store(true)
+		}
 		<-sp.zeroed
-	} else {
+	case !uninit:
 		clear(sp.mem)
 	}
 	return &hostBuffer{dev: h, id: NewAllocID(), fd: sp.fd, mem: sp.mem, owner: owner}
@@ -274,8 +297,10 @@ func (h *Host) keep(fd int, mem []byte, owner uint32) bool {
 	if sp.large() {
 		sp.zeroed = make(chan struct{})
 		go func() {
-			clear(sp.mem)
-			close(sp.zeroed)
+			defer close(sp.zeroed)
+			for off := 0; off < len(sp.mem) && !sp.stop.Load(); off += zeroStep {
+				clear(sp.mem[off:min(off+zeroStep, len(sp.mem))])
+			}
 		}()
 	}
 	k := spareKey{n, owner}

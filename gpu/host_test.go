@@ -182,3 +182,58 @@ func TestHostRecyclesLargeBuffers(t *testing.T) {
 		return len(h.spares) == 0 && h.spareBytes == 0
 	}, 5*time.Second, 50*time.Millisecond, "large spares are released when idle")
 }
+
+// TestHostAllocUninit: AllocUninit hands a recycled buffer of the same owner
+// over without clearing it (small: as it was; large: the background clear
+// stopped, whatever it had done), every byte still writable; memory of
+// another owner, and new memory, read as zeros; Alloc still zeroes.
+func TestHostAllocUninit(t *testing.T) {
+	h, err := NewHost(256 << 20)
+	require.NoError(t, err)
+	defer h.Close()
+	for _, size := range []int64{64 << 10, 64 << 20} {
+		old := bytes.Repeat([]byte{0xa5}, int(size))
+		a, err := h.Alloc(size, 1000)
+		require.NoError(t, err)
+		_, err = a.WriteAt(old, 0)
+		require.NoError(t, err)
+		addr := a.Addr()
+		require.NoError(t, a.Free())
+
+		other, err := h.AllocUninit(size, 1001)
+		require.NoError(t, err)
+		require.NotEqual(t, addr, other.Addr(), "another owner never gets the spare")
+		got := make([]byte, size)
+		_, err = other.ReadAt(got, 0)
+		require.NoError(t, err)
+		require.Equal(t, make([]byte, size), got, "new memory is zero")
+		require.NoError(t, other.Free())
+
+		b, err := AllocUninit(h, size, 1000)
+		require.NoError(t, err)
+		require.Equal(t, addr, b.Addr(), "same size and owner reuses it")
+		_, err = b.ReadAt(got, 0)
+		require.NoError(t, err)
+		if size <= spareMaxSize {
+			// (A large one holds whatever its stopped clear left.)
+			require.Equal(t, old, got, "a small spare is handed over as it was")
+		}
+		// The background clear has stopped: what the caller writes stays.
+		fill := bytes.Repeat([]byte{0x3c}, int(size))
+		_, err = b.WriteAt(fill, 0)
+		require.NoError(t, err)
+		time.Sleep(10 * time.Millisecond)
+		_, err = b.ReadAt(got, 0)
+		require.NoError(t, err)
+		require.Equal(t, fill, got, "nothing clears the buffer under its new owner")
+		require.NoError(t, b.Free())
+
+		c, err := h.Alloc(size, 1000)
+		require.NoError(t, err)
+		require.Equal(t, addr, c.Addr())
+		_, err = c.ReadAt(got, 0)
+		require.NoError(t, err)
+		require.Equal(t, make([]byte, size), got, "Alloc still zeroes")
+		require.NoError(t, c.Free())
+	}
+}

@@ -196,13 +196,19 @@ type Template struct {
 	// Owner is the uid of the tensor's creator: tensors of different owners
 	// never share an exported allocation.
 	Owner uint32
+	// Uninit lets the tensor's first allocation keep the bytes an earlier
+	// tensor of the same owner left in recycled memory
+	// (gpu.UninitAllocator), for a creator that overwrites all of them
+	// before anyone can read the tensor: a copy's temporary. Otherwise a
+	// new tensor reads as zeros.
+	Uninit bool
 }
 
 // New creates a tensor from a template, allocated and registered at once when
 // the template has a shape. The tensor starts linked (it has a name) with no
 // open handle. Errors: those of SetShape.
 func (s *Store) New(tmpl Template) (*Tensor, error) {
-	t := &Tensor{s: s, owner: tmpl.Owner, dtype: tmpl.DType, device: tmpl.Device, linked: true, handles: map[*Handle]struct{}{}}
+	t := &Tensor{s: s, owner: tmpl.Owner, dtype: tmpl.DType, device: tmpl.Device, linked: true, handles: map[*Handle]struct{}{}, uninit: tmpl.Uninit}
 	if t.device == "" {
 		t.device = s.def.Name()
 	}

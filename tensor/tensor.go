@@ -40,6 +40,9 @@ type Tensor struct {
 	linked   bool
 	handles  map[*Handle]struct{}
 	released bool
+	// uninit: the first allocation may keep recycled bytes
+	// (Template.Uninit); cleared once it is made.
+	uninit bool
 }
 
 // Info is a snapshot of a tensor's metadata, for attributes and xattrs.
@@ -88,7 +91,13 @@ func (t *Tensor) newAllocation(n int64) (*allocation, error) {
 	if err != nil {
 		return nil, err
 	}
-	buf, err := dev.Alloc(n, t.owner)
+	var buf gpu.Buffer
+	if t.uninit {
+		t.uninit = false
+		buf, err = gpu.AllocUninit(dev, n, t.owner)
+	} else {
+		buf, err = dev.Alloc(n, t.owner)
+	}
 	if err != nil {
 		return nil, err
 	}

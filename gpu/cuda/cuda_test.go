@@ -721,3 +721,53 @@ func TestWholeAllocationsRecycled(t *testing.T) {
 	require.NoError(t, e.Free())
 	require.Eventually(t, func() bool { return d.MemInfo().Used == 0 }, time.Second, 5*time.Millisecond, "freed after the linger")
 }
+
+// TestAllocUninit: a whole allocation recycled for its owner keeps its
+// first nbytes as they were and has its tail (which an import of the
+// allocation reaches) cleared; a fresh allocation and an arena piece are
+// zeroed as by Alloc.
+func TestAllocUninit(t *testing.T) {
+	_, devs := openFake(t, 1, 0)
+	d := devs[0]
+	d.linger = time.Hour
+	const size = 4 * ArenaSize
+	a, err := d.Alloc(size, 7)
+	require.NoError(t, err)
+	_, err = a.WriteAt(bytes.Repeat([]byte{0xa5}, size), 0)
+	require.NoError(t, err)
+	addr := a.Addr()
+	require.NoError(t, a.Free())
+
+	const n = size - 4096 // its tail is in the allocation: cleared
+	b, err := gpu.AllocUninit(d, n, 7)
+	require.NoError(t, err)
+	require.Equal(t, addr, b.Addr(), "the spare was reused")
+	p := make([]byte, 4)
+	_, err = b.ReadAt(p, 0)
+	require.NoError(t, err)
+	require.Equal(t, []byte{0xa5, 0xa5, 0xa5, 0xa5}, p, "not cleared")
+	tail := make([]byte, 4096)
+	require.NoError(t, d.dtoh(tail, b.(*buffer).a.base+devptr(n)))
+	require.Equal(t, make([]byte, 4096), tail, "the tail past nbytes is cleared")
+	require.NoError(t, b.Free())
+
+	fresh, err := d.AllocUninit(size, 8)
+	require.NoError(t, err)
+	require.NotEqual(t, addr, fresh.Addr())
+	_, err = fresh.ReadAt(p, 0)
+	require.NoError(t, err)
+	require.Equal(t, make([]byte, 4), p, "fresh memory is zeroed")
+	require.NoError(t, fresh.Free())
+
+	piece, err := d.Alloc(64<<10, 9)
+	require.NoError(t, err)
+	_, err = piece.WriteAt([]byte{1, 2, 3, 4}, 0)
+	require.NoError(t, err)
+	require.NoError(t, piece.Free())
+	again, err := d.AllocUninit(64<<10, 9)
+	require.NoError(t, err)
+	_, err = again.ReadAt(p, 0)
+	require.NoError(t, err)
+	require.Equal(t, make([]byte, 4), p, "arena pieces are zeroed")
+	require.NoError(t, again.Free())
+}

@@ -254,15 +254,32 @@ func (d *Device) Alloc(nbytes int64, owner uint32) (gpu.Buffer, error) {
 		return nil, fmt.Errorf("%s is closed: %w", d.name, gpu.ErrFreed)
 	}
 	if nbytes >= ArenaSize {
-		return d.allocWhole(nbytes, owner)
+		return d.allocWhole(nbytes, owner, false)
 	}
 	return d.allocPiece(nbytes, owner)
 }
 
-// allocWhole gives a large buffer an allocation of its own.
-func (d *Device) allocWhole(nbytes int64, owner uint32) (gpu.Buffer, error) {
+// AllocUninit implements gpu.UninitAllocator: a whole allocation of owner
+// kept from an earlier free is handed out without clearing its first nbytes
+// (its tail past nbytes is cleared). Memory fresh from cuMemAlloc may hold
+// bytes of another owner's freed allocation, and arena pieces share an
+// arena whose ranges are not tracked, so both are zeroed as by Alloc.
+func (d *Device) AllocUninit(nbytes int64, owner uint32) (gpu.Buffer, error) {
+	if nbytes < ArenaSize || nbytes > 1<<62 || d.closed.Load() {
+		return d.Alloc(nbytes, owner)
+	}
+	return d.allocWhole(nbytes, owner, true)
+}
+
+// allocWhole gives a large buffer an allocation of its own; with uninit, a
+// recycled one keeps its first nbytes as they are.
+func (d *Device) allocWhole(nbytes int64, owner uint32, uninit bool) (gpu.Buffer, error) {
 	size := roundUp(nbytes, ArenaSize)
 	a := d.takeWhole(size, owner)
+	from := int64(0) // the bytes from here on are cleared
+	if a != nil && uninit {
+		from = nbytes
+	}
 	var err error
 	if a == nil {
 		a, err = d.newAllocation(size, owner, false)
@@ -276,9 +293,11 @@ func (d *Device) allocWhole(nbytes int64, owner uint32) (gpu.Buffer, error) {
 		return nil, err
 	}
 	b := &buffer{dev: d, a: a, size: nbytes, span: a.size, seq: bufferSeq.Add(1)}
-	if err := d.zero(a.base, a.size); err != nil {
-		d.freeAllocation(a)
-		return nil, err
+	if from < a.size {
+		if err := d.zero(a.base+devptr(from), a.size-from); err != nil {
+			d.freeAllocation(a)
+			return nil, err
+		}
 	}
 	return b, nil
 }
