@@ -117,6 +117,8 @@ func BenchmarkGPUIPCCopy1G(b *testing.B) {
 			mustNo(b, unix.Setxattr(src, "user.tensorfs.copy_to", []byte("b:/t"), 0))
 		}
 		b.StopTimer()
+		reportPhases(b, d.mnt, b.N)
+		reportTook(b, a.mnt, b.N, "src-us")
 		s := benchStats(b, d.mnt)
 		if s.Copies["ipc"] < b.N || s.Copies["tcp"] != 0 {
 			b.Fatalf("copies %v: want every copy on the ipc path", s.Copies)

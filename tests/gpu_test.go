@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorfs/tensorfs/gpu/cuda"
+	"github.com/tensorfs/tensorfs/transfer"
 )
 
 var gpuProbe struct {
@@ -575,6 +576,67 @@ func gpuWriteAll(b *testing.B, fd int, buf []byte) {
 }
 
 // benchStats reads the mount's stats document.
+// reportPhases reports the mean time by phase (transfer.PhaseReport: the
+// destination's prepare, data and commit, in µs) of the last n transfers
+// that the daemon mounted at mnt received (at most the 16 stats keeps), as
+// the metrics prepare-us, data-us and commit-us, and their mean took_us as
+// dst-us: where a copy's time goes.
+func reportPhases(b *testing.B, mnt string, n int) {
+	b.Helper()
+	type rec struct {
+		PhaseUS *transfer.PhaseReport `json:"phase_us"`
+		TookUS  int64                 `json:"took_us"`
+	}
+	var recs []rec
+	for _, raw := range benchStats(b, mnt).Transfers.Recent {
+		var r rec
+		mustNo(b, json.Unmarshal(raw, &r))
+		if r.PhaseUS != nil {
+			recs = append(recs, r)
+		}
+	}
+	recs = recs[max(0, len(recs)-n):]
+	if len(recs) == 0 {
+		b.Fatalf("%s: no received transfer with phase times in stats", mnt)
+	}
+	var sum transfer.PhaseReport
+	var took int64
+	for _, r := range recs {
+		sum.Prepare += r.PhaseUS.Prepare
+		sum.Data += r.PhaseUS.Data
+		sum.Commit += r.PhaseUS.Commit
+		took += r.TookUS
+	}
+	k := float64(len(recs))
+	b.ReportMetric(float64(took)/k, "dst-us")
+	b.ReportMetric(float64(sum.Prepare)/k, "prepare-us")
+	b.ReportMetric(float64(sum.Data)/k, "data-us")
+	b.ReportMetric(float64(sum.Commit)/k, "commit-us")
+}
+
+// reportTook reports the mean took_us of the last n transfers the daemon
+// at mnt sent or received, as metric unit (e.g. "src-us").
+func reportTook(b *testing.B, mnt string, n int, unit string) {
+	b.Helper()
+	var took []int64
+	for _, raw := range benchStats(b, mnt).Transfers.Recent {
+		var r struct {
+			TookUS int64 `json:"took_us"`
+		}
+		mustNo(b, json.Unmarshal(raw, &r))
+		took = append(took, r.TookUS)
+	}
+	took = took[max(0, len(took)-n):]
+	if len(took) == 0 {
+		b.Fatalf("%s: no transfer in stats", mnt)
+	}
+	var sum int64
+	for _, t := range took {
+		sum += t
+	}
+	b.ReportMetric(float64(sum)/float64(len(took)), unit)
+}
+
 func benchStats(b *testing.B, mnt string) statsDoc {
 	b.Helper()
 	v, err := getxErr(mnt, "user.tensorfs.stats")

@@ -109,6 +109,8 @@ func BenchmarkPeerCopy1G(b *testing.B) {
 			removeDst()
 			b.StartTimer()
 		}
+		b.StopTimer()
+		reportPhases(b, d.mnt, b.N)
 		a.requireTCPCopies(copies)
 	})
 	b.Run("raw-new", func(b *testing.B) {
@@ -155,6 +157,8 @@ func BenchmarkPeerCopy1G(b *testing.B) {
 			d.waitLiveBytes(peerBigSize)
 			b.StartTimer()
 		}
+		b.StopTimer()
+		reportPhases(b, d.mnt, b.N)
 		peerBenchCheckFile(b, dst, data, true)
 		a.requireTCPCopies(copies)
 	})
@@ -221,6 +225,11 @@ func BenchmarkPeerTree1000x64K(b *testing.B) {
 				ops++
 			}
 			b.ReportMetric(float64(peerTreeN)*float64(b.N)/b.Elapsed().Seconds(), "tensors/s")
+			if mode == "dir" {
+				reportPhases(b, d.mnt, b.N) // per directory copy
+			} else {
+				reportPhases(b, d.mnt, 16) // per file: the last ones stats keeps
+			}
 			ents, err := os.ReadDir(dstDir)
 			mustNo(b, err)
 			if len(ents) != peerTreeN {

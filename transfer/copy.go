@@ -249,28 +249,36 @@ func (s *Service) receive(ctx context.Context, c *conn, peer, remotePath, dst st
 		}
 		defer s.releaseAll(entries)
 	}
-	dest, err := prepare(r.Dir, r.Tensors)
+	var dest Dest
+	err = rec.timed(PhasePrepare, func() (err error) {
+		dest, err = prepare(r.Dir, r.Tensors)
+		return err
+	})
 	if err != nil {
 		if path == "ipc" {
 			c.sendError(err)
 		}
 		return 0, false, err
 	}
-	if path == "ipc" {
-		err = c.whileSilent(func() error { return copyExports(entries, r.IPC, r.Tensors, dest, s.cfg.ChunkSize, rec) })
+	err = rec.timed(PhaseData, func() error {
+		if path == "tcp" {
+			return s.receiveTCP(c, peer, r, dest, rec)
+		}
+		err := c.whileSilent(func() error { return copyExports(entries, r.IPC, r.Tensors, dest, s.cfg.ChunkSize, rec) })
 		if err != nil {
 			c.sendError(err)
-		} else {
-			err = c.sendJSON(frameDone, doneMsg{})
+			return err
 		}
-	} else {
-		err = s.receiveTCP(c, peer, r, dest, rec)
-	}
+		return c.sendJSON(frameDone, doneMsg{})
+	})
 	if err != nil {
 		dest.Abort()
 		return 0, false, err
 	}
-	n, err = dest.Commit()
+	err = rec.timed(PhaseCommit, func() (err error) {
+		n, err = dest.Commit()
+		return err
+	})
 	return n, false, err
 }
 
@@ -289,9 +297,11 @@ func (s *Service) servePut(c *conn, req request) error {
 	}
 	rec, end := s.Track(c.peer, req.Path, "tcp", total, int64(len(req.Tensors)))
 	var dest Dest
-	err := c.whileSilent(func() (err error) {
-		dest, err = s.local.Put(req.Path, req.Dir, req.Tensors)
-		return err
+	err := rec.timed(PhasePrepare, func() error {
+		return c.whileSilent(func() (err error) {
+			dest, err = s.local.Put(req.Path, req.Dir, req.Tensors)
+			return err
+		})
 	})
 	if err != nil {
 		end(err)
@@ -319,16 +329,22 @@ func (s *Service) servePut(c *conn, req request) error {
 	// At a failure recvChunks aborts dest, then the sender hears why on c;
 	// recvChunks then reads on until the sender stops, so c stays in step
 	// for the next request.
-	extras, _, err := s.recvChunks(c, joins, k-1, false, dest, req.Tensors, chunk, rec, dest.Abort, func(err error) { c.sendError(err) })
+	var extras []*stream
+	err = rec.timed(PhaseData, func() (err error) {
+		extras, _, err = s.recvChunks(c, joins, k-1, false, dest, req.Tensors, chunk, rec, dest.Abort, func(err error) { c.sendError(err) })
+		return err
+	})
 	pend.close(extras)
 	if err != nil {
 		end(err)
 		return err
 	}
 	var n int
-	err = c.whileSilent(func() (err error) {
-		n, err = dest.Commit()
-		return err
+	err = rec.timed(PhaseCommit, func() error {
+		return c.whileSilent(func() (err error) {
+			n, err = dest.Commit()
+			return err
+		})
 	})
 	end(err)
 	if err != nil {
@@ -361,16 +377,25 @@ func (s *Service) servePutIPC(c *conn, req request) error {
 	rec, end := s.Track(c.peer, req.Path, "ipc", total, int64(len(req.Tensors)))
 	var n int
 	err = c.whileSilent(func() error {
-		dest, err := s.local.Put(req.Path, req.Dir, req.Tensors)
+		var dest Dest
+		err := rec.timed(PhasePrepare, func() (err error) {
+			dest, err = s.local.Put(req.Path, req.Dir, req.Tensors)
+			return err
+		})
 		if err != nil {
 			return err
 		}
-		if err := copyExports(entries, req.IPC, req.Tensors, dest, s.cfg.ChunkSize, rec); err != nil {
+		err = rec.timed(PhaseData, func() error {
+			return copyExports(entries, req.IPC, req.Tensors, dest, s.cfg.ChunkSize, rec)
+		})
+		if err != nil {
 			dest.Abort()
 			return err
 		}
-		n, err = dest.Commit()
-		return err
+		return rec.timed(PhaseCommit, func() (err error) {
+			n, err = dest.Commit()
+			return err
+		})
 	})
 	end(err)
 	if err != nil {

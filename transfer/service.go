@@ -131,17 +131,47 @@ const (
 // Record is one transfer, for stats: progress while it runs, the outcome
 // after.
 type Record struct {
-	// ID numbers the records of a service from 1 (never reused); PID is
-	// the process that asked for the copy, 0 when unknown (see WithCaller).
+	// ID numbers the records of a service from 1 (never reused).
 	ID             uint64
-	PID            int
 	Src, Dst, Path string
+	// pid is the process that asked for the copy, 0 when unknown or not
+	// yet known (WithCaller, WithCallerLookup).
+	pid atomic.Int64
 	// Streams is how many TCP streams carry the data.
 	Streams    atomic.Int64
 	BytesDone  atomic.Int64
 	BytesTotal atomic.Int64
 	Tensors    atomic.Int64
 	err        atomic.Value // string
+	// phases: on the receiving side, the microseconds spent preparing the
+	// destination, moving the bytes and committing (PhaseTimes).
+	phases   [3]atomic.Int64
+	received atomic.Bool // a phase was timed: this node received
+	start    time.Time
+	took     atomic.Int64 // µs from Track to end; 0 while it runs
+}
+
+// Phase indexes Record's phase times (RecordReport.PhaseUS).
+type Phase int
+
+const (
+	// PhasePrepare: the destination's temporaries allocated and registered.
+	PhasePrepare Phase = iota
+	// PhaseData: the bytes moved (received, or copied from an import).
+	PhaseData
+	// PhaseCommit: the temporaries renamed into place.
+	PhaseCommit
+)
+
+// timed runs fn and adds its duration to phase p of rec (nil: just runs).
+func (rec *Record) timed(p Phase, fn func() error) error {
+	t := time.Now()
+	err := fn()
+	if rec != nil {
+		rec.phases[p].Add(time.Since(t).Microseconds())
+		rec.received.Store(true)
+	}
+	return err
 }
 
 // ErrConfig: a configuration the service refuses to start with.

@@ -1347,6 +1347,23 @@ func TestCleanPath(t *testing.T) {
 
 // ---- stats -----------------------------------------------------------------
 
+// timing checks a finished record's times (took_us set; phase_us only on
+// the receiving side, within took_us) and returns it without them.
+func timing(t *testing.T, r RecordReport, received bool) RecordReport {
+	t.Helper()
+	require.Positive(t, r.TookUS, "a finished transfer says how long it took")
+	if !received {
+		require.Nil(t, r.PhaseUS, "phases are the receiver's")
+	} else {
+		require.NotNil(t, r.PhaseUS, "the receiver times its phases")
+		ph := *r.PhaseUS
+		require.Positive(t, ph.Data)
+		require.LessOrEqual(t, ph.Prepare+ph.Data+ph.Commit, r.TookUS)
+	}
+	r.TookUS, r.PhaseUS = 0, nil
+	return r
+}
+
 func TestStats(t *testing.T) {
 	var nilSvc *Service
 	st := nilSvc.Stats()
@@ -1385,19 +1402,19 @@ func TestStats(t *testing.T) {
 	require.Zero(t, cs.Transfers.Active)
 	require.Equal(t, map[string]PeerReport{"b": {Addr: addrOf(p.srv)}}, cs.Peers)
 	require.Len(t, cs.Transfers.Recent, 1)
-	r := cs.Transfers.Recent[0]
+	r := timing(t, cs.Transfers.Recent[0], false)
 	require.Equal(t, RecordReport{ID: 1, Streams: 1, Src: "/f", Dst: "b:/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1}, r)
 	require.Eventually(t, func() bool { return p.srv.Stats().Transfers.Active == 0 }, 5*time.Second, 5*time.Millisecond)
 	ss := p.srv.Stats()
 	require.Equal(t, int64(1), ss.Copies.TCP)
-	require.Equal(t, RecordReport{ID: 1, Streams: 1, Src: "a", Dst: "/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1}, ss.Transfers.Recent[0])
+	require.Equal(t, RecordReport{ID: 1, Streams: 1, Src: "a", Dst: "/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1}, timing(t, ss.Transfers.Recent[0], true))
 
 	// a pull: total and tensors are known once the server answers
 	_, err := pull(ctx, p.client, p.a, "b", "/d/f", "/g")
 	require.NoError(t, err)
 	cs = p.client.Stats()
 	require.Equal(t, int64(2), cs.Copies.TCP)
-	require.Equal(t, RecordReport{ID: 2, Streams: 1, Src: "b:/d/f", Dst: "/g", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1}, cs.Transfers.Recent[1])
+	require.Equal(t, RecordReport{ID: 2, Streams: 1, Src: "b:/d/f", Dst: "/g", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1}, timing(t, cs.Transfers.Recent[1], true))
 
 	// failures are recorded with their error and do not count as copies
 	_, err = push(ctx, p.client, p.a, "/f", "b", "/missing/f")
@@ -1568,4 +1585,27 @@ func TestConnectionReuse(t *testing.T) {
 	_ = srv2
 	_, err := push(context.Background(), cli, a, "/x", "b", "/z")
 	require.NoError(t, err)
+}
+
+// TestCallerLookup: a caller pid that takes a while to look up is absent
+// from the record while the copy runs and there once the record has ended,
+// however short the copy.
+func TestCallerLookup(t *testing.T) {
+	s, err := New(Config{}, nil)
+	require.NoError(t, err)
+	release := make(chan struct{})
+	ctx := WithCallerLookup(context.Background(), func() int { <-release; return 4242 })
+	rec, end := s.TrackCtx(ctx, "/a", "b:/a", "tcp", 1, 1)
+	require.Zero(t, s.Stats().Transfers.Recent[0].PID, "not known yet")
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		close(release)
+	}()
+	end(nil)
+	require.Equal(t, 4242, s.Stats().Transfers.Recent[0].PID, "known once the record ended")
+	require.EqualValues(t, 1, rec.ID)
+
+	_, end = s.TrackCtx(WithCaller(context.Background(), 7), "/a", "b:/a", "tcp", 1, 1)
+	end(errors.New("failed at once"))
+	require.Equal(t, 7, s.Stats().Transfers.Recent[1].PID)
 }

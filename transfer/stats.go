@@ -1,6 +1,10 @@
 package transfer
 
-import "context"
+import (
+	"context"
+	"sync"
+	"time"
+)
 
 // recentMax is how many finished transfers stats keeps.
 const recentMax = 16
@@ -12,12 +16,31 @@ type callerKey struct{}
 // name it in stats ("pid") and that program can tell its own transfer from
 // concurrent ones with the same src and dst (tensorfs cp does).
 func WithCaller(ctx context.Context, pid int) context.Context {
-	return context.WithValue(ctx, callerKey{}, pid)
+	return WithCallerLookup(ctx, func() int { return pid })
 }
 
-func callerOf(ctx context.Context) int {
-	pid, _ := ctx.Value(callerKey{}).(int)
-	return pid
+// WithCallerLookup is WithCaller for a process id that takes a while to
+// find (reading /proc/TID/status costs 10-50 µs, a few percent of a small
+// copy): lookup runs once, on its own goroutine, beside the copy; its
+// records show pid 0 until it returns, and each record's end waits for it,
+// so a finished record always names its process.
+func WithCallerLookup(ctx context.Context, lookup func() int) context.Context {
+	return context.WithValue(ctx, callerKey{}, sync.OnceValue(lookup))
+}
+
+// setCaller fills rec's pid from ctx's caller once it is known; wait
+// returns when it is.
+func setCaller(ctx context.Context, rec *Record) (wait func()) {
+	lookup, ok := ctx.Value(callerKey{}).(func() int)
+	if !ok {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		rec.pid.Store(int64(lookup()))
+		close(done)
+	}()
+	return func() { <-done }
 }
 
 // Track records a transfer (for stats and logs) of total bytes in tensors
@@ -30,7 +53,8 @@ func (s *Service) Track(src, dst, path string, total, tensors int64) (rec *Recor
 // TrackCtx is Track for a copy asked for with ctx: its record carries the
 // caller's process id (WithCaller).
 func (s *Service) TrackCtx(ctx context.Context, src, dst, path string, total, tensors int64) (rec *Record, end func(error)) {
-	rec = &Record{ID: s.nextID.Add(1), PID: callerOf(ctx), Src: src, Dst: dst, Path: path}
+	rec = &Record{ID: s.nextID.Add(1), Src: src, Dst: dst, Path: path, start: time.Now()}
+	known := setCaller(ctx, rec)
 	rec.Streams.Store(1)
 	rec.BytesTotal.Store(total)
 	rec.Tensors.Store(tensors)
@@ -43,6 +67,8 @@ func (s *Service) TrackCtx(ctx context.Context, src, dst, path string, total, te
 	}
 	s.recentMu.Unlock()
 	return rec, func(err error) {
+		rec.took.Store(max(time.Since(rec.start).Microseconds(), 1))
+		known()
 		s.active.Add(-1)
 		if err != nil {
 			rec.err.Store(err.Error())
@@ -98,6 +124,22 @@ type RecordReport struct {
 	// Streams is how many TCP streams carry the data (1 for local and IPC
 	// copies).
 	Streams int64 `json:"streams"`
+	// PhaseUS, on the node that received the tensors, is how long the
+	// copy spent preparing the destination (allocating and registering its
+	// temporaries), moving the bytes, and committing (renaming them into
+	// place), in microseconds; absent on the sending side.
+	PhaseUS *PhaseReport `json:"phase_us,omitempty"`
+	// TookUS is how long the transfer took on this node, from its start
+	// to its end (success or failure), in microseconds; absent while it
+	// runs.
+	TookUS int64 `json:"took_us,omitempty"`
+}
+
+// PhaseReport is a received transfer's time by phase, in microseconds.
+type PhaseReport struct {
+	Prepare int64 `json:"prepare"`
+	Data    int64 `json:"data"`
+	Commit  int64 `json:"commit"`
 }
 
 // PeerReport is one configured peer in stats.
@@ -121,9 +163,9 @@ func (s *Service) Stats() Stats {
 	s.recentMu.Lock()
 	for _, r := range s.recent {
 		st.Transfers.Recent = append(st.Transfers.Recent, RecordReport{
-			ID: r.ID, PID: r.PID, Src: r.Src, Dst: r.Dst, Path: r.Path, BytesDone: r.BytesDone.Load(),
+			ID: r.ID, PID: int(r.pid.Load()), Src: r.Src, Dst: r.Dst, Path: r.Path, BytesDone: r.BytesDone.Load(),
 			BytesTotal: r.BytesTotal.Load(), Tensors: r.Tensors.Load(), Error: r.err.Load().(string),
-			Streams: r.Streams.Load(),
+			Streams: r.Streams.Load(), PhaseUS: r.phaseReport(), TookUS: r.took.Load(),
 		})
 	}
 	s.recentMu.Unlock()
@@ -142,4 +184,12 @@ func (s *Service) Imports() int {
 		return 0
 	}
 	return s.imports.len()
+}
+
+// phaseReport is nil until a phase has been timed (a sending side's record).
+func (r *Record) phaseReport() *PhaseReport {
+	if !r.received.Load() {
+		return nil
+	}
+	return &PhaseReport{Prepare: r.phases[PhasePrepare].Load(), Data: r.phases[PhaseData].Load(), Commit: r.phases[PhaseCommit].Load()}
 }
