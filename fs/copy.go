@@ -106,9 +106,30 @@ func copyCtx(ctx context.Context) context.Context {
 }
 
 // tgid is the process of thread tid: FUSE names the calling thread, and a
-// program knows itself by its process id. tid itself when /proc does not
-// say (the thread is gone).
+// program knows itself by its process id. It asks the kernel through a
+// pidfd of the thread (PIDFD_THREAD, Linux 6.9; PIDFD_GET_INFO, 6.13: a few
+// µs) and falls back to /proc/TID/status (whose text costs the kernel 10-80
+// µs to generate, 8% of a small copy's CPU). tid itself when neither says
+// (the thread is gone).
 func tgid(tid int) int {
+	if fd, err := unix.PidfdOpen(tid, pidfdThread); err == nil {
+		info := unix.PidfdInfo{Mask: unix.PIDFD_INFO_PID}
+		err := unix.IoctlPidfdInfo(fd, &info)
+		unix.Close(fd)
+		if err == nil && info.Mask&unix.PIDFD_INFO_PID != 0 && info.Tgid != 0 {
+			return int(info.Tgid)
+		}
+	}
+	return tgidProc(tid)
+}
+
+// pidfdThread is PIDFD_THREAD (include/uapi/linux/pidfd.h: O_EXCL), which
+// x/sys does not name: a pidfd of the thread itself, not only of a
+// thread-group leader.
+const pidfdThread = unix.O_EXCL
+
+// tgidProc is tgid read from /proc/TID/status.
+func tgidProc(tid int) int {
 	if n, _, err := procStatus(unix.AT_FDCWD, fmt.Sprintf("/proc/%d/status", tid)); err == nil {
 		return n
 	}

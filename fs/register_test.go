@@ -2,6 +2,7 @@ package fs
 
 import (
 	"os"
+	"runtime"
 	"syscall"
 	"testing"
 
@@ -60,4 +61,40 @@ func TestOpenMemfdPermission(t *testing.T) {
 	require.ErrorIs(t, err, syscall.ENOENT)
 	_, err = openMemfd(root, 999999999, 3)
 	require.ErrorIs(t, err, syscall.ENOENT)
+}
+
+// TestTgid: the process of a thread, from its pidfd and from /proc alike,
+// for this process's main thread and for another of its threads; a thread
+// that does not exist gives back its id.
+func TestTgid(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	// Threads of goroutines that stay locked until the test ends; one of
+	// them is not the main thread.
+	stop := make(chan struct{})
+	defer close(stop)
+	tid := os.Getpid()
+	for i := 0; i < 4 && tid == os.Getpid(); i++ {
+		tids := make(chan int)
+		go func() {
+			runtime.LockOSThread()
+			tids <- unix.Gettid()
+			<-stop
+		}()
+		tid = <-tids
+	}
+	require.NotEqual(t, os.Getpid(), tid, "a thread other than the leader")
+	for _, id := range []int{os.Getpid(), unix.Gettid(), tid} {
+		require.Equal(t, os.Getpid(), tgid(id), "thread %d", id)
+		require.Equal(t, os.Getpid(), tgidProc(id), "thread %d", id)
+	}
+	fd, err := unix.PidfdOpen(tid, pidfdThread)
+	if err == nil {
+		info := unix.PidfdInfo{Mask: unix.PIDFD_INFO_PID}
+		err = unix.IoctlPidfdInfo(fd, &info)
+		unix.Close(fd)
+	}
+	t.Logf("pidfd path on this kernel: %v", err) // nil: tgid did not need /proc
+	const gone = 1 << 22                         // above pid_max's default ceiling
+	require.Equal(t, gone, tgid(gone))
 }
