@@ -275,6 +275,23 @@ func (d *daemon) settledLive() liveStats {
 	return s.Live
 }
 
+// requireLeases waits until the daemon counts exactly n leases and returns
+// its stats then: a file handle's lease ends at FUSE RELEASE, which the
+// kernel sends after close(2) has returned, so a count read right after a
+// write and close may still include the writer's. Fails after 5 s with the
+// last count.
+func (d *daemon) requireLeases(n int, msgAndArgs ...any) statsDoc {
+	d.t.Helper()
+	var s statsDoc
+	for start := time.Now(); time.Since(start) < 5*time.Second; time.Sleep(5 * time.Millisecond) {
+		if s = d.stats(); s.Live.Leases == n {
+			return s
+		}
+	}
+	require.Equal(d.t, n, s.Live.Leases, msgAndArgs...)
+	return s
+}
+
 // requireClean waits (FUSE RELEASE is asynchronous to close) until everything
 // under live is zero, statfs shows 0 bytes used, and the daemon's fd count is
 // back at its baseline.

@@ -52,7 +52,7 @@ func TestImportNeverStale(t *testing.T) {
 	// Unlink revokes: when unlink returns, b has dropped its import.
 	require.NoError(t, os.Remove(a.path("t")))
 	require.Zero(t, b.stats().Live.Imports, "revoked before the unlink returned")
-	require.Zero(t, a.stats().Live.Leases)
+	a.requireLeases(0)
 
 	// Recreated with the same size: the host backend hands back the same
 	// memfd, so the handle (the "address") is the same; the allocation id
@@ -102,7 +102,7 @@ func TestRevocationReachesEveryImporter(t *testing.T) {
 	setx(t, c.path("t"), "user.tensorfs.copy_from", "a:/t")
 	requireContent(t, b.path("t"), data)
 	requireContent(t, c.path("t"), data)
-	require.Equal(t, 2, a.stats().Live.Leases, "one lease per importer")
+	a.requireLeases(2, "one lease per importer")
 	require.Equal(t, 1, b.stats().Live.Imports)
 	require.Equal(t, 1, c.stats().Live.Imports)
 
@@ -124,7 +124,7 @@ func TestKilledImporterLeasesEnd(t *testing.T) {
 	a, b := ds["a"], ds["b"]
 	writeTensor(t, a.path("t"), fill(256<<10, 5))
 	setx(t, a.path("t"), "user.tensorfs.copy_to", "b:/t")
-	require.Equal(t, 1, a.stats().Live.Leases)
+	a.requireLeases(1, "b's import")
 	b.kill()
 	require.Eventually(t, func() bool { return a.stats().Live.Leases == 0 }, 5*time.Second, 10*time.Millisecond,
 		"the dead importer's lease ends with its connection")
@@ -249,7 +249,7 @@ func TestUnlinkWhileMapped(t *testing.T) {
 	mem, err := unix.Mmap(int(mf.Fd()), 0, 1<<20, unix.PROT_READ, unix.MAP_SHARED)
 	require.NoError(t, err)
 	require.NoError(t, mf.Close())
-	require.Equal(t, 1, d.stats().Live.Leases, "the open file holds a lease")
+	d.requireLeases(1, "the open file holds a lease")
 
 	require.NoError(t, os.Remove(d.path("t")))
 	s := d.stats().Live
