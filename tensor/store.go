@@ -196,11 +196,12 @@ type Template struct {
 	// Owner is the uid of the tensor's creator: tensors of different owners
 	// never share an exported allocation.
 	Owner uint32
-	// Uninit lets the tensor's first allocation keep the bytes an earlier
-	// tensor of the same owner left in recycled memory
-	// (gpu.UninitAllocator), for a creator that overwrites all of them
-	// before anyone can read the tensor: a copy's temporary. Otherwise a
-	// new tensor reads as zeros.
+	// Uninit lets the allocation New makes (for a Shape of nonzero size)
+	// keep the bytes an earlier tensor of the same owner left in recycled
+	// memory (gpu.UninitAllocator), for a creator that overwrites all of
+	// them before anyone can read the tensor: a copy's temporary. Any
+	// later allocation (growth) is cleared. Otherwise a new tensor reads
+	// as zeros.
 	Uninit bool
 }
 
@@ -217,6 +218,10 @@ func (s *Store) New(tmpl Template) (*Tensor, error) {
 			return nil, err
 		}
 	}
+	// Uninit covers only the allocation made here, which its creator
+	// overwrites whole: a tensor created empty (a copy of a 0-byte one)
+	// grown later by truncate or a write must read zeros like any other.
+	t.uninit = false
 	s.mu.Lock()
 	s.live[t] = struct{}{}
 	s.mu.Unlock()

@@ -40,8 +40,8 @@ type Tensor struct {
 	linked   bool
 	handles  map[*Handle]struct{}
 	released bool
-	// uninit: the first allocation may keep recycled bytes
-	// (Template.Uninit); cleared once it is made.
+	// uninit: the allocation Store.New makes may keep recycled bytes
+	// (Template.Uninit); cleared by then, so no later growth keeps any.
 	uninit bool
 }
 
