@@ -272,6 +272,11 @@ func (d *dest) add(dir *Dir, dirRel, name string, m transfer.Meta, adoptTarget g
 		// Replace in place: a rename over this file could need the lock the
 		// kernel holds for the xattr call.
 		item.target = existing.Operations().(*File)
+		// The target keeps the memory it adopts: that memory must be keyed
+		// by the target's owner, not the directory's. Recycled (uncleared)
+		// for the directory owner's next copy, it would show them what the
+		// target's owner wrote into a file they could not read.
+		tmpl.Owner = item.target.t.Owner()
 		t, err := d.fsys.store.New(tmpl)
 		if err != nil {
 			return err

@@ -77,6 +77,10 @@ func (t *Tensor) Info() Info {
 	return in
 }
 
+// Owner is the uid that keys the tensor's allocations (Template.Owner);
+// it never changes.
+func (t *Tensor) Owner() uint32 { return t.owner }
+
 // Size is the tensor's size in bytes.
 func (t *Tensor) Size() int64 {
 	t.mu.RLock()

@@ -8,10 +8,25 @@ package tests
 import (
 	"bytes"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
+
+// asUser runs a command as uid (and gid) uid and returns its combined output.
+func asUser(uid int, name string, args ...string) (string, error) {
+	cmd := exec.Command(name, args...)
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
 
 // TestCopiedEmptyTensorGrowsIntoZeros: a copy of an empty (0-byte) tensor
 // allocates nothing, so its uninit permission must not outlive the copy:
@@ -44,4 +59,90 @@ func TestCopiedEmptyTensorGrowsIntoZeros(t *testing.T) {
 		require.True(t, bytes.Equal(want, got), "%s of a copied empty tensor: it reads %x... instead of zeros", how, got[:8])
 		require.NoError(t, os.Remove(d.path("dst")))
 	}
+}
+
+// TestCopyFromKeepsTargetsOwner: copy_from into an existing file replaces
+// its memory by adoption. That memory must stay the file's owner's: bob's
+// file in alice's (world-writable) directory, filled by copy_from with his
+// secret, must not leave the secret, once he deletes it, in memory that
+// alice's next copy reuses uncleared (which she can read through the
+// copy's temporary, hers, mid-copy).
+func TestCopyFromKeepsTargetsOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to act as other users")
+	}
+	if _, err := exec.LookPath("setfattr"); err != nil {
+		t.Skip("setfattr (Debian package attr) is not installed here")
+	}
+	d := startDaemon(t, "--allow-other")
+	for p := d.mnt; p != "/tmp" && p != "/"; p = filepath.Dir(p) {
+		os.Chmod(p, 0o755)
+	}
+	const alice, bob = 1001, 1002
+	const n = 2 << 20 // a small spare: kept as it is for reuse
+	secret := bytes.Repeat([]byte{0xAB}, n)
+
+	// bob's secret, private.
+	require.NoError(t, os.Mkdir(d.path("private"), 0o700))
+	require.NoError(t, os.WriteFile(d.path("private/src"), secret, 0o600))
+	require.NoError(t, os.Chown(d.path("private/src"), bob, bob))
+	require.NoError(t, os.Chown(d.path("private"), bob, bob))
+	// alice's team directory, open to all; her own tree to copy.
+	for _, dir := range []string{"shared", "alice", "alice/src", "alice/dst"} {
+		require.NoError(t, os.Mkdir(d.path(dir), 0o755))
+		require.NoError(t, os.Chown(d.path(dir), alice, alice))
+	}
+	require.NoError(t, os.Chmod(d.path("shared"), 0o777))
+	const big = 512 << 20
+	require.NoError(t, os.WriteFile(d.path("alice/src/a_big"), fill(big, 5), 0o644))
+	require.NoError(t, os.WriteFile(d.path("alice/src/b_small"), bytes.Repeat([]byte{0x11}, n), 0o644))
+	// A big deleted tensor of alice's: the big temporary reuses it at once.
+	out, err := asUser(alice, "sh", "-c", `head -c 536870912 /dev/zero > "$1"`, "sh", d.path("alice/junk"))
+	require.NoError(t, err, out)
+
+	f := d.path("shared/f")
+	out, err = asUser(bob, "sh", "-c", `touch "$1" && chmod 600 "$1" && setfattr -n user.tensorfs.copy_from -v /private/src "$1"`, "sh", f)
+	require.NoError(t, err, out)
+	out, err = asUser(alice, "cat", f)
+	require.Error(t, err, "bob's 0600 file is not alice's to read: %s", out)
+
+	out, err = asUser(bob, "rm", f)
+	require.NoError(t, err, out)
+	require.NoError(t, os.Remove(d.path("alice/junk"))) // after: small spares fit only beside no large one
+	done := make(chan error, 1)
+	go func() {
+		done <- unix.Setxattr(d.path("alice/src"), "user.tensorfs.copy_to", []byte("/alice/dst"), 0)
+	}()
+	leaked := ""
+	read := false
+	start := time.Now()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+			t.Logf("copy done after %v", time.Since(start))
+			deadline = time.Time{}
+			continue
+		default:
+		}
+		// b_small's temporary, by name: the daemon numbers them from 1 and
+		// this copy makes the first two, a_big's then b_small's (a listing
+		// would wait: a temporary being written answers only once its copy
+		// is over).
+		out, err := asUser(alice, "od", "-An", "-tx1", "-N16", d.path("alice/dst/.tensorfs-tmp-2"))
+		if err == nil {
+			if !read {
+				t.Logf("%v: alice reads her temporary: %s", time.Since(start), strings.TrimSpace(out))
+			}
+			read = true
+			if strings.Contains(out, "ab ab ab ab") {
+				leaked = out
+			}
+		}
+	}
+	require.True(t, read, "alice's small temporary was never read mid-copy (the copy was too fast)")
+	require.Empty(t, leaked, "alice read bob's deleted secret through her copy's temporary")
+	got, err := os.ReadFile(d.path("alice/dst/b_small"))
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(bytes.Repeat([]byte{0x11}, n), got))
 }
