@@ -146,3 +146,48 @@ func TestCopyFromKeepsTargetsOwner(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(bytes.Repeat([]byte{0x11}, n), got))
 }
+
+// TestPullWhileSourceShrinks: a pull over TCP reads the source on the
+// serving daemon while nothing holds its inode lock, so a truncate there
+// can land mid-copy. The copy must then fail, or deliver the source as it
+// was: never a tensor whose later chunks are stale bytes of the sender's
+// buffers (an earlier chunk, or another tensor's).
+func TestPullWhileSourceShrinks(t *testing.T) {
+	ds := cluster(t, []string{"a", "b"})
+	a, b := ds["a"], ds["b"]
+	const size = 512 << 20
+	data := fill(size, 9)
+	for i := 0; i < size; i += 1 << 20 {
+		data[i] = byte(i >> 20) // each MiB differs from the others
+	}
+	require.NoError(t, os.WriteFile(a.path("x"), data, 0o644))
+	require.NoError(t, os.WriteFile(b.path("x"), nil, 0o644))
+	done := make(chan error, 1)
+	go func() {
+		done <- unix.Setxattr(b.path("x"), "user.tensorfs.copy_from", []byte("a:/x"), 0)
+	}()
+	// Shrink the source once the first bytes are out.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		if st := a.stats(); len(st.Transfers.Recent) > 0 && strings.Contains(string(st.Transfers.Recent[len(st.Transfers.Recent)-1]), `"bytes_done":`) &&
+			!strings.Contains(string(st.Transfers.Recent[len(st.Transfers.Recent)-1]), `"bytes_done":0,`) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	require.NoError(t, os.Truncate(a.path("x"), 0))
+	err := <-done
+	if err != nil {
+		t.Logf("the copy failed: %v", err)
+		return
+	}
+	got, rerr := os.ReadFile(b.path("x"))
+	require.NoError(t, rerr)
+	require.Equal(t, len(data), len(got))
+	if !bytes.Equal(data, got) {
+		i := 0
+		for i < len(got) && got[i] == data[i] {
+			i++
+		}
+		t.Fatalf("the copy succeeded with other bytes than the source's from byte %d (MiB %d) on", i, i>>20)
+	}
+}

@@ -384,7 +384,14 @@ func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all boo
 					return
 				}
 				data := buf[dataHeaderLen : dataHeaderLen+n]
-				if _, err := srcs[i].ReadAt(data, off); err != nil {
+				got, err := srcs[i].ReadAt(data, off)
+				if err == nil && got != len(data) {
+					// The tensor shrank under the copy (nothing holds its
+					// lock during a pull): the rest of data is an earlier
+					// chunk's bytes, never to be sent as this one's.
+					err = &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%d of %d bytes: the tensor shrank during the copy", got, len(data))}
+				}
+				if err != nil {
 					readErrOnce.Do(func() { readErr = fmt.Errorf("read %s at %d: %w", srcs[i].Meta().Rel, off, err) })
 					halt()
 					return
