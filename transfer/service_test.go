@@ -1609,3 +1609,30 @@ func TestCallerLookup(t *testing.T) {
 	end(errors.New("failed at once"))
 	require.Equal(t, 7, s.Stats().Transfers.Recent[1].PID)
 }
+
+// TestRecordEndsWhole: a record that shows took_us (finished: "absent while
+// it runs") already names its process and carries its error; a reader of
+// stats must never see a finished record with pid 0 or a failure without
+// its error because the caller's lookup is still running.
+func TestRecordEndsWhole(t *testing.T) {
+	s, err := New(Config{}, nil)
+	require.NoError(t, err)
+	release := make(chan struct{})
+	ctx := WithCallerLookup(context.Background(), func() int { <-release; return 4242 })
+	_, end := s.TrackCtx(ctx, "/a", "b:/a", "tcp", 1, 1)
+	ended := make(chan struct{})
+	go func() {
+		end(errors.New("peer gone"))
+		close(ended)
+	}()
+	defer func() { <-ended }()
+	defer close(release)
+	for deadline := time.Now().Add(200 * time.Millisecond); time.Now().Before(deadline); {
+		r := s.Stats().Transfers.Recent[0]
+		if r.TookUS != 0 {
+			require.Equal(t, 4242, r.PID, "a finished record (took_us %d) names its process", r.TookUS)
+			require.Equal(t, "peer gone", r.Error, "a finished record carries its error")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -67,21 +67,24 @@ func (s *Service) TrackCtx(ctx context.Context, src, dst, path string, total, te
 	}
 	s.recentMu.Unlock()
 	return rec, func(err error) {
-		rec.took.Store(max(time.Since(rec.start).Microseconds(), 1))
+		took := max(time.Since(rec.start).Microseconds(), 1)
 		known()
-		s.active.Add(-1)
 		if err != nil {
 			rec.err.Store(err.Error())
-			return
+		} else {
+			switch path {
+			case "local":
+				s.copies[PathLocal].Add(1)
+			case "ipc":
+				s.copies[PathIPC].Add(1)
+			case "tcp":
+				s.copies[PathTCP].Add(1)
+			}
 		}
-		switch path {
-		case "local":
-			s.copies[PathLocal].Add(1)
-		case "ipc":
-			s.copies[PathIPC].Add(1)
-		case "tcp":
-			s.copies[PathTCP].Add(1)
-		}
+		s.active.Add(-1)
+		// Last: took_us says the record is finished, so its pid and
+		// error must be there before it.
+		rec.took.Store(took)
 	}
 }
 
