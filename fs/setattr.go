@@ -22,6 +22,9 @@ func (f *File) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 		}
 		f.meta.touch()
 	}
+	if uid, ok := in.GetUID(); ok {
+		f.t.SetOwner(uid) // its memory is now uid's (see Tensor.SetOwner)
+	}
 	f.meta.setattr(in)
 	return f.Getattr(ctx, fh, out)
 }

@@ -287,6 +287,11 @@ func (s *Store) retire(a *allocation) {
 	}
 	buf := a.buf
 	if err := s.MRs.Deregister(a.region.ID, func() {
+		if a.mixed.Load() {
+			if err := buf.Zero(0, buf.Size()); err != nil {
+				log.Printf("clear allocation %d on %s: %v", buf.ID(), buf.Device().Name(), err)
+			}
+		}
 		if err := buf.Free(); err != nil {
 			log.Printf("free allocation %d on %s: %v", buf.ID(), buf.Device().Name(), err)
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/tensorfs/tensorfs/gpu"
@@ -21,6 +22,12 @@ type allocation struct {
 	// Register. Its size is fixed (ErrForeign on a resize) and Free only
 	// unmaps it.
 	foreign bool
+	// key is the owner buf was allocated for, which keys its recycling;
+	// mixed is set once the tensor holding it belongs to someone else
+	// (a chown, an adoption), whose bytes the memory may then hold: it is
+	// cleared before it is freed, never recycled to key's next copy as is.
+	key   uint32
+	mixed atomic.Bool
 }
 
 // Tensor is one tensor file's data and metadata. Its methods are safe for
@@ -77,9 +84,32 @@ func (t *Tensor) Info() Info {
 	return in
 }
 
-// Owner is the uid that keys the tensor's allocations (Template.Owner);
-// it never changes.
-func (t *Tensor) Owner() uint32 { return t.owner }
+// Owner is the uid that keys the tensor's allocations (Template.Owner,
+// SetOwner).
+func (t *Tensor) Owner() uint32 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.owner
+}
+
+// SetOwner gives the tensor to uid (a chown): its next allocations are
+// uid's, and its current one, allocated for another owner, is cleared
+// when freed, so that what uid writes into it never reaches that owner's
+// next copy through recycled memory.
+func (t *Tensor) SetOwner(uid uint32) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.owner = uid
+	t.noteOwner()
+}
+
+// noteOwner marks the allocation mixed when it is not t.owner's; t.mu is
+// held.
+func (t *Tensor) noteOwner() {
+	if a := t.alloc; a != nil && !a.foreign && a.key != t.owner {
+		a.mixed.Store(true)
+	}
+}
 
 // Size is the tensor's size in bytes.
 func (t *Tensor) Size() int64 {
@@ -111,7 +141,7 @@ func (t *Tensor) newAllocation(n int64) (*allocation, error) {
 		return nil, fmt.Errorf("register %d bytes on %s: %w", n, dev.Name(), err)
 	}
 	exp := t.s.IPC.Export(buf.Handle(), buf.ID(), buf.Offset(), n)
-	return &allocation{buf: buf, region: region, export: exp}, nil
+	return &allocation{buf: buf, region: region, export: exp, key: t.owner}, nil
 }
 
 // resize makes the allocation hold at least need bytes, allocating want (>=
@@ -521,6 +551,7 @@ func (t *Tensor) Adopt(src *Tensor) error {
 		t.gen++
 	}
 	t.device = src.device
+	t.noteOwner()
 	for h := range t.handles {
 		h.relase(t)
 	}

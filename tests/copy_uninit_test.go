@@ -68,6 +68,33 @@ func TestCopiedEmptyTensorGrowsIntoZeros(t *testing.T) {
 // alice's next copy reuses uncleared (which she can read through the
 // copy's temporary, hers, mid-copy).
 func TestCopyFromKeepsTargetsOwner(t *testing.T) {
+	secretStaysBobs(t, func(d *daemon, f string) {
+		out, err := asUser(bob, "sh", "-c", `touch "$1" && chmod 600 "$1" && setfattr -n user.tensorfs.copy_from -v /private/src "$1"`, "sh", f)
+		require.NoError(t, err, out)
+	})
+}
+
+// TestChownKeepsMemoryWithOwner: a tensor alice made and root then gave
+// to bob (chown) holds what bob writes into it; once bob deletes it, that
+// memory must not go, uncleared, to alice's next copy.
+func TestChownKeepsMemoryWithOwner(t *testing.T) {
+	secretStaysBobs(t, func(d *daemon, f string) {
+		out, err := asUser(alice, "sh", "-c", `head -c 2097152 /dev/zero > "$1"`, "sh", f)
+		require.NoError(t, err, out)
+		require.NoError(t, os.Chown(f, bob, bob))
+		require.NoError(t, os.Chmod(f, 0o600))
+		out, err = asUser(bob, "sh", "-c", `head -c 2097152 /dev/zero | tr '\000' '\253' > "$1"`, "sh", f)
+		require.NoError(t, err, out)
+	})
+}
+
+const alice, bob = 1001, 1002
+
+// secretStaysBobs: plant puts bob's secret (2 MiB of 0xab) into his 0600
+// file f in alice's world-writable directory; bob then deletes f, and
+// alice, copying a tree of hers with a 2 MiB tensor in it, reads that
+// tensor's temporary mid-copy: she must never see bob's bytes.
+func secretStaysBobs(t *testing.T, plant func(d *daemon, f string)) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to act as other users")
 	}
@@ -78,7 +105,6 @@ func TestCopyFromKeepsTargetsOwner(t *testing.T) {
 	for p := d.mnt; p != "/tmp" && p != "/"; p = filepath.Dir(p) {
 		os.Chmod(p, 0o755)
 	}
-	const alice, bob = 1001, 1002
 	const n = 2 << 20 // a small spare: kept as it is for reuse
 	secret := bytes.Repeat([]byte{0xAB}, n)
 
@@ -101,10 +127,12 @@ func TestCopyFromKeepsTargetsOwner(t *testing.T) {
 	require.NoError(t, err, out)
 
 	f := d.path("shared/f")
-	out, err = asUser(bob, "sh", "-c", `touch "$1" && chmod 600 "$1" && setfattr -n user.tensorfs.copy_from -v /private/src "$1"`, "sh", f)
-	require.NoError(t, err, out)
+	plant(d, f)
 	out, err = asUser(alice, "cat", f)
 	require.Error(t, err, "bob's 0600 file is not alice's to read: %s", out)
+	got, err := os.ReadFile(f)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(secret, got), "bob's file holds his secret")
 
 	out, err = asUser(bob, "rm", f)
 	require.NoError(t, err, out)
@@ -120,7 +148,6 @@ func TestCopyFromKeepsTargetsOwner(t *testing.T) {
 		select {
 		case err := <-done:
 			require.NoError(t, err)
-			t.Logf("copy done after %v", time.Since(start))
 			deadline = time.Time{}
 			continue
 		default:
@@ -142,7 +169,7 @@ func TestCopyFromKeepsTargetsOwner(t *testing.T) {
 	}
 	require.True(t, read, "alice's small temporary was never read mid-copy (the copy was too fast)")
 	require.Empty(t, leaked, "alice read bob's deleted secret through her copy's temporary")
-	got, err := os.ReadFile(d.path("alice/dst/b_small"))
+	got, err = os.ReadFile(d.path("alice/dst/b_small"))
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(bytes.Repeat([]byte{0x11}, n), got))
 }
