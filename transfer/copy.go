@@ -244,7 +244,12 @@ func (s *Service) receive(ctx context.Context, c *conn, peer, remotePath, dst st
 	if path == "ipc" {
 		if entries, err = s.importAll(c, r.IPC); err != nil {
 			// Tell the peer to release its pins, then ask again over TCP.
-			c.sendError(&Error{Errno: syscall.EXDEV, Msg: err.Error()})
+			// This attempt ends failed (it is no ipc copy); the TCP one
+			// has its own record.
+			xerr := &Error{Errno: syscall.EXDEV, Msg: err.Error()}
+			c.sendError(xerr)
+			end(xerr)
+			end = func(error) {}
 			return 0, true, nil
 		}
 		defer s.releaseAll(entries)

@@ -3,6 +3,7 @@ package transfer
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -266,4 +267,32 @@ func TestExportsWithoutChannel(t *testing.T) {
 		t.Fatal("the lease was not given back")
 	}
 	release()
+}
+
+// TestPullFallsBackToTCPOnceCounted: a pull whose IPC import fails is asked
+// again over TCP; the failed attempt is recorded as failed (EXDEV), so stats
+// count one copy, on the path it took.
+func TestPullFallsBackToTCPOnceCounted(t *testing.T) {
+	src := &exportSource{meta: Meta{DType: "U8", Shape: "64", NBytes: 64}, onExport: func(*fakeLease) {}}
+	exp := startServer(t, "e", exportLocal{newMemLocal(), src}, testSecret, func(c *Config) { c.HostID = "one" })
+	into := newMemLocal()
+	imp := newClient(t, "i", into, testSecret, map[string]string{"e": addrOf(exp)}, func(c *Config) {
+		c.HostID = "one"
+		c.Importers = map[string]func(string) (Mapping, error){
+			"fake": func(string) (Mapping, error) { return nil, errors.New("cannot map it here") },
+		}
+	})
+	n, err := pull(context.Background(), imp, into, "e", "/t", "/x")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	_, _, ok := into.get("/x")
+	require.True(t, ok, "the copy landed over TCP")
+	st := imp.Stats()
+	require.Zero(t, st.Copies.IPC, "the failed IPC attempt is not a copy")
+	require.Equal(t, int64(1), st.Copies.TCP)
+	require.Len(t, st.Transfers.Recent, 2)
+	require.Equal(t, "ipc", st.Transfers.Recent[0].Path)
+	require.Contains(t, st.Transfers.Recent[0].Error, "cannot map it here")
+	require.Equal(t, "tcp", st.Transfers.Recent[1].Path)
+	require.Empty(t, st.Transfers.Recent[1].Error)
 }
