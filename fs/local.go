@@ -103,12 +103,16 @@ func metaOf(t *tensor.Tensor, rel string) transfer.Meta {
 type fileSource struct {
 	t    *tensor.Tensor
 	h    *tensor.Handle
+	thaw func() // the tensor is frozen (tensor.Freeze) while the copy reads it
 	meta transfer.Meta
 }
 
 func (s *fileSource) Meta() transfer.Meta                     { return s.meta }
 func (s *fileSource) ReadAt(p []byte, off int64) (int, error) { return s.t.ReadAt(p, off) }
-func (s *fileSource) Close()                                  { s.h.Close() }
+func (s *fileSource) Close() {
+	s.thaw()
+	s.h.Close()
+}
 
 // Export implements transfer.Exporter: a peer of this host opens the
 // tensor's allocation in place while the pin and lease are held.
@@ -129,7 +133,10 @@ func openSource(f *File, rel string) (*fileSource, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &fileSource{t: f.t, h: h, meta: metaOf(f.t, rel)}, nil
+	// Frozen before its metadata is read: the copy sends this size and
+	// these bytes, whoever writes the tensor meanwhile (the write waits).
+	thaw := f.t.Freeze()
+	return &fileSource{t: f.t, h: h, thaw: thaw, meta: metaOf(f.t, rel)}, nil
 }
 
 // sources opens the tensors of a node: one for a file, all below a directory.

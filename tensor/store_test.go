@@ -3,6 +3,7 @@ package tensor
 import (
 	"bytes"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -195,4 +196,53 @@ func TestDTypeViewLikeTorch(t *testing.T) {
 	require.NoError(t, sc.SetDType("F32"), "a scalar views as 1-D")
 	require.Equal(t, "2", sc.Info().Shape.String())
 	sc.Unlink()
+}
+
+// TestFreeze: while a copy reads a tensor (Freeze), writes, truncates,
+// fallocates and adoptions into it wait, and go ahead once every freeze is
+// thawed; a new freeze does not wait behind a waiting writer (copies of
+// overlapping trees must not deadlock).
+func TestFreeze(t *testing.T) {
+	s := newStore(t, 64<<20)
+	x, err := s.New(Template{DType: "U8", Shape: Shape{4096}})
+	require.NoError(t, err)
+	src, err := s.New(Template{DType: "U8", Shape: Shape{4096}})
+	require.NoError(t, err)
+	thaw1 := x.Freeze()
+	thaw2 := x.Freeze()
+	changes := map[string]func() error{
+		"write":    func() error { _, err := x.WriteAt([]byte("new"), 0); return err },
+		"truncate": func() error { return x.Truncate(100) },
+		"allocate": func() error { return x.Allocate(0, 8192, false) },
+		"adopt":    func() error { return x.Adopt(src) },
+	}
+	done := make(chan string, len(changes))
+	for name, change := range changes {
+		go func() {
+			if err := change(); err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+			done <- name
+		}()
+	}
+	time.Sleep(50 * time.Millisecond)
+	require.Empty(t, done, "nothing changes a frozen tensor")
+	thaw3 := x.Freeze() // not held up by the writers waiting
+	got := make([]byte, 4)
+	n, err := x.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.Equal(t, []byte{0, 0, 0, 0}, got[:n], "reads go on")
+	thaw1()
+	thaw1() // idempotent: thaw2 and thaw3 still hold
+	thaw3()
+	time.Sleep(20 * time.Millisecond)
+	require.Empty(t, done, "one freeze still holds")
+	thaw2()
+	for range changes {
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("a change still waits after the last thaw")
+		}
+	}
 }

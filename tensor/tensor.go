@@ -47,6 +47,10 @@ type Tensor struct {
 	linked   bool
 	handles  map[*Handle]struct{}
 	released bool
+	// frozen counts the copies reading the tensor now (Freeze); changes
+	// of its bytes or size wait on thawed until it is 0.
+	frozen int
+	thawed *sync.Cond // on &mu, made by the first Freeze
 	// uninit: the allocation Store.New makes may keep recycled bytes
 	// (Template.Uninit); cleared by then, so no later growth keeps any.
 	uninit bool
@@ -108,6 +112,41 @@ func (t *Tensor) SetOwner(uid uint32) {
 func (t *Tensor) noteOwner() {
 	if a := t.alloc; a != nil && !a.foreign && a.key != t.owner {
 		a.mixed.Store(true)
+	}
+}
+
+// Freeze holds off changes of the tensor's bytes and size (WriteAt,
+// Truncate, Allocate, Adopt) until thaw is called, so that a copy reading it
+// sees one snapshot: a pull a peer asked for and every tensor of a directory
+// copy, not only the file of a copy_to (whose inode lock the kernel holds).
+// Freezes nest and never wait, even behind a waiting writer, so copies of
+// overlapping trees cannot deadlock; a writer waits as long as the copies
+// reading the tensor (bounded by the peers' timeout). thaw is idempotent.
+func (t *Tensor) Freeze() (thaw func()) {
+	t.mu.Lock()
+	if t.thawed == nil {
+		t.thawed = sync.NewCond(&t.mu)
+	}
+	t.frozen++
+	t.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			t.mu.Lock()
+			if t.frozen--; t.frozen == 0 {
+				t.thawed.Broadcast()
+			}
+			t.mu.Unlock()
+		})
+	}
+}
+
+// lockToChange takes t.mu for a change of bytes or size once no copy reads
+// the tensor (Freeze).
+func (t *Tensor) lockToChange() {
+	t.mu.Lock()
+	for t.frozen > 0 {
+		t.thawed.Wait()
 	}
 }
 
@@ -231,7 +270,7 @@ func (t *Tensor) Truncate(n int64) error {
 	if n < 0 {
 		return fmt.Errorf("size %d: %w", n, ErrInvalid)
 	}
-	t.mu.Lock()
+	t.lockToChange()
 	if t.released {
 		t.mu.Unlock()
 		return ErrReleased
@@ -260,7 +299,7 @@ func (t *Tensor) Allocate(off, n int64, keepSize bool) error {
 	if end < off || end > MaxSize {
 		return fmt.Errorf("fallocate to %d: %w", uint64(off)+uint64(n), ErrTooLarge)
 	}
-	t.mu.Lock()
+	t.lockToChange()
 	if t.released {
 		t.mu.Unlock()
 		return ErrReleased
@@ -303,7 +342,7 @@ func (t *Tensor) WriteAt(p []byte, off int64) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	t.mu.Lock()
+	t.lockToChange()
 	if t.released {
 		t.mu.Unlock()
 		return 0, ErrReleased
@@ -536,8 +575,18 @@ func (t *Tensor) Adopt(src *Tensor) error {
 	if uintptr(unsafe.Pointer(first)) > uintptr(unsafe.Pointer(second)) {
 		first, second = second, first
 	}
-	first.mu.Lock()
-	second.mu.Lock()
+	for {
+		first.mu.Lock()
+		second.mu.Lock()
+		if t.frozen == 0 {
+			break
+		}
+		// A copy reads t: wait for it without holding src.
+		second.mu.Unlock()
+		first.mu.Unlock()
+		t.lockToChange()
+		t.mu.Unlock()
+	}
 	if t.released || src.released {
 		second.mu.Unlock()
 		first.mu.Unlock()

@@ -174,47 +174,61 @@ func secretStaysBobs(t *testing.T, plant func(d *daemon, f string)) {
 	require.True(t, bytes.Equal(bytes.Repeat([]byte{0x11}, n), got))
 }
 
-// TestPullWhileSourceShrinks: a pull over TCP reads the source on the
-// serving daemon while nothing holds its inode lock, so a truncate there
-// can land mid-copy. The copy must then fail, or deliver the source as it
-// was: never a tensor whose later chunks are stale bytes of the sender's
-// buffers (an earlier chunk, or another tensor's).
+// TestPullWhileSourceShrinks: a pull reads the source on the serving
+// daemon while nothing holds its inode lock there; a truncate (or a write)
+// of the source mid-copy waits for the copy (the source is frozen,
+// tensor.Freeze), so the copy delivers the source as it was when it began,
+// and the truncate lands after. Over TCP (streams of chunks read from the
+// source) and over IPC (the puller copies straight out of the source's
+// exported memory, which an in-place truncate used to zero under it).
 func TestPullWhileSourceShrinks(t *testing.T) {
-	ds := cluster(t, []string{"a", "b"})
-	a, b := ds["a"], ds["b"]
-	const size = 512 << 20
-	data := fill(size, 9)
-	for i := 0; i < size; i += 1 << 20 {
-		data[i] = byte(i >> 20) // each MiB differs from the others
-	}
-	require.NoError(t, os.WriteFile(a.path("x"), data, 0o644))
-	require.NoError(t, os.WriteFile(b.path("x"), nil, 0o644))
-	done := make(chan error, 1)
-	go func() {
-		done <- unix.Setxattr(b.path("x"), "user.tensorfs.copy_from", []byte("a:/x"), 0)
-	}()
-	// Shrink the source once the first bytes are out.
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		if st := a.stats(); len(st.Transfers.Recent) > 0 && strings.Contains(string(st.Transfers.Recent[len(st.Transfers.Recent)-1]), `"bytes_done":`) &&
-			!strings.Contains(string(st.Transfers.Recent[len(st.Transfers.Recent)-1]), `"bytes_done":0,`) {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
-	require.NoError(t, os.Truncate(a.path("x"), 0))
-	err := <-done
-	if err != nil {
-		t.Logf("the copy failed: %v", err)
-		return
-	}
-	got, rerr := os.ReadFile(b.path("x"))
-	require.NoError(t, rerr)
-	require.Equal(t, len(data), len(got))
-	if !bytes.Equal(data, got) {
-		i := 0
-		for i < len(got) && got[i] == data[i] {
-			i++
-		}
-		t.Fatalf("the copy succeeded with other bytes than the source's from byte %d (MiB %d) on", i, i>>20)
+	for _, path := range []string{"tcp", "ipc"} {
+		t.Run(path, func(t *testing.T) {
+			var ds map[string]*daemon
+			if path == "tcp" {
+				ds = cluster(t, []string{"a", "b"})
+			} else {
+				ds = sameHost(t, []string{"a", "b"})
+			}
+			a, b := ds["a"], ds["b"]
+			size := 512 << 20
+			if path == "ipc" {
+				size = 1 << 30 // one memmove: give the truncate time to land in it
+			}
+			data := fill(size, 9)
+			for i := 0; i < size; i += 1 << 20 {
+				data[i] = byte(i >> 20) // each MiB differs from the others
+			}
+			require.NoError(t, os.WriteFile(a.path("x"), data, 0o644))
+			require.NoError(t, os.WriteFile(b.path("x"), nil, 0o644))
+			done := make(chan error, 1)
+			go func() {
+				done <- unix.Setxattr(b.path("x"), "user.tensorfs.copy_from", []byte("a:/x"), 0)
+			}()
+			// Shrink the source once the serving side has its record of the copy.
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+				if st := a.stats(); st.Transfers.Active > 0 && len(st.Transfers.Recent) > 0 &&
+					strings.Contains(string(st.Transfers.Recent[len(st.Transfers.Recent)-1]), `"path":"`+path+`"`) {
+					break
+				}
+			}
+			start := time.Now()
+			require.NoError(t, os.Truncate(a.path("x"), 0))
+			t.Logf("the truncate waited %v for the copy", time.Since(start))
+			require.NoError(t, <-done)
+			fi, err := os.Stat(a.path("x"))
+			require.NoError(t, err)
+			require.Zero(t, fi.Size(), "the truncate landed, after the copy")
+			got, err := os.ReadFile(b.path("x"))
+			require.NoError(t, err)
+			require.Equal(t, len(data), len(got))
+			if !bytes.Equal(data, got) {
+				i := 0
+				for i < len(got) && got[i] == data[i] {
+					i++
+				}
+				t.Fatalf("the copy delivered other bytes than the source's from byte %d (MiB %d) on", i, i>>20)
+			}
+		})
 	}
 }
