@@ -206,7 +206,7 @@ func (s *Service) Receive(ctx context.Context, peer, remotePath, dst string, pre
 	for {
 		var retry bool
 		n, retry, err = s.receive(ctx, c, peer, remotePath, dst, prepare, ipcOK)
-		if retry {
+		if retry { // err is the IPC attempt's, in its record
 			ipcOK = false // the peer's memory is out of reach: ask again over TCP
 			continue
 		}
@@ -214,8 +214,8 @@ func (s *Service) Receive(ctx context.Context, peer, remotePath, dst string, pre
 	}
 }
 
-// receive runs one get on c; retry says the IPC copy could not start and the
-// request should be made again without it.
+// receive runs one get on c; retry says the IPC copy could not start (err
+// says why) and the request should be made again without it.
 func (s *Service) receive(ctx context.Context, c *conn, peer, remotePath, dst string, prepare func(bool, []Meta) (Dest, error), ipcOK bool) (n int, retry bool, err error) {
 	if err := c.sendJSON(frameRequest, request{Op: "get", Path: remotePath, IPCOK: ipcOK, Streams: s.cfg.Streams}); err != nil {
 		return 0, false, netErr(err)
@@ -244,18 +244,16 @@ func (s *Service) receive(ctx context.Context, c *conn, peer, remotePath, dst st
 	if path == "ipc" {
 		if entries, err = s.importAll(c, r.IPC); err != nil {
 			// Tell the peer to release its pins, then ask again over TCP.
-			// This attempt ends failed (it is no ipc copy); the TCP one
-			// has its own record.
-			xerr := &Error{Errno: syscall.EXDEV, Msg: err.Error()}
-			c.sendError(xerr)
-			end(xerr)
-			end = func(error) {}
-			return 0, true, nil
+			// This attempt's record ends with the error (it is no ipc
+			// copy); the TCP one has its own.
+			err = &Error{Errno: syscall.EXDEV, Msg: err.Error()}
+			c.sendError(err)
+			return 0, true, err
 		}
 		defer s.releaseAll(entries)
 	}
 	var dest Dest
-	err = rec.timed(PhasePrepare, func() (err error) {
+	err = rec.timed(phasePrepare, func() (err error) {
 		dest, err = prepare(r.Dir, r.Tensors)
 		return err
 	})
@@ -265,7 +263,7 @@ func (s *Service) receive(ctx context.Context, c *conn, peer, remotePath, dst st
 		}
 		return 0, false, err
 	}
-	err = rec.timed(PhaseData, func() error {
+	err = rec.timed(phaseData, func() error {
 		if path == "tcp" {
 			return s.receiveTCP(c, peer, r, dest, rec)
 		}
@@ -280,7 +278,7 @@ func (s *Service) receive(ctx context.Context, c *conn, peer, remotePath, dst st
 		dest.Abort()
 		return 0, false, err
 	}
-	err = rec.timed(PhaseCommit, func() (err error) {
+	err = rec.timed(phaseCommit, func() (err error) {
 		n, err = dest.Commit()
 		return err
 	})
@@ -302,7 +300,7 @@ func (s *Service) servePut(c *conn, req request) error {
 	}
 	rec, end := s.Track(c.peer, req.Path, "tcp", total, int64(len(req.Tensors)))
 	var dest Dest
-	err := rec.timed(PhasePrepare, func() error {
+	err := rec.timed(phasePrepare, func() error {
 		return c.whileSilent(func() (err error) {
 			dest, err = s.local.Put(req.Path, req.Dir, req.Tensors)
 			return err
@@ -335,7 +333,7 @@ func (s *Service) servePut(c *conn, req request) error {
 	// recvChunks then reads on until the sender stops, so c stays in step
 	// for the next request.
 	var extras []*stream
-	err = rec.timed(PhaseData, func() (err error) {
+	err = rec.timed(phaseData, func() (err error) {
 		extras, _, err = s.recvChunks(c, joins, k-1, false, dest, req.Tensors, chunk, rec, dest.Abort, func(err error) { c.sendError(err) })
 		return err
 	})
@@ -345,7 +343,7 @@ func (s *Service) servePut(c *conn, req request) error {
 		return err
 	}
 	var n int
-	err = rec.timed(PhaseCommit, func() error {
+	err = rec.timed(phaseCommit, func() error {
 		return c.whileSilent(func() (err error) {
 			n, err = dest.Commit()
 			return err
@@ -383,21 +381,21 @@ func (s *Service) servePutIPC(c *conn, req request) error {
 	var n int
 	err = c.whileSilent(func() error {
 		var dest Dest
-		err := rec.timed(PhasePrepare, func() (err error) {
+		err := rec.timed(phasePrepare, func() (err error) {
 			dest, err = s.local.Put(req.Path, req.Dir, req.Tensors)
 			return err
 		})
 		if err != nil {
 			return err
 		}
-		err = rec.timed(PhaseData, func() error {
+		err = rec.timed(phaseData, func() error {
 			return copyExports(entries, req.IPC, req.Tensors, dest, s.cfg.ChunkSize, rec)
 		})
 		if err != nil {
 			dest.Abort()
 			return err
 		}
-		return rec.timed(PhaseCommit, func() (err error) {
+		return rec.timed(phaseCommit, func() (err error) {
 			n, err = dest.Commit()
 			return err
 		})

@@ -144,27 +144,24 @@ type Record struct {
 	Tensors    atomic.Int64
 	err        atomic.Value // string
 	// phases: on the receiving side, the microseconds spent preparing the
-	// destination, moving the bytes and committing (PhaseTimes).
+	// destination, moving the bytes and committing (RecordReport.PhaseUS).
 	phases   [3]atomic.Int64
 	received atomic.Bool // a phase was timed: this node received
 	start    time.Time
 	took     atomic.Int64 // µs from Track to end; 0 while it runs
 }
 
-// Phase indexes Record's phase times (RecordReport.PhaseUS).
-type Phase int
+// phase indexes Record's phase times (RecordReport.PhaseUS).
+type phase int
 
 const (
-	// PhasePrepare: the destination's temporaries allocated and registered.
-	PhasePrepare Phase = iota
-	// PhaseData: the bytes moved (received, or copied from an import).
-	PhaseData
-	// PhaseCommit: the temporaries renamed into place.
-	PhaseCommit
+	phasePrepare phase = iota // the destination's temporaries allocated and registered
+	phaseData                 // the bytes moved (received, or copied from an import)
+	phaseCommit               // the temporaries renamed into place
 )
 
 // timed runs fn and adds its duration to phase p of rec (nil: just runs).
-func (rec *Record) timed(p Phase, fn func() error) error {
+func (rec *Record) timed(p phase, fn func() error) error {
 	t := time.Now()
 	err := fn()
 	if rec != nil {

@@ -194,5 +194,5 @@ func (r *Record) phaseReport() *PhaseReport {
 	if !r.received.Load() {
 		return nil
 	}
-	return &PhaseReport{Prepare: r.phases[PhasePrepare].Load(), Data: r.phases[PhaseData].Load(), Commit: r.phases[PhaseCommit].Load()}
+	return &PhaseReport{Prepare: r.phases[phasePrepare].Load(), Data: r.phases[phaseData].Load(), Commit: r.phases[phaseCommit].Load()}
 }

@@ -386,9 +386,10 @@ func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all boo
 				data := buf[dataHeaderLen : dataHeaderLen+n]
 				got, err := srcs[i].ReadAt(data, off)
 				if err == nil && got != len(data) {
-					// The tensor shrank under the copy (nothing holds its
-					// lock during a pull): the rest of data is an earlier
-					// chunk's bytes, never to be sent as this one's.
+					// The source shrank under the copy (fs freezes its
+					// sources; another embedder's Source may not): the
+					// rest of data is an earlier chunk's bytes, never to be
+					// sent as this one's.
 					err = &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%d of %d bytes: the tensor shrank during the copy", got, len(data))}
 				}
 				if err != nil {
