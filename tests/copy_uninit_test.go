@@ -8,25 +8,13 @@ package tests
 import (
 	"bytes"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
-
-// asUser runs a command as uid (and gid) uid and returns its combined output.
-func asUser(uid int, name string, args ...string) (string, error) {
-	cmd := exec.Command(name, args...)
-	cmd.Dir = "/"
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
-	out, err := cmd.CombinedOutput()
-	return string(out), err
-}
 
 // TestCopiedEmptyTensorGrowsIntoZeros: a copy of an empty (0-byte) tensor
 // allocates nothing, so its uninit permission must not outlive the copy:
@@ -95,16 +83,9 @@ const alice, bob = 1001, 1002
 // alice, copying a tree of hers with a 2 MiB tensor in it, reads that
 // tensor's temporary mid-copy: she must never see bob's bytes.
 func secretStaysBobs(t *testing.T, plant func(d *daemon, f string)) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to act as other users")
-	}
-	if _, err := exec.LookPath("setfattr"); err != nil {
-		t.Skip("setfattr (Debian package attr) is not installed here")
-	}
+	needOtherUsers(t, "setfattr")
 	d := startDaemon(t, "--allow-other")
-	for p := d.mnt; p != "/tmp" && p != "/"; p = filepath.Dir(p) {
-		os.Chmod(p, 0o755)
-	}
+	openToOthers(d.mnt)
 	const n = 2 << 20 // a small spare: kept as it is for reuse
 	secret := bytes.Repeat([]byte{0xAB}, n)
 

@@ -11,13 +11,41 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// asNobody runs a command as uid/gid 65534 and returns its combined output.
-func asNobody(name string, args ...string) (string, error) {
+// asUser runs a command as uid (and gid) uid and returns its combined
+// output.
+func asUser(uid int, name string, args ...string) (string, error) {
 	cmd := exec.Command(name, args...)
 	cmd.Dir = "/"
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
 	out, err := cmd.CombinedOutput()
 	return string(out), err
+}
+
+// asNobody runs a command as uid/gid 65534 (asUser).
+func asNobody(name string, args ...string) (string, error) { return asUser(65534, name, args...) }
+
+// needOtherUsers skips a test that acts as other users unless it runs as
+// root, and needs tool (Debian package attr): missing, it fails under
+// CI=true (.ci/run installs it) and skips elsewhere.
+func needOtherUsers(t *testing.T, tool string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to act as other users")
+	}
+	if _, err := exec.LookPath(tool); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s (Debian package attr) is needed; .ci/run installs it", tool)
+		}
+		t.Skipf("%s (Debian package attr) is not installed here", tool)
+	}
+}
+
+// openToOthers opens the parents of mountpoint mnt (0700 temp dirs) for
+// other users.
+func openToOthers(mnt string) {
+	for p := mnt; p != "/tmp" && p != "/"; p = filepath.Dir(p) {
+		os.Chmod(p, 0o755)
+	}
 }
 
 // TestPermissions: mode bits and ownership are honoured by the kernel
@@ -25,28 +53,15 @@ func asNobody(name string, args ...string) (string, error) {
 // template changes need write permission, and without --allow-other other
 // users cannot enter the mount at all.
 func TestPermissions(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to act as another user")
-	}
-	if _, err := exec.LookPath("getfattr"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("getfattr (Debian package attr) is needed; .ci/run installs it")
-		}
-		t.Skip("getfattr (Debian package attr) is not installed here")
-	}
+	needOtherUsers(t, "getfattr")
 
 	private := startDaemon(t)
-	// The mountpoint's parents are 0700 temp dirs: open them for the other user.
-	for p := private.mnt; p != "/tmp" && p != "/"; p = filepath.Dir(p) {
-		os.Chmod(p, 0o755)
-	}
+	openToOthers(private.mnt)
 	out, err := asNobody("stat", private.mnt)
 	require.Error(t, err, "without --allow-other another user cannot use the mount: %s", out)
 
 	d := startDaemon(t, "--allow-other")
-	for p := d.mnt; p != "/tmp" && p != "/"; p = filepath.Dir(p) {
-		os.Chmod(p, 0o755)
-	}
+	openToOthers(d.mnt)
 	secret, shared := d.path("secret"), d.path("shared")
 	require.NoError(t, os.WriteFile(secret, []byte("k"), 0o600))
 	require.NoError(t, os.WriteFile(shared, []byte("k"), 0o644))

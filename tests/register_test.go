@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -301,16 +300,9 @@ func TestRegisterBadInput(t *testing.T) {
 // caller of another uid naming root's memfd gets EACCES and nothing changes;
 // the same caller may register its own uid's memfd.
 func TestRegisterPermission(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to act as another user")
-	}
-	if _, err := exec.LookPath("setfattr"); err != nil {
-		t.Fatal("setfattr (Debian package attr) is needed: apt-get install -y attr")
-	}
+	needOtherUsers(t, "setfattr")
 	d := startDaemon(t, "--allow-other")
-	for p := d.mnt; p != "/tmp" && p != "/"; p = filepath.Dir(p) {
-		os.Chmod(p, 0o755)
-	}
+	openToOthers(d.mnt)
 	rootOwner := startOwner(t, 4096, nil)
 	nobody := &syscall.Credential{Uid: 65534, Gid: 65534}
 	theirs := startOwner(t, 4096, nobody)
