@@ -9,6 +9,7 @@ import (
 	"github.com/tensorfs/tensorfs/ipc"
 	"github.com/tensorfs/tensorfs/mr"
 	"github.com/tensorfs/tensorfs/tensor"
+	"github.com/tensorfs/tensorfs/transfer"
 )
 
 // errnoMap is the one mapping from the domain packages' sentinel errors to the
@@ -54,4 +55,25 @@ func toErrno(op string, err error) syscall.Errno {
 	}
 	log.Printf("%s: %v (EIO)", op, err)
 	return syscall.EIO
+}
+
+// copyErr gives err the errno of errnoMap for the copy engine, which sends
+// a failure to the peer as an errno and a message (transfer.Errno): a
+// domain error with no errno in its chain would reach the peer's caller
+// as EIO. Errors that carry an errno, and unknown ones (EIO), pass as they
+// are.
+func copyErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) && errno != 0 {
+		return err
+	}
+	for _, m := range errnoMap {
+		if errors.Is(err, m.err) {
+			return &transfer.Error{Errno: m.errno, Msg: err.Error()}
+		}
+	}
+	return err
 }

@@ -10,7 +10,8 @@ package tests
 //     into a reused one (as many streams as the daemons use: --streams, set
 //     by $PEERBENCH_STREAMS, default transfer.DefaultStreams).
 //   - BenchmarkPeerTree1000x64K: 1000 tensors of 64 KiB as one directory
-//     copy_to, against one copy_to per file.
+//     copy_to, against one copy_to per file, over existing destinations and
+//     into new ones.
 //   - BenchmarkPeerSmallCopy4K: the round trip of a 4 KiB copy_to (p50, p99),
 //     against a 4 KiB request and its reply on an open TCP connection.
 //
@@ -181,16 +182,26 @@ func BenchmarkPeerCopy1G(b *testing.B) {
 
 // BenchmarkPeerTree1000x64K: per op, the same 1000 tensors of 64 KiB of
 // random bytes (daemon a's /blocks/t000../t999, dtype U8, shape 65536) copied
-// to peer b, over destinations that exist from an untimed first copy:
+// to peer b:
 //
-//   - dir: one setxattr user.tensorfs.copy_to "b:/blocks" on the directory
-//     (one connection, one pipelined transfer, 1000 renames into place on b).
+//   - dir: one setxattr user.tensorfs.copy_to "b:/dir" on the directory,
+//     over destinations that exist from an untimed first copy (one
+//     connection, one pipelined transfer, 1000 renames into place on b, one
+//     IN_MOVED_TO each for watchers of b:/dir).
 //   - files: 1000 setxattr user.tensorfs.copy_to "b:/files/tNNN", one per
-//     file, one after the other.
+//     file, one after the other, over existing destinations likewise.
+//   - dir-new: the same directory copy_to into a directory that does not
+//     exist yet, a new one per op ("b:/dir-new-N"): b builds it under a
+//     temporary name and renames it into place once.
+//   - files-new: the per-file copy_to into new files ("b:/files-new-N/tNNN";
+//     the directory is made, untimed, before the op).
 //
-// Reported as tensors/s and MB/s (the tensors' bytes, 64 MiB per op).
+// The "-new" variants remove the previous op's tree untimed (b's memory
+// stays bounded). Reported as tensors/s and MB/s (the tensors' bytes, 64
+// MiB per op); scripts/peerbench.sh reports dir ÷ files and dir-new ÷
+// files-new.
 func BenchmarkPeerTree1000x64K(b *testing.B) {
-	for _, mode := range []string{"dir", "files"} {
+	for _, mode := range []string{"dir", "files", "dir-new", "files-new"} {
 		b.Run(mode, func(b *testing.B) {
 			a, d := peerBenchPair(b)
 			blocks := a.path("blocks")
@@ -204,31 +215,50 @@ func BenchmarkPeerTree1000x64K(b *testing.B) {
 				rng.Read(contents[i])
 				mustNo(b, os.WriteFile(filepath.Join(blocks, names[i]), contents[i], 0o644))
 			}
-			dstDir := d.path(mode)
-			once := func() {
-				if mode == "dir" {
-					peerBenchCopyTo(b, blocks, "b:/dir")
-					return
+			fresh := strings.HasSuffix(mode, "-new")
+			perFile := strings.HasPrefix(mode, "files")
+			ops := 0
+			dstDir := "" // the last op's destination directory on b
+			// prepare readies op ops+1's destination (untimed) and returns it.
+			prepare := func() string {
+				dst := "/" + mode
+				if fresh {
+					if dstDir != "" {
+						mustNo(b, os.RemoveAll(dstDir))
+					}
+					dst = fmt.Sprintf("/%s-%d", mode, ops+1)
 				}
-				for _, n := range names {
-					peerBenchCopyTo(b, filepath.Join(blocks, n), "b:/files/"+n)
+				if perFile && (fresh || ops == 0) {
+					mustNo(b, os.Mkdir(d.path(dst[1:]), 0o755))
 				}
+				return dst
 			}
-			if mode == "files" {
-				mustNo(b, os.Mkdir(dstDir, 0o755))
-			}
-			once() // the destinations now exist
-			ops := 1
-			b.SetBytes(peerTreeN * peerTreeSize)
-			for b.Loop() {
-				once()
+			once := func(dst string) {
+				if !perFile {
+					peerBenchCopyTo(b, blocks, "b:"+dst)
+				} else {
+					for _, n := range names {
+						peerBenchCopyTo(b, filepath.Join(blocks, n), "b:"+dst+"/"+n)
+					}
+				}
+				dstDir = d.path(dst[1:])
 				ops++
 			}
+			if !fresh {
+				once(prepare()) // the destinations now exist
+			}
+			b.SetBytes(peerTreeN * peerTreeSize)
+			for b.Loop() {
+				b.StopTimer()
+				dst := prepare()
+				b.StartTimer()
+				once(dst)
+			}
 			b.ReportMetric(float64(peerTreeN)*float64(b.N)/b.Elapsed().Seconds(), "tensors/s")
-			if mode == "dir" {
-				reportPhases(b, d.mnt, b.N) // per directory copy
-			} else {
+			if perFile {
 				reportPhases(b, d.mnt, 16) // per file: the last ones stats keeps
+			} else {
+				reportPhases(b, d.mnt, b.N) // per directory copy
 			}
 			ents, err := os.ReadDir(dstDir)
 			mustNo(b, err)
@@ -242,10 +272,10 @@ func BenchmarkPeerTree1000x64K(b *testing.B) {
 					b.Fatalf("%s/%s differs from its source", dstDir, names[i])
 				}
 			}
-			if mode == "dir" {
-				a.requireTCPCopies(ops)
-			} else {
+			if perFile {
 				a.requireTCPCopies(ops * peerTreeN)
+			} else {
+				a.requireTCPCopies(ops)
 			}
 		})
 	}

@@ -1,0 +1,265 @@
+package tests
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// inotifyEvent is one event of a watcher.
+type inotifyEvent struct {
+	Name string
+	Mask uint32
+}
+
+// watchDir starts an inotify watcher of dir for mask; events returns what it
+// has seen so far (waiting up to wait for at least one more when none has
+// come yet).
+func watchDir(t *testing.T, dir string, mask uint32) (events func(wait time.Duration) []inotifyEvent) {
+	t.Helper()
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	require.NoError(t, err)
+	t.Cleanup(func() { unix.Close(fd) })
+	_, err = unix.InotifyAddWatch(fd, dir, mask)
+	require.NoError(t, err)
+	var seen []inotifyEvent
+	buf := make([]byte, 64<<10)
+	return func(wait time.Duration) []inotifyEvent {
+		deadline := time.Now().Add(wait)
+		for {
+			n, err := unix.Read(fd, buf)
+			if errors.Is(err, unix.EAGAIN) {
+				if len(seen) > 0 || time.Now().After(deadline) {
+					return seen
+				}
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			require.NoError(t, err)
+			for off := 0; off < n; {
+				ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+				name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
+				seen = append(seen, inotifyEvent{Name: name, Mask: ev.Mask})
+				off += unix.SizeofInotifyEvent + int(ev.Len)
+			}
+		}
+	}
+}
+
+// movedTo lists the names of the IN_MOVED_TO events, sorted as they came.
+func movedTo(evs []inotifyEvent) []string {
+	var out []string
+	for _, e := range evs {
+		if e.Mask&unix.IN_MOVED_TO != 0 {
+			out = append(out, e.Name)
+		}
+	}
+	return out
+}
+
+// watchWhole polls dir while a copy runs and records every listing of it
+// that is neither absent nor complete (want entries, temporaries not
+// counted); stop ends it and returns those listings' sizes.
+func watchWhole(t *testing.T, dir string, want int) (stop func() []int) {
+	var (
+		mu      sync.Mutex
+		partial []int
+		done    = make(chan struct{})
+		ended   = make(chan struct{})
+	)
+	go func() {
+		defer close(ended)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			ents, err := os.ReadDir(dir)
+			if err != nil {
+				continue // not there yet
+			}
+			n := 0
+			for _, e := range ents {
+				if !strings.HasPrefix(e.Name(), ".tensorfs-tmp-") {
+					n++
+				}
+			}
+			if n != want {
+				mu.Lock()
+				partial = append(partial, n)
+				mu.Unlock()
+			}
+		}
+	}()
+	return func() []int {
+		close(done)
+		<-ended
+		mu.Lock()
+		defer mu.Unlock()
+		return partial
+	}
+}
+
+// TestNewTreeArrivesWhole: a directory copy into a directory that does not
+// exist yet (pushed to a peer, or inside one mount) builds it under a
+// temporary name and renames it into place once: watchers of the parent
+// see one IN_MOVED_TO for the directory, and nobody ever sees part of the
+// tree under its name. The new directories are owned like their parent,
+// like the tensors in them. A second copy over the now existing tree
+// renames each tensor into place, one IN_MOVED_TO per tensor for watchers
+// of its directory.
+func TestNewTreeArrivesWhole(t *testing.T) {
+	ds := cluster(t, []string{"a", "b"})
+	a, b := ds["a"], ds["b"]
+	const n, size = 300, 64 << 10
+	mkTemplateDir(t, a.path("src"), "U8", fmt.Sprint(size))
+	for i := range n {
+		require.NoError(t, os.WriteFile(a.path(fmt.Sprintf("src/t%03d", i)), fill(size, byte(i)), 0o644))
+	}
+	require.NoError(t, os.MkdirAll(a.path("src/sub/deep"), 0o755))
+	require.NoError(t, os.WriteFile(a.path("src/sub/deep/z"), fill(size, 9), 0o644)) // sub/deep has src's template
+
+	check := func(t *testing.T, d *daemon, tree string) {
+		t.Helper()
+		for _, i := range []int{0, 1, 150, n - 1} {
+			got, err := os.ReadFile(d.path(fmt.Sprintf("%s/t%03d", tree, i)))
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(fill(size, byte(i)), got), "%s/t%03d", tree, i)
+		}
+		got, err := os.ReadFile(d.path(tree + "/sub/deep/z"))
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(fill(size, 9), got), "%s/sub/deep/z", tree)
+	}
+	owned := func(t *testing.T, d *daemon, p string, uid uint32, mode os.FileMode) {
+		t.Helper()
+		fi, err := os.Stat(d.path(p))
+		require.NoError(t, err)
+		st := fi.Sys().(*syscall.Stat_t)
+		require.Equal(t, [2]uint32{uid, uid}, [2]uint32{st.Uid, st.Gid}, "owner of %s", p)
+		require.Equal(t, mode, fi.Mode().Perm(), "mode of %s", p)
+	}
+	noTemps := func(t *testing.T, dir string) {
+		t.Helper()
+		ents, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		for _, e := range ents {
+			require.False(t, strings.HasPrefix(e.Name(), ".tensorfs-tmp-"), "temporary %s left in %s", e.Name(), dir)
+		}
+	}
+
+	for _, tc := range []struct {
+		name   string
+		d      *daemon // where the tree lands
+		target string  // copy_to's value
+		tree   string  // the tree's path in d
+	}{
+		{"push", b, "b:/home/new/tree", "home/new/tree"},
+		{"local", a, "/home/new/tree", "home/new/tree"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := tc.d
+			require.NoError(t, os.Mkdir(d.path("home"), 0o755))
+			require.NoError(t, os.Chown(d.path("home"), 1234, 1234))
+			events := watchDir(t, d.path("home"), unix.IN_MOVED_TO|unix.IN_CREATE|unix.IN_MOVED_FROM)
+			stop := watchWhole(t, d.path(tc.tree), n+1)
+			setx(t, a.path("src"), "user.tensorfs.copy_to", tc.target)
+			partial := stop()
+			require.Empty(t, partial, "the new tree was seen part-way, with these entry counts")
+			evs := events(2 * time.Second)
+			var arrived []inotifyEvent
+			for _, e := range evs {
+				require.Zero(t, e.Mask&unix.IN_CREATE, "nothing is created through the mount: %v", evs)
+				if e.Mask&unix.IN_MOVED_TO != 0 {
+					arrived = append(arrived, e)
+				}
+			}
+			require.Equal(t, []inotifyEvent{{Name: "new", Mask: unix.IN_MOVED_TO | unix.IN_ISDIR}}, arrived, "one arrival: the new directory moved into place")
+			check(t, d, tc.tree)
+			for _, p := range []string{"home/new", "home/new/tree", "home/new/tree/sub", "home/new/tree/sub/deep"} {
+				owned(t, d, p, 1234, 0o755)
+			}
+			owned(t, d, "home/new/tree/t000", 1234, 0o644)
+			owned(t, d, "home/new/tree/sub/deep/z", 1234, 0o644)
+			noTemps(t, d.path("home"))
+
+			// Over the existing tree: one IN_MOVED_TO per tensor.
+			events = watchDir(t, d.path(tc.tree), unix.IN_MOVED_TO)
+			setx(t, a.path("src"), "user.tensorfs.copy_to", tc.target)
+			var got []string
+			for deadline := time.Now().Add(5 * time.Second); len(got) < n && time.Now().Before(deadline); {
+				got = movedTo(events(100 * time.Millisecond))
+			}
+			want := make([]string, n)
+			for i := range want {
+				want[i] = fmt.Sprintf("t%03d", i)
+			}
+			require.ElementsMatch(t, want, got)
+			check(t, d, tc.tree)
+			noTemps(t, d.path(tc.tree))
+			require.NoError(t, os.RemoveAll(d.path("home")))
+		})
+	}
+	require.NoError(t, os.RemoveAll(a.path("src")))
+	a.requireClean()
+	b.requireClean()
+}
+
+// TestNewTreeFailsWithoutTrace: a directory copy into a new directory that
+// fails part-way (the destination runs out of memory for its second
+// tensor) is ENOSPC, not EIO (the peer's out-of-memory error crosses the
+// wire as its errno), and leaves neither the directory nor a temporary
+// behind, and frees what it took: the destination's stats return to what
+// they were. A single tensor that does not fit is ENOSPC too.
+func TestNewTreeFailsWithoutTrace(t *testing.T) {
+	ds := cluster(t, []string{"a", "b"}, "--max-memory", "16MiB")
+	a, b := ds["a"], ds["b"]
+	const size = 4 << 20
+	mkTemplateDir(t, a.path("src"), "U8", fmt.Sprint(size)) // allocated exactly, not grown by writes
+	require.NoError(t, os.Mkdir(a.path("src/sub"), 0o755))
+	for _, n := range []string{"src/x", "src/y", "src/sub/z"} {
+		require.NoError(t, os.WriteFile(a.path(n), fill(size, 1), 0o644))
+	}
+	require.NoError(t, os.WriteFile(b.path("ballast"), nil, 0o644))
+	require.NoError(t, os.Truncate(b.path("ballast"), 2*size)) // b can take one more 4 MiB tensor and a bit
+	before := b.settledLive()
+	for _, target := range []string{"b:/new", "b:/deeper/new"} {
+		err := unix.Setxattr(a.path("src"), "user.tensorfs.copy_to", []byte(target), 0)
+		require.ErrorIs(t, err, syscall.ENOSPC, "%s\n%s\n%s", target, a.log.String(), b.log.String())
+		ents, err := os.ReadDir(b.mnt)
+		require.NoError(t, err)
+		var left []string
+		for _, e := range ents {
+			left = append(left, e.Name())
+		}
+		require.Equal(t, []string{"ballast"}, left, "after the failed copy to %s", target)
+		require.Equal(t, before, b.settledLive())
+	}
+	// The same errno for one tensor, pushed (the error crosses the wire)
+	// and pulled.
+	require.NoError(t, os.WriteFile(b.path("ballast2"), nil, 0o644))
+	require.NoError(t, os.Truncate(b.path("ballast2"), size+1<<20)) // 3 MiB left
+	require.NoError(t, os.WriteFile(b.path("pulled"), nil, 0o644))
+	before = b.settledLive()
+	err := unix.Setxattr(a.path("src/x"), "user.tensorfs.copy_to", []byte("b:/x"), 0)
+	require.ErrorIs(t, err, syscall.ENOSPC, "push of one tensor")
+	err = unix.Setxattr(b.path("pulled"), "user.tensorfs.copy_from", []byte("a:/src/x"), 0)
+	require.ErrorIs(t, err, syscall.ENOSPC, "pull of one tensor")
+	require.Equal(t, before, b.settledLive())
+	for _, n := range []string{"pulled", "ballast", "ballast2"} {
+		require.NoError(t, os.Remove(b.path(n)))
+	}
+	require.NoError(t, os.RemoveAll(a.path("src")))
+	a.requireClean()
+	b.requireClean()
+}
