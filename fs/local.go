@@ -101,7 +101,7 @@ type fileSource struct {
 	meta transfer.Meta
 }
 
-func (s *fileSource) Meta() transfer.Meta                     { return s.meta }
+func (s *fileSource) Meta() transfer.Meta { return s.meta }
 func (s *fileSource) ReadAt(p []byte, off int64) (int, error) {
 	n, err := s.t.ReadAt(p, off)
 	return n, copyErr(err)
