@@ -11,7 +11,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -164,32 +163,9 @@ func TestPeerArrivalNotifies(t *testing.T) {
 	a, b := ds["a"], ds["b"]
 	require.NoError(t, os.WriteFile(a.path("t"), fill(4096, 1), 0o644))
 	require.NoError(t, os.Mkdir(b.path("in"), 0o755))
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
-	require.NoError(t, err)
-	defer unix.Close(fd)
-	_, err = unix.InotifyAddWatch(fd, b.path("in"), unix.IN_MOVED_TO)
-	require.NoError(t, err)
+	events := watchDir(t, b.path("in"), unix.IN_MOVED_TO)
 	setx(t, a.path("t"), "user.tensorfs.copy_to", "b:/in/arrived")
-	buf := make([]byte, 4096)
-	unix.SetNonblock(fd, true)
-	var names []string
-	deadline := time.Now().Add(5 * time.Second)
-	for len(names) == 0 && time.Now().Before(deadline) {
-		n, err := unix.Read(fd, buf)
-		if err == unix.EAGAIN {
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		require.NoError(t, err)
-		for off := 0; off < n; {
-			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
-			if ev.Mask&unix.IN_MOVED_TO != 0 {
-				names = append(names, name)
-			}
-			off += unix.SizeofInotifyEvent + int(ev.Len)
-		}
-	}
+	names := movedTo(events(5 * time.Second))
 	require.Equal(t, []string{"arrived"}, names)
 	require.NoError(t, os.Remove(a.path("t")))
 	require.NoError(t, os.RemoveAll(b.path("in")))
