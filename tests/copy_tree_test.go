@@ -271,3 +271,70 @@ func requireLiveBack(t *testing.T, d *daemon, base liveStats) {
 	require.Eventually(t, func() bool { return d.stats().Live == base }, 5*time.Second, 20*time.Millisecond,
 		"stats back to the baseline %+v: %+v", base, d.stats().Live)
 }
+
+// TestEmptyDirectoryCopies: an empty directory pushed to a peer arrives as
+// an empty directory, and one pulled is a copy of nothing; over TCP, over
+// IPC (the same host id) and inside one mount. Each copy leaves the
+// connection in step: the next copy works. (Over IPC an empty push was
+// sent as an IPC put with no descriptors, which the peer took for a TCP
+// put: the push "succeeded" without making the directory, and the next
+// copy to that peer failed with EPROTO.)
+func TestEmptyDirectoryCopies(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		ipcCopies int // a's copies counted as ipc
+		args      []string
+	}{
+		{"tcp", 0, nil},
+		{"ipc", 2, []string{"--host-id", "one-host"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ds := cluster(t, []string{"a", "b"}, tc.args...)
+			a, b := ds["a"], ds["b"]
+			require.NoError(t, os.Mkdir(a.path("empty"), 0o755))
+			require.NoError(t, os.WriteFile(a.path("f"), fill(4096, 3), 0o644))
+			for round := range 2 {
+				dst := fmt.Sprintf("copy%d", round)
+				setx(t, a.path("empty"), "user.tensorfs.copy_to", "b:/"+dst)
+				ents, err := os.ReadDir(b.path(dst))
+				require.NoError(t, err, "the pushed empty directory is there")
+				require.Empty(t, ents)
+				// The next copy on the same connection works.
+				setx(t, a.path("f"), "user.tensorfs.copy_to", "b:/"+dst+"/f")
+				got, err := os.ReadFile(b.path(dst + "/f"))
+				require.NoError(t, err)
+				require.Equal(t, fill(4096, 3), got)
+
+				require.NoError(t, os.Mkdir(b.path("pulled"+dst), 0o755))
+				setx(t, b.path("pulled"+dst), "user.tensorfs.copy_from", "a:/empty")
+				ents, err = os.ReadDir(b.path("pulled" + dst))
+				require.NoError(t, err)
+				require.Empty(t, ents)
+				setx(t, b.path("pulled"+dst), "user.tensorfs.copy_from", "a:/empty") // twice in a row
+			}
+			// Inside one mount too.
+			setx(t, a.path("empty"), "user.tensorfs.copy_to", "/empty-local")
+			ents, err := os.ReadDir(a.path("empty-local"))
+			require.NoError(t, err)
+			require.Empty(t, ents)
+
+			sa := a.stats()
+			require.Zero(t, sa.Transfers.Active)
+			for _, r := range append(sa.Transfers.Recent, b.stats().Transfers.Recent...) {
+				require.Contains(t, string(r), `"error":""`, "a failed record: %s", r)
+			}
+			// The file pushes take the peer's path; copies of no tensor go
+			// over TCP (there is no memory to export).
+			require.Equal(t, tc.ipcCopies, sa.Copies["ipc"], "%v", sa.Copies)
+			require.Equal(t, 1, sa.Copies["local"], "%v", sa.Copies)
+			for _, d := range []*daemon{a, b} {
+				ents, err := os.ReadDir(d.mnt)
+				require.NoError(t, err)
+				for _, e := range ents {
+					require.NoError(t, os.RemoveAll(d.path(e.Name())))
+				}
+				d.requireClean()
+			}
+		})
+	}
+}

@@ -46,7 +46,9 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 			err := c.sendJSON(frameRequest, request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, IPC: descs})
 			var r reply
 			if err == nil {
+				c.progress = func(n int64) { rec.BytesDone.Store(min(max(n, 0), total)) }
 				err = c.recvJSON(frameOK, &r)
+				c.progress = nil
 			} else {
 				err = netErr(err)
 			}
@@ -379,7 +381,9 @@ func (s *Service) servePutIPC(c *conn, req request) error {
 	}
 	rec, end := s.Track(c.peer, req.Path, "ipc", total, int64(len(req.Tensors)))
 	var n int
-	err = c.whileSilent(func() error {
+	// The sender hears how far the copy is (and that it is alive) every
+	// progressEvery.
+	err = c.whileCopying(rec, func() error {
 		var dest Dest
 		err := rec.timed(phasePrepare, func() (err error) {
 			dest, err = s.local.Put(req.Path, req.Dir, req.Tensors)

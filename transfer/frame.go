@@ -29,7 +29,10 @@ const (
 	frameDone      byte = 8 // either way: the end of a data stream (JSON summary)
 	// frameKeepalive says "still working" while a node prepares or commits a
 	// large copy with nothing else to send, so that the peer's timeout
-	// measures silence, not work. Receivers skip it.
+	// measures silence, not work. Receivers skip it. During an IPC put it
+	// may carry a JSON progressMsg, so that the sender's stats (and
+	// `tensorfs cp`'s progress bar) move with the copy; an empty one, or
+	// one a node does not expect, is skipped all the same.
 	frameKeepalive byte = 9
 	// frameRevoke and frameRevoked travel only on a lease channel (a
 	// connection turned over to leases by a "lease" request): see lease.go.

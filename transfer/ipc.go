@@ -39,9 +39,16 @@ func handleKind(h string) string {
 
 // exports pins and describes every source for an IPC copy to the peer of c
 // (only handle kinds it opens), or returns ok=false (releasing what it
-// took) when one of them cannot be exported. With a lease channel lc, each
-// export is also leased to the peer there, so that it may keep its import.
+// took) when one of them cannot be exported, or when there is none: a
+// request or reply with no descriptors is a TCP one (an empty directory
+// sent as "ipc" was taken for a TCP put by the peer, which then waited
+// for data and read the next request as a stray frame). With a lease
+// channel lc, each export is also leased to the peer there, so that it may
+// keep its import.
 func (s *Service) exports(srcs []Source, c *conn, lc *leaseChan) (descs []IPCDesc, release func(), ok bool) {
+	if len(srcs) == 0 {
+		return nil, func() {}, false
+	}
 	var rels []func()
 	var leased []uint64
 	release = func() {

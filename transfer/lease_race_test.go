@@ -296,3 +296,52 @@ func TestPullFallsBackToTCPOnceCounted(t *testing.T) {
 	require.Equal(t, "tcp", st.Transfers.Recent[1].Path)
 	require.Empty(t, st.Transfers.Recent[1].Error)
 }
+
+// slowMapping is an import whose every read takes delay.
+type slowMapping struct{ delay time.Duration }
+
+func (m slowMapping) ReadAt(p []byte, off int64) (int, error) { time.Sleep(m.delay); return len(p), nil }
+func (m slowMapping) Close() error                            { return nil }
+
+// TestIPCPushReportsProgress: during an IPC push the sender's record shows
+// the bytes the receiver has copied so far (keepalives with a progressMsg),
+// not 0 until the end: `tensorfs cp`'s progress bar reads it.
+func TestIPCPushReportsProgress(t *testing.T) {
+	const total = 8 << 20
+	recv := startServer(t, "r", newMemLocal(), testSecret, func(c *Config) {
+		c.HostID = "one"
+		c.ChunkSize = 1 << 20
+		c.Importers = map[string]func(string) (Mapping, error){
+			"fake": func(string) (Mapping, error) { return slowMapping{60 * time.Millisecond}, nil },
+		}
+	})
+	send := newClient(t, "s", newMemLocal(), testSecret, map[string]string{"r": addrOf(recv)}, func(c *Config) { c.HostID = "one" })
+	src := &exportSource{meta: Meta{DType: "U8", Shape: "8388608", NBytes: total}, onExport: func(*fakeLease) {}}
+	done := make(chan error, 1)
+	go func() {
+		_, err := send.Send(context.Background(), "r", "/x", []Source{src}, false, "/src")
+		done <- err
+	}()
+	var seen []int64
+	for {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+			st := send.Stats()
+			require.Equal(t, "ipc", st.Transfers.Recent[0].Path)
+			require.EqualValues(t, total, st.Transfers.Recent[0].BytesDone)
+			partial := 0
+			for _, n := range seen {
+				if n > 0 && n < total {
+					partial++
+				}
+			}
+			require.GreaterOrEqual(t, partial, 2, "the sender's bytes_done while the copy ran: %v", seen)
+			return
+		case <-time.After(20 * time.Millisecond):
+			if r := send.Stats().Transfers.Recent; len(r) == 1 {
+				seen = append(seen, r[0].BytesDone)
+			}
+		}
+	}
+}

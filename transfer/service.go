@@ -429,6 +429,9 @@ type conn struct {
 	// ownerPID is the peer's process, once a memfd handle naming it was
 	// checked against the connection (checkOwner).
 	ownerPID int
+	// progress, when set, gets the bytes_done of keepalives that carry a
+	// progressMsg (an IPC put's receiver reporting to its sender).
+	progress func(bytesDone int64)
 }
 
 func (c *conn) send(typ byte, payload []byte) error {
@@ -465,6 +468,10 @@ func (c *conn) recv() (byte, []byte, error) {
 			c.buf = p[:0]
 		}
 		if err == nil && typ == frameKeepalive {
+			var m progressMsg
+			if c.progress != nil && len(p) > 0 && json.Unmarshal(p, &m) == nil {
+				c.progress(m.BytesDone)
+			}
 			continue
 		}
 		return typ, p, err
@@ -474,17 +481,33 @@ func (c *conn) recv() (byte, []byte, error) {
 // whileSilent runs fn, sending keepalive frames every third of the timeout
 // until it returns, so the peer does not time out on work that is long but
 // alive (preparing or committing a tree of thousands of tensors).
-func (c *conn) whileSilent(fn func() error) error {
+func (c *conn) whileSilent(fn func() error) error { return c.whileCopying(nil, fn) }
+
+// progressEvery is how often the receiving node of an IPC put tells the
+// sender how far it is (a keepalive with a progressMsg).
+const progressEvery = 100 * time.Millisecond
+
+// whileCopying is whileSilent for an IPC put: with rec, the keepalives
+// carry rec's bytes done and go out every progressEvery.
+func (c *conn) whileCopying(rec *Record, fn func() error) error {
 	done := make(chan error, 1)
 	go func() { done <- fn() }()
-	tick := time.NewTicker(c.timeout / 3)
+	every := c.timeout / 3
+	if rec != nil {
+		every = min(every, progressEvery)
+	}
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
 		select {
 		case err := <-done:
 			return err
 		case <-tick.C:
-			if c.send(frameKeepalive, nil) == nil {
+			var p []byte
+			if rec != nil {
+				p = marshal(progressMsg{BytesDone: rec.BytesDone.Load()})
+			}
+			if c.send(frameKeepalive, p) == nil {
 				c.flush()
 			}
 		}

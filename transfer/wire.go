@@ -121,6 +121,12 @@ type idsMsg struct {
 	IDs []uint64 `json:"ids"`
 }
 
+// progressMsg is the optional payload of a frameKeepalive from the
+// receiving node of an IPC put: the bytes it has copied so far.
+type progressMsg struct {
+	BytesDone int64 `json:"bytes_done"`
+}
+
 // reply is a frameOK payload.
 type reply struct {
 	Dir     bool      `json:"dir,omitempty"`
