@@ -300,8 +300,11 @@ func TestPullFallsBackToTCPOnceCounted(t *testing.T) {
 // slowMapping is an import whose every read takes delay.
 type slowMapping struct{ delay time.Duration }
 
-func (m slowMapping) ReadAt(p []byte, off int64) (int, error) { time.Sleep(m.delay); return len(p), nil }
-func (m slowMapping) Close() error                            { return nil }
+func (m slowMapping) ReadAt(p []byte, off int64) (int, error) {
+	time.Sleep(m.delay)
+	return len(p), nil
+}
+func (m slowMapping) Close() error { return nil }
 
 // TestIPCPushReportsProgress: during an IPC push the sender's record shows
 // the bytes the receiver has copied so far (keepalives with a progressMsg),
