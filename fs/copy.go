@@ -395,5 +395,5 @@ func logCopy(src, dst string, n int, err error) {
 		log.Printf("copy %s -> %s: %v", src, dst, err)
 		return
 	}
-	log.Printf("copy %s -> %s: %d tensors", src, dst, n)
+	log.Printf("copy %s -> %s: %d tensor(s)", src, dst, n)
 }

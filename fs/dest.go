@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"maps"
 	"path"
 	"strings"
 	"syscall"
@@ -32,6 +33,7 @@ type destItem struct {
 	target  *File      // adopt mode: the file whose data is replaced in place
 	temp    *tensor.Tensor
 	h       *tensor.Handle
+	mode    uint32 // the mode Commit gives the temporary
 	placed  bool
 }
 
@@ -105,6 +107,17 @@ func (f *FS) prepare(p string, isDir bool, metas []transfer.Meta, adoptTarget go
 		}
 		ok = true
 		return d, nil
+	}
+	// Like a file's, a directory's destination needs its parent: only the
+	// destination itself and the tree below it are made.
+	if parent := path.Dir(p); parent != p {
+		n, err := f.resolve(parent)
+		if err != nil {
+			return nil, errf(syscall.ENOENT, "%s: the destination's parent %s does not exist", p, parent)
+		}
+		if _, ok := n.(*Dir); !ok {
+			return nil, errf(syscall.ENOTDIR, "%s: the destination's parent %s is a file", p, parent)
+		}
 	}
 	if _, err := d.dirFor(p); err != nil { // made even when no tensor lands in it
 		return nil, err
@@ -250,6 +263,24 @@ func (d *dest) add(loc dirLoc, toRel, name string, m transfer.Meta, adoptTarget 
 	if loc.staged == nil {
 		item.tmp = d.fsys.tmpName()
 	}
+	// A new tensor is its directory's owner's, mode copyMode. One that
+	// replaces a tensor keeps that tensor's owner, mode and user.*
+	// attributes (as a pull into it does): only the bytes, dtype, shape
+	// and registration change. Its memory is keyed by that owner.
+	keep := &dir.meta
+	item.mode = copyMode
+	if existing != nil {
+		keep = &existing.Operations().(*File).meta
+	}
+	keep.mu.Lock()
+	uid, gid := keep.uid, keep.gid
+	var xattrs map[string][]byte
+	if keep != &dir.meta {
+		item.mode = keep.mode
+		xattrs = maps.Clone(keep.xattrs)
+	}
+	keep.mu.Unlock()
+	tmpl.Owner = uid
 	t, err := d.fsys.store.New(tmpl)
 	if err != nil {
 		return err
@@ -259,9 +290,7 @@ func (d *dest) add(loc dirLoc, toRel, name string, m transfer.Meta, adoptTarget 
 	// until the copy has written it, its memory may hold what an earlier
 	// tensor of the same owner left there (Template.Uninit).
 	nf.meta.init(context.Background(), tmpMode)
-	dir.meta.mu.Lock()
-	nf.meta.uid, nf.meta.gid = dir.meta.uid, dir.meta.gid
-	dir.meta.mu.Unlock()
+	nf.meta.uid, nf.meta.gid, nf.meta.xattrs = uid, gid, xattrs
 	in := dir.NewPersistentInode(context.Background(), nf, gofs.StableAttr{Mode: syscall.S_IFREG})
 	dir.mu.Lock()
 	dir.setEntry(item.tmp, in)
@@ -405,7 +434,7 @@ func (d *dest) Commit() (int, error) {
 	}
 	for _, s := range d.staged {
 		for _, i := range s.items {
-			d.items[i].f.setMode(copyMode)
+			d.items[i].f.setMode(d.items[i].mode)
 		}
 		err := c.rename(s.parentRel, s.tmp, s.parentRel, s.final, unix.RENAME_NOREPLACE, func() error {
 			return moveEntry(s.parent, s.tmp, s.parent, s.final, true)
@@ -446,7 +475,7 @@ func (d *dest) Commit() (int, error) {
 				it.h = nil
 			}
 		} else {
-			it.f.setMode(copyMode)
+			it.f.setMode(it.mode)
 			err = c.rename(it.fromRel, it.tmp, it.toRel, it.final, 0, func() error {
 				return moveEntry(it.from, it.tmp, it.to, it.final, false)
 			})

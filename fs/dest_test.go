@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -78,7 +79,9 @@ func TestStagedDirectory(t *testing.T) {
 	require.NoError(t, err)
 	home.meta.uid, home.meta.gid = 1000, 1001
 	metas := []transfer.Meta{u8("a", 16), u8("sub/deep/b", 32)}
-	d, err := f.prepare("/home/new/tree", true, metas, nil, false)
+	_, err = f.prepare("/home/missing/new", true, metas, nil, false)
+	require.ErrorIs(t, err, syscall.ENOENT, "the destination's parent must exist")
+	d, err := f.prepare("/home/new", true, metas, nil, false)
 	require.NoError(t, err)
 	got := names(home)
 	require.Len(t, got, 1)
@@ -88,13 +91,13 @@ func TestStagedDirectory(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 	require.Equal(t, []string{"new"}, names(home))
-	for _, p := range []string{"/home/new", "/home/new/tree", "/home/new/tree/sub/deep"} {
+	for _, p := range []string{"/home/new", "/home/new/sub", "/home/new/sub/deep"} {
 		node, err := f.resolve(p)
 		require.NoError(t, err)
 		m := node.(*Dir).nodeMeta()
 		require.Equal(t, [3]uint32{1000, 1001, 0o755}, [3]uint32{m.uid, m.gid, m.mode}, p)
 	}
-	for i, p := range []string{"/home/new/tree/a", "/home/new/tree/sub/deep/b"} {
+	for i, p := range []string{"/home/new/a", "/home/new/sub/deep/b"} {
 		node, err := f.resolve(p)
 		require.NoError(t, err)
 		m := node.(*File).nodeMeta()

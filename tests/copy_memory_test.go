@@ -134,6 +134,6 @@ func TestCopyMadeDirectoriesShowAtOnce(t *testing.T) {
 	got, err := os.ReadFile(b.path("pull/sub/t"))
 	require.NoError(t, err)
 	require.Equal(t, fill(4096, 1), got)
-	setx(t, a.path("tree"), "user.tensorfs.copy_to", "b:/new/deeper")
+	setx(t, a.path("tree"), "user.tensorfs.copy_to", "b:/new")
 	require.EqualValues(t, rootLinks+3, nlink(root), "the root got new/ from the copy")
 }

@@ -164,8 +164,8 @@ func TestNewTreeArrivesWhole(t *testing.T) {
 		target string  // copy_to's value
 		tree   string  // the tree's path in d
 	}{
-		{"push", b, "b:/home/new/tree", "home/new/tree"},
-		{"local", a, "/home/new/tree", "home/new/tree"},
+		{"push", b, "b:/home/new", "home/new"},
+		{"local", a, "/home/new", "home/new"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := tc.d
@@ -186,11 +186,11 @@ func TestNewTreeArrivesWhole(t *testing.T) {
 			}
 			require.Equal(t, []inotifyEvent{{Name: "new", Mask: unix.IN_MOVED_TO | unix.IN_ISDIR}}, arrived, "one arrival: the new directory moved into place")
 			check(t, d, tc.tree)
-			for _, p := range []string{"home/new", "home/new/tree", "home/new/tree/sub", "home/new/tree/sub/deep"} {
+			for _, p := range []string{"home/new", "home/new/sub", "home/new/sub/deep"} {
 				owned(t, d, p, 1234, 0o755)
 			}
-			owned(t, d, "home/new/tree/t000", 1234, 0o644)
-			owned(t, d, "home/new/tree/sub/deep/z", 1234, 0o644)
+			owned(t, d, "home/new/t000", 1234, 0o644)
+			owned(t, d, "home/new/sub/deep/z", 1234, 0o644)
 			noTemps(t, d.path("home"))
 
 			// Over the existing tree: one IN_MOVED_TO per tensor.
@@ -215,8 +215,9 @@ func TestNewTreeArrivesWhole(t *testing.T) {
 	b.requireClean()
 }
 
-// TestNewTreeFailsWithoutTrace: a directory copy into a new directory that
-// fails part-way (the destination runs out of memory for its second
+// TestNewTreeFailsWithoutTrace: a directory copy whose destination's parent
+// does not exist is ENOENT (only the destination and its tree are made). A
+// directory copy into a new directory that fails part-way (the destination runs out of memory for its second
 // tensor) is ENOSPC, not EIO (the peer's out-of-memory error crosses the
 // wire as its errno), and leaves neither the directory nor a temporary
 // behind, and frees what it took: the destination's stats return to what
@@ -233,7 +234,9 @@ func TestNewTreeFailsWithoutTrace(t *testing.T) {
 	require.NoError(t, os.WriteFile(b.path("ballast"), nil, 0o644))
 	require.NoError(t, os.Truncate(b.path("ballast"), 2*size)) // b can take one more 4 MiB tensor and a bit
 	before := b.settledLive()
-	for _, target := range []string{"b:/new", "b:/deeper/new"} {
+	err := unix.Setxattr(a.path("src"), "user.tensorfs.copy_to", []byte("b:/missing/new"), 0)
+	require.ErrorIs(t, err, syscall.ENOENT, "the destination's parent must exist")
+	for _, target := range []string{"b:/new", "b:/new"} {
 		err := unix.Setxattr(a.path("src"), "user.tensorfs.copy_to", []byte(target), 0)
 		require.ErrorIs(t, err, syscall.ENOSPC, "%s\n%s\n%s", target, a.log.String(), b.log.String())
 		ents, err := os.ReadDir(b.mnt)
@@ -251,7 +254,7 @@ func TestNewTreeFailsWithoutTrace(t *testing.T) {
 	require.NoError(t, os.Truncate(b.path("ballast2"), size+1<<20)) // 3 MiB left
 	require.NoError(t, os.WriteFile(b.path("pulled"), nil, 0o644))
 	before = b.settledLive()
-	err := unix.Setxattr(a.path("src/x"), "user.tensorfs.copy_to", []byte("b:/x"), 0)
+	err = unix.Setxattr(a.path("src/x"), "user.tensorfs.copy_to", []byte("b:/x"), 0)
 	require.ErrorIs(t, err, syscall.ENOSPC, "push of one tensor")
 	err = unix.Setxattr(b.path("pulled"), "user.tensorfs.copy_from", []byte("a:/src/x"), 0)
 	require.ErrorIs(t, err, syscall.ENOSPC, "pull of one tensor")
@@ -337,4 +340,54 @@ func TestEmptyDirectoryCopies(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPushKeepsReplacedAttributes: a copy over an existing tensor (pushed
+// to a peer, or inside one mount) replaces its bytes, dtype and shape but
+// keeps its owner, mode and user.* attributes, as a pull into it does; a
+// new tensor gets its directory's owner and mode 0644. (A push made a
+// private 0600 file of another user world-readable and the directory
+// owner's.)
+func TestPushKeepsReplacedAttributes(t *testing.T) {
+	ds := cluster(t, []string{"a", "b"})
+	a, b := ds["a"], ds["b"]
+	require.NoError(t, os.WriteFile(a.path("src"), fill(4096, 5), 0o644))
+	for _, d := range []*daemon{a, b} {
+		require.NoError(t, os.Mkdir(d.path("shared"), 0o777))
+		require.NoError(t, os.Chown(d.path("shared"), 1000, 1000))
+		require.NoError(t, os.WriteFile(d.path("shared/secret"), fill(100, 1), 0o644))
+		require.NoError(t, os.Chown(d.path("shared/secret"), 2000, 2001))
+		require.NoError(t, os.Chmod(d.path("shared/secret"), 0o600))
+		setx(t, d.path("shared/secret"), "user.model", "keep")
+	}
+	stat := func(p string) (uint32, uint32, os.FileMode) {
+		t.Helper()
+		fi, err := os.Stat(p)
+		require.NoError(t, err)
+		st := fi.Sys().(*syscall.Stat_t)
+		return st.Uid, st.Gid, fi.Mode().Perm()
+	}
+	for _, tc := range []struct {
+		d      *daemon
+		prefix string
+	}{{b, "b:"}, {a, ""}} {
+		setx(t, a.path("src"), "user.tensorfs.copy_to", tc.prefix+"/shared/secret")
+		setx(t, a.path("src"), "user.tensorfs.copy_to", tc.prefix+"/shared/fresh")
+		got, err := os.ReadFile(tc.d.path("shared/secret"))
+		require.NoError(t, err)
+		require.Equal(t, fill(4096, 5), got, "the bytes are replaced")
+		uid, gid, mode := stat(tc.d.path("shared/secret"))
+		require.Equal(t, []any{uint32(2000), uint32(2001), os.FileMode(0o600)}, []any{uid, gid, mode}, "%sshared/secret keeps its owner and mode", tc.prefix)
+		require.Equal(t, "keep", getx(t, tc.d.path("shared/secret"), "user.model"))
+		uid, gid, mode = stat(tc.d.path("shared/fresh"))
+		require.Equal(t, []any{uint32(1000), uint32(1000), os.FileMode(0o644)}, []any{uid, gid, mode}, "%sshared/fresh is the directory owner's", tc.prefix)
+		_, err = unix.Getxattr(tc.d.path("shared/fresh"), "user.model", make([]byte, 64))
+		require.ErrorIs(t, err, unix.ENODATA)
+	}
+	for _, d := range []*daemon{a, b} {
+		require.NoError(t, os.RemoveAll(d.path("shared")))
+	}
+	require.NoError(t, os.Remove(a.path("src")))
+	a.requireClean()
+	b.requireClean()
 }
