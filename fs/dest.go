@@ -181,7 +181,7 @@ func (d *dest) dirFor(p string) (dirLoc, error) {
 		pd.setEntry(name, in)
 		loc.rel = path.Join(parent.rel, name)
 	} else {
-		s := &stagedDir{parent: pd, parentRel: parent.rel, tmp: d.fsys.tmpName(), final: name, dir: nd}
+		s := &stagedDir{parent: pd, parentRel: parent.rel, tmp: d.fsys.tmpNameIn(pd), final: name, dir: nd}
 		pd.setEntry(s.tmp, in)
 		d.staged = append(d.staged, s)
 		loc.staged, loc.rel = s, path.Join(parent.rel, s.tmp)
@@ -192,9 +192,16 @@ func (d *dest) dirFor(p string) (dirLoc, error) {
 	return loc, nil
 }
 
-// tmpName is a fresh temporary name for a copy's tensor or directory.
-func (f *FS) tmpName() string {
-	return fmt.Sprintf("%s%d", tmpPrefix, f.tmpSeq.Add(1))
+// tmpNameIn is a fresh temporary name for a copy's tensor or directory in
+// d, one no entry of d has (users may name files .tensorfs-tmp-N too);
+// d.mu is held.
+func (f *FS) tmpNameIn(d *Dir) string {
+	for {
+		n := fmt.Sprintf("%s%d", tmpPrefix, f.tmpSeq.Add(1))
+		if d.entries[n] == nil {
+			return n
+		}
+	}
 }
 
 // newSubdir makes a directory node for a copy to put in d: d's template,
@@ -259,27 +266,9 @@ func (d *dest) add(loc dirLoc, toRel, name string, m transfer.Meta, adoptTarget 
 		d.items = append(d.items, item)
 		return nil
 	}
-	item.tmp = name
-	if loc.staged == nil {
-		item.tmp = d.fsys.tmpName()
-	}
-	// A new tensor is its directory's owner's, mode copyMode. One that
-	// replaces a tensor keeps that tensor's owner, mode and user.*
-	// attributes (as a pull into it does): only the bytes, dtype, shape
-	// and registration change. Its memory is keyed by that owner.
-	keep := &dir.meta
-	item.mode = copyMode
-	if existing != nil {
-		keep = &existing.Operations().(*File).meta
-	}
-	keep.mu.Lock()
-	uid, gid := keep.uid, keep.gid
-	var xattrs map[string][]byte
-	if keep != &dir.meta {
-		item.mode = keep.mode
-		xattrs = maps.Clone(keep.xattrs)
-	}
-	keep.mu.Unlock()
+	item.tmp = name // in a staged directory; else a temporary name, below
+	uid, gid, mode, xattrs := landing(dir, existing)
+	item.mode = mode
 	tmpl.Owner = uid
 	t, err := d.fsys.store.New(tmpl)
 	if err != nil {
@@ -293,6 +282,9 @@ func (d *dest) add(loc dirLoc, toRel, name string, m transfer.Meta, adoptTarget 
 	nf.meta.uid, nf.meta.gid, nf.meta.xattrs = uid, gid, xattrs
 	in := dir.NewPersistentInode(context.Background(), nf, gofs.StableAttr{Mode: syscall.S_IFREG})
 	dir.mu.Lock()
+	if loc.staged == nil {
+		item.tmp = d.fsys.tmpNameIn(dir)
+	}
 	dir.setEntry(item.tmp, in)
 	dir.mu.Unlock()
 	item.f, item.temp = nf, t
@@ -301,6 +293,24 @@ func (d *dest) add(loc dirLoc, toRel, name string, m transfer.Meta, adoptTarget 
 	}
 	d.items = append(d.items, item)
 	return nil
+}
+
+// landing is what a copied tensor gets where it lands in dir: a new one
+// is dir's owner's, mode copyMode; one that replaces the tensor existing
+// keeps that tensor's owner, mode and user.* attributes (as a pull into
+// it does): only the bytes, dtype, shape and registration change. Its
+// memory is keyed by that owner.
+func landing(dir *Dir, existing *gofs.Inode) (uid, gid, mode uint32, xattrs map[string][]byte) {
+	if existing != nil {
+		if f, ok := existing.Operations().(*File); ok {
+			f.meta.mu.Lock()
+			defer f.meta.mu.Unlock()
+			return f.meta.uid, f.meta.gid, f.meta.mode, maps.Clone(f.meta.xattrs)
+		}
+	}
+	dir.meta.mu.Lock()
+	defer dir.meta.mu.Unlock()
+	return dir.meta.uid, dir.meta.gid, copyMode, nil
 }
 
 // templateFor is the tensor template of a copied tensor landing in dir: the
@@ -409,6 +419,12 @@ func (c *committer) rename(fromRel, from, toRel, to string, flags uint, internal
 			c.stuck, err = renameViaMount(fromFd, from, toFd, to, flags, internal)
 		}
 	}
+	if errors.Is(err, syscall.ENAMETOOLONG) {
+		// A directory deeper than PATH_MAX cannot be opened through the
+		// mount by its path: this tensor goes in place inside the daemon.
+		log.Printf("put %s/%s in place: its path is too long to rename through the mount; renamed inside the daemon (no IN_MOVED_TO)", toRel, to)
+		return internal()
+	}
 	if errors.Is(err, errStuck) {
 		c.stuck = true
 		err = internal()
@@ -465,6 +481,13 @@ func (d *dest) Commit() (int, error) {
 				return fail(path.Join(it.toRel, it.final), err)
 			}
 			it.to = to
+			// It lands like any tensor copied into that directory.
+			uid, gid, mode, xattrs := landing(to, to.child(it.final))
+			it.f.meta.mu.Lock()
+			it.f.meta.uid, it.f.meta.gid, it.f.meta.xattrs = uid, gid, xattrs
+			it.f.meta.mu.Unlock()
+			it.mode = mode
+			it.temp.SetOwner(uid)
 		}
 		var err error
 		if it.target != nil {
@@ -528,12 +551,26 @@ func renameViaMount(fromFd int, from string, toFd int, to string, flags uint, in
 	}
 	if err := internal(); err != nil {
 		if errors.Is(err, syscall.ENOENT) {
-			return true, <-late // the kernel's rename got the temporary
+			// Either the kernel's rename got the temporary (it is
+			// finishing: its result comes at once) or someone else moved
+			// or removed it, and the kernel's rename still waits for the
+			// lock of a process that may wait on us: do not wait for it.
+			select {
+			case err := <-late:
+				return true, err
+			case <-time.After(lateRenameGrace):
+				return true, err
+			}
 		}
 		return true, err
 	}
 	return true, nil
 }
+
+// lateRenameGrace is how long renameViaMount waits for the result of a
+// late rename that may have taken the temporary (its FUSE request has
+// been answered: the syscall is returning).
+const lateRenameGrace = time.Second
 
 // openDirWithin opens a destination directory (O_PATH) through the mount;
 // errStuck when the lookup does not finish in time (the same lock cycle
@@ -598,20 +635,52 @@ func (d *dest) Abort() {
 }
 
 // dropStaged removes the staged directories that were not put in place
-// (their tensors are gone or were put in place one by one).
+// (their tensors are gone or were put in place one by one). One that holds
+// something this copy did not put there (a user may write into it: it is
+// visible) stays, with that, under its temporary name: dropping it would
+// lose those entries and leak their memory.
 func (d *dest) dropStaged() {
 	for _, s := range d.staged {
 		if s.placed {
 			continue
 		}
+		s.placed = true
+		if !pruneEmpty(s.dir) {
+			log.Printf("%s: left in place, it holds entries this copy did not make", path.Join(s.parentRel, s.tmp))
+			continue
+		}
 		s.parent.mu.Lock()
-		if in := s.parent.entries[s.tmp]; in != nil && in.Operations() == s.dir {
+		if in := s.parent.entries[s.tmp]; in != nil && in.Operations() == s.dir && s.dir.empty() {
 			s.parent.delEntry(s.tmp)
 		}
 		s.parent.mu.Unlock()
 		s.parent.invalidateAttr()
-		s.placed = true
 	}
+}
+
+// pruneEmpty removes the empty directories below d and reports whether d
+// is empty then.
+func pruneEmpty(d *Dir) bool {
+	d.mu.Lock()
+	subs := map[string]*Dir{}
+	for n, in := range d.entries {
+		if sub, ok := in.Operations().(*Dir); ok {
+			subs[n] = sub
+		}
+	}
+	d.mu.Unlock()
+	for n, sub := range subs {
+		if !pruneEmpty(sub) {
+			continue
+		}
+		d.mu.Lock()
+		if in := d.entries[n]; in != nil && in.Operations() == sub && sub.empty() {
+			d.delEntry(n)
+		}
+		d.mu.Unlock()
+		d.invalidateAttr()
+	}
+	return d.empty()
 }
 
 // moveEntry moves entry name of from to newName in to without a syscall on

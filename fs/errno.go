@@ -68,12 +68,33 @@ func copyErr(err error) error {
 	}
 	var errno syscall.Errno
 	if errors.As(err, &errno) && errno != 0 {
+		if errno == syscall.ESTALE {
+			return &transfer.Error{Errno: syscall.ENOENT, Msg: err.Error()}
+		}
 		return err
 	}
 	for _, m := range errnoMap {
 		if errors.Is(err, m.err) {
+			if m.errno == syscall.ESTALE {
+				// A tensor released mid-copy (its temporary removed, say)
+				// is gone: ENOENT. ESTALE would make the caller's kernel
+				// run the whole setxattr, the copy, again.
+				return &transfer.Error{Errno: syscall.ENOENT, Msg: err.Error()}
+			}
 			return &transfer.Error{Errno: m.errno, Msg: err.Error()}
 		}
 	}
 	return err
+}
+
+// actionErrno is toErrno for the copy actions (copy_to, copy_from, batch):
+// never ESTALE, on which the kernel repeats a path-based setxattr, so that
+// one call would run a copy twice (a peer of an older version may still
+// send it).
+func actionErrno(op string, err error) syscall.Errno {
+	errno := toErrno(op, err)
+	if errno == syscall.ESTALE {
+		return syscall.ENOENT
+	}
+	return errno
 }

@@ -115,9 +115,9 @@ func (f *File) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	case "device":
 		err = f.t.SetDevice(val)
 	case "copy_to":
-		return toErrno("copy_to", f.fsys.copyTo(copyCtx(ctx), f, val, true))
+		return actionErrno("copy_to", f.fsys.copyTo(copyCtx(ctx), f, val, true))
 	case "copy_from":
-		return toErrno("copy_from", f.fsys.copyFrom(copyCtx(ctx), f, val))
+		return actionErrno("copy_from", f.fsys.copyFrom(copyCtx(ctx), f, val))
 	case "register":
 		err = f.fsys.register(ctx, f.t, val)
 	default:
@@ -213,11 +213,11 @@ func (d *Dir) Setxattr(ctx context.Context, attr string, data []byte, flags uint
 	}
 	switch {
 	case name == "copy_to":
-		return toErrno("copy_to", d.fsys.copyTo(copyCtx(ctx), d, string(data), true))
+		return actionErrno("copy_to", d.fsys.copyTo(copyCtx(ctx), d, string(data), true))
 	case name == "copy_from":
-		return toErrno("copy_from", d.fsys.copyFrom(copyCtx(ctx), d, string(data)))
+		return actionErrno("copy_from", d.fsys.copyFrom(copyCtx(ctx), d, string(data)))
 	case name == "batch" && d.isRoot():
-		return toErrno("batch", d.fsys.batch(copyCtx(ctx), string(data)))
+		return actionErrno("batch", d.fsys.batch(copyCtx(ctx), string(data)))
 	}
 	d.tmplMu.Lock()
 	defer d.tmplMu.Unlock()
