@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -34,6 +35,9 @@ func TestStartFailuresOneLine(t *testing.T) {
 	mnt := t.TempDir()
 	file := mnt + "/plain"
 	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	busy, err := net.Listen("tcp", "127.0.0.1:0") // a port in use
+	require.NoError(t, err)
+	defer busy.Close()
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -45,6 +49,9 @@ func TestStartFailuresOneLine(t *testing.T) {
 		{[]string{"mount", file}, "not a directory"},
 		{[]string{"mount"}, "arg"},
 		{[]string{"mount", mnt, "--no-such-flag"}, "no-such-flag"},
+		// Past the devices' opening (whose choice is logged only once the
+		// daemon has started).
+		{[]string{"mount", mnt, "--device", "auto", "--listen", busy.Addr().String()}, busy.Addr().String()},
 	} {
 		out, err := exec.Command(bin, tc.args...).CombinedOutput()
 		require.Error(t, err, "%v", tc.args)

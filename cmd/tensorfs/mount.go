@@ -101,7 +101,7 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	if err := fs.CleanStale(mountpoint); err != nil {
 		return err
 	}
-	devs, err := openDevices(device, limit)
+	devs, notes, err := openDevices(device, limit)
 	if err != nil {
 		return err
 	}
@@ -128,6 +128,9 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 		peers.Close()
 		store.Close()
 		return err
+	}
+	for _, n := range notes {
+		log.Print(n)
 	}
 	mi := devs[0].MemInfo()
 	if limit > mi.Total {
