@@ -255,9 +255,18 @@ func (s *Service) receive(ctx context.Context, c *conn, peer, remotePath, dst st
 		defer s.releaseAll(entries)
 	}
 	var dest Dest
-	err = rec.timed(phasePrepare, func() (err error) {
-		dest, err = prepare(r.Dir, r.Tensors)
-		return err
+	err = rec.timed(phasePrepare, func() error {
+		prep := func() (err error) {
+			dest, err = prepare(r.Dir, r.Tensors)
+			return err
+		}
+		if path == "ipc" {
+			// The peer waits for our done: it must hear from us while we
+			// allocate (a large tensor's pages are mapped now, seconds for
+			// GiBs on a loaded machine).
+			return c.whileSilent(prep)
+		}
+		return prep()
 	})
 	if err != nil {
 		if path == "ipc" {

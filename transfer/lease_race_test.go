@@ -348,3 +348,33 @@ func TestIPCPushReportsProgress(t *testing.T) {
 		}
 	}
 }
+
+// TestIPCPullSlowPrepare: the puller of an IPC copy sends keepalives while
+// it prepares its destination, so a prepare longer than the timeout (a
+// large tensor's pages mapped on a loaded machine) does not make the
+// serving peer, which waits for its done, give up (seen as EPIPE).
+func TestIPCPullSlowPrepare(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	src := &exportSource{meta: Meta{DType: "U8", Shape: "64", NBytes: 64}, onExport: func(*fakeLease) {}}
+	exp := startServer(t, "e", exportLocal{newMemLocal(), src}, testSecret, func(c *Config) {
+		c.HostID = "one"
+		c.Timeout = timeout
+	})
+	into := newMemLocal()
+	imp := newClient(t, "i", into, testSecret, map[string]string{"e": addrOf(exp)}, func(c *Config) {
+		c.HostID = "one"
+		c.Timeout = timeout
+		c.Importers = map[string]func(string) (Mapping, error){
+			// The copy itself outlasts two keepalives: a write after the
+			// peer gave up fails (EPIPE), where one alone might not.
+			"fake": func(string) (Mapping, error) { return slowMapping{timeout}, nil },
+		}
+	})
+	n, err := imp.Receive(context.Background(), "e", "/t", "/x", func(isDir bool, metas []Meta) (Dest, error) {
+		time.Sleep(3 * timeout)
+		return into.Put("/x", isDir, metas)
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, "ipc", imp.Stats().Transfers.Recent[0].Path)
+}
