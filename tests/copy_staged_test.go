@@ -209,7 +209,7 @@ func TestStagedDirKeepsForeignEntries(t *testing.T) {
 	got, err := os.ReadFile(filepath.Join(staged, "mine"))
 	require.NoError(t, err)
 	require.Equal(t, fill(1000, 1), got)
-	require.Contains(t, b.log.String(), "left in place")
+	b.requireLog("left in place")
 	require.NoError(t, os.RemoveAll(b.path("home")))
 	b.requireClean()
 }
@@ -258,7 +258,7 @@ func TestStagedDirMadeMeanwhileOwners(t *testing.T) {
 	a.cmd.Process.Signal(syscall.SIGCONT)
 	require.NoError(t, err)
 	require.NoError(t, <-res)
-	require.Contains(t, b.log.String(), "made meanwhile", "the EEXIST fallback ran")
+	b.requireLog("made meanwhile", "the EEXIST fallback ran")
 	_, racing := countFiles(t, b.path("home/new"))
 
 	// The same copy into a directory that exists from the start.

@@ -275,6 +275,20 @@ func (d *daemon) settledLive() liveStats {
 	return s.Live
 }
 
+// requireLog waits up to 5 s for the daemon's log to contain substr: the
+// log reaches the test through a pipe, copied by another goroutine, so a
+// line the daemon wrote just before answering a call may not be there yet
+// when the call returns (a check right after it failed once in CI).
+func (d *daemon) requireLog(substr string, msgAndArgs ...any) {
+	d.t.Helper()
+	for start := time.Now(); !strings.Contains(d.log.String(), substr); time.Sleep(10 * time.Millisecond) {
+		if time.Since(start) > 5*time.Second {
+			require.Contains(d.t, d.log.String(), substr, msgAndArgs...)
+			return
+		}
+	}
+}
+
 // requireLeases waits until the daemon counts exactly n leases and returns
 // its stats then: a file handle's lease ends at FUSE RELEASE, which the
 // kernel sends after close(2) has returned, so a count read right after a

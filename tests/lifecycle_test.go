@@ -177,7 +177,7 @@ func TestSilentImporterBoundedRevoke(t *testing.T) {
 	require.GreaterOrEqual(t, took, 900*time.Millisecond, "the revocation waited for the importer")
 	require.Less(t, took, 2500*time.Millisecond, "bounded by --revoke-timeout")
 	a.requireClean()
-	require.Contains(t, a.log.String(), "not released within")
+	a.requireLog("not released within")
 	require.Eventually(t, func() bool { return b.stats().Live.Imports == 0 }, 10*time.Second, 20*time.Millisecond)
 	require.NoError(t, os.Remove(b.path("t")))
 	b.requireClean()
@@ -345,7 +345,7 @@ func TestCopyCommitNotStuckBehindSourceLock(t *testing.T) {
 	require.True(t, os.IsNotExist(err), "%v", err)
 	// rm began once the copy ran (the kernel held the source's lock), so it
 	// held the directory when the copy committed: the fallback must have run.
-	require.Contains(t, d.log.String(), "stayed locked")
+	d.requireLog("stayed locked")
 	require.NoError(t, os.Remove(dir+"/dst"))
 	d.requireClean()
 }
