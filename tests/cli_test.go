@@ -19,8 +19,10 @@ func TestMountFlagsEitherSide(t *testing.T) {
 	mnt := t.TempDir()
 	ours.Store(mnt, true)
 	cmd := exec.Command(bin, "mount", "--max-memory", "32MiB", "--device", "host", mnt)
+	log := &syncBuffer{}
+	cmd.Stderr = log
 	require.NoError(t, cmd.Start())
-	waitMounted(t, mnt)
+	waitReady(t, mnt, log)
 	var st syscall.Statfs_t
 	require.NoError(t, syscall.Statfs(mnt, &st))
 	require.EqualValues(t, 32<<20, st.Blocks*uint64(st.Bsize))
@@ -69,8 +71,13 @@ func TestStaleMountCleanedUp(t *testing.T) {
 	mnt := t.TempDir()
 	ours.Store(mnt, true)
 	cmd := exec.Command(bin, "mount", mnt)
+	log := &syncBuffer{}
+	cmd.Stderr = log
 	require.NoError(t, cmd.Start())
-	waitMounted(t, mnt)
+	// Killed before it is ready (while go-fuse's poll probe of its own
+	// mount is in flight), a daemon can be left a zombie the kernel never
+	// reaps: a thread waits for an answer only the dead daemon could give.
+	waitReady(t, mnt, log)
 	require.NoError(t, os.WriteFile(mnt+"/x", []byte("data"), 0o644))
 	require.NoError(t, cmd.Process.Kill())
 	cmd.Wait()
@@ -129,11 +136,15 @@ func TestHelpAndVersion(t *testing.T) {
 	require.True(t, strings.HasPrefix(string(out), "tensorfs "), "%s", out)
 }
 
-func waitMounted(t *testing.T, mnt string) {
+// waitReady waits until the daemon whose stderr is log has mounted mnt and
+// says it is ready ("mounted ..."): the mount appears in /proc/mounts
+// before the daemon has finished starting (go-fuse then probes the mount
+// with a poll of its own; the spec's ready daemon is the one that logged).
+func waitReady(t *testing.T, mnt string, log *syncBuffer) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for !mounted(mnt) {
-		require.True(t, time.Now().Before(deadline), "mount %s did not appear", mnt)
+	for !mounted(mnt) || !strings.Contains(log.String(), "mounted ") {
+		require.True(t, time.Now().Before(deadline), "mount %s did not appear; log:\n%s", mnt, log.String())
 		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -114,20 +114,11 @@ func mkDeep(t *testing.T, root string, depth int) string {
 	return strings.Join(parts, "/")
 }
 
-// fuseConn is the fusectl connection number of d's mount (its device's
-// minor), read before anything can hang.
-func fuseConn(t *testing.T, d *daemon) uint32 {
-	t.Helper()
-	var st unix.Stat_t
-	require.NoError(t, unix.Stat(d.mnt, &st))
-	return unix.Minor(st.Dev)
-}
-
 // unhang aborts d's FUSE connection (the only way out of a deadlock that
 // involves the kernel's inode locks: even SIGKILL leaves the daemon a
 // zombie with a thread stuck in vfs_rename) and kills d.
-func unhang(d *daemon, conn uint32) {
-	os.WriteFile(fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", conn), []byte("1"), 0)
+func unhang(d *daemon) {
+	os.WriteFile(fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", d.conn), []byte("1"), 0)
 	d.kill()
 }
 
@@ -142,7 +133,6 @@ func unhang(d *daemon, conn uint32) {
 // be killed (a zombie with a thread in vfs_rename).
 func TestStagedDirStolenNoDeadlock(t *testing.T) {
 	a := startDaemon(t)
-	conn := fuseConn(t, a)
 	const n, size = 16, 64 << 20 // a data phase of seconds, so that the steps below come before Commit
 	require.NoError(t, os.Mkdir(a.path("p"), 0o755))
 	require.NoError(t, os.Mkdir(a.path("q"), 0o755))
@@ -163,7 +153,7 @@ func TestStagedDirStolenNoDeadlock(t *testing.T) {
 	case err := <-res:
 		t.Logf("copy: %v", err) // a failure is fine: its directory was taken
 	case <-time.After(30 * time.Second):
-		unhang(a, conn)
+		unhang(a)
 		t.Fatalf("the copy hung (deadlock); its daemon's log:\n%s", a.log.String())
 	}
 	require.NoError(t, <-mv)

@@ -108,6 +108,7 @@ type daemon struct {
 	exit  chan error
 	fds   int // open fds after mounting, before any test activity
 	state string
+	conn  uint32 // the FUSE connection's number (the mount's device minor)
 	// wrapper and flags it was started with, for relaunch.
 	wrapper, flags []string
 }
@@ -165,7 +166,9 @@ func launchAt(t testing.TB, mnt string, wrapper []string, flags ...string) *daem
 	go func() { d.exit <- d.cmd.Wait() }()
 	// 30 s: creating CUDA contexts on a GPU host takes a while.
 	deadline := time.Now().Add(30 * time.Second)
-	for !mounted(mnt) {
+	// Ready once it says so: the mount is in /proc/mounts before the
+	// daemon has finished starting (waitReady).
+	for !mounted(mnt) || !strings.Contains(d.log.String(), "mounted ") {
 		select {
 		case err := <-d.exit:
 			t.Fatalf("tensorfs mount exited before mounting: %v\n%s", err, d.log.String())
@@ -178,6 +181,10 @@ func launchAt(t testing.TB, mnt string, wrapper []string, flags ...string) *daem
 		time.Sleep(10 * time.Millisecond)
 	}
 	d.fds = d.countFDs()
+	var st syscall.Stat_t
+	if syscall.Stat(mnt, &st) == nil {
+		d.conn = unix.Minor(st.Dev) // its /sys/fs/fuse/connections entry
+	}
 	t.Cleanup(func() { d.stop() })
 	return d
 }

@@ -67,7 +67,17 @@ func cluster(t testing.TB, names []string, extra ...string) map[string]*daemon {
 // kill ends a daemon with SIGKILL and lazily unmounts its dead mount.
 func (d *daemon) kill() {
 	d.cmd.Process.Kill()
-	<-d.exit
+	select {
+	case <-d.exit:
+	case <-time.After(10 * time.Second):
+		// A thread of the killed daemon waits in the kernel for a FUSE
+		// answer only the daemon could give (a request it had read on its
+		// own mount): the process is never reaped until the connection is
+		// aborted.
+		d.t.Logf("killed daemon not reaped after 10 s; aborting its FUSE connection %d", d.conn)
+		os.WriteFile(fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", d.conn), []byte("1"), 0)
+		<-d.exit
+	}
 	d.state = "stopped"
 	syscall.Unmount(d.mnt, syscall.MNT_DETACH)
 }
