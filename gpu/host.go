@@ -238,7 +238,7 @@ func (h *Host) reuse(n int64, owner uint32, uninit bool) *hostBuffer {
 		}
 		<-sp.zeroed
 	case !uninit:
-		clear(sp.mem)
+		zero(sp.mem)
 	}
 	return &hostBuffer{dev: h, id: NewAllocID(), fd: sp.fd, mem: sp.mem, owner: owner}
 }
@@ -425,7 +425,7 @@ func (b *hostBuffer) ReadAt(p []byte, off int64) (int, error) {
 	if err := checkRange(int64(len(b.mem)), off, int64(len(p))); err != nil {
 		return 0, err
 	}
-	return copy(p, b.mem[off:]), nil
+	return move(p, b.mem[off:]), nil
 }
 
 func (b *hostBuffer) WriteAt(p []byte, off int64) (int, error) {
@@ -437,7 +437,7 @@ func (b *hostBuffer) WriteAt(p []byte, off int64) (int, error) {
 	if err := checkRange(int64(len(b.mem)), off, int64(len(p))); err != nil {
 		return 0, err
 	}
-	return copy(b.mem[off:], p), nil
+	return move(b.mem[off:], p), nil
 }
 
 func (b *hostBuffer) Zero(off, n int64) error {
@@ -449,7 +449,7 @@ func (b *hostBuffer) Zero(off, n int64) error {
 	if err := checkRange(int64(len(b.mem)), off, n); err != nil {
 		return err
 	}
-	clear(b.mem[off : off+n])
+	zero(b.mem[off : off+n])
 	return nil
 }
 
@@ -468,7 +468,7 @@ func (b *hostBuffer) CopyFrom(dstOff int64, src Buffer, srcOff, n int64) (bool, 
 	if b.mem == nil || s.mem == nil {
 		return true, ErrFreed
 	}
-	copy(b.mem[dstOff:dstOff+n], s.mem[srcOff:srcOff+n])
+	move(b.mem[dstOff:dstOff+n], s.mem[srcOff:srcOff+n])
 	return true, nil
 }
 

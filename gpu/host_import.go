@@ -176,7 +176,7 @@ func (b *importBuffer) ReadAt(p []byte, off int64) (int, error) {
 		return 0, err
 	}
 	if b.mem != nil {
-		return copy(p, b.mem[off:]), nil
+		return move(p, b.mem[off:]), nil
 	}
 	return b.pio(p, off, false)
 }
@@ -199,7 +199,7 @@ func (b *importBuffer) WriteAt(p []byte, off int64) (int, error) {
 		return 0, err
 	}
 	if b.mem != nil {
-		return copy(b.mem[off:], p), nil
+		return move(b.mem[off:], p), nil
 	}
 	return b.pio(p, off, true)
 }
@@ -256,7 +256,7 @@ func (b *importBuffer) Zero(off, n int64) error {
 		return err
 	}
 	if b.mem != nil {
-		clear(b.mem[off : off+n])
+		zero(b.mem[off : off+n])
 		return nil
 	}
 	zeros := make([]byte, min(n, 1<<20))
