@@ -373,11 +373,7 @@ func newHostBuffer(h *Host, nbytes int64, owner uint32) (*hostBuffer, error) {
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
 		return fail("seal", err)
 	}
-	// MAP_POPULATE: the pages fallocate committed go into the page table in
-	// one call, not one fault per page at the first write (a copy filling
-	// a new tensor): twice as fast for a fresh 1 MiB buffer on the VMs of
-	// docs/performance.md (BenchmarkHostFirstWrite).
-	mem, err := unix.Mmap(fd, 0, int(nbytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	mem, err := unix.Mmap(fd, 0, int(nbytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return fail("mmap", err)
 	}

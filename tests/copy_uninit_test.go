@@ -196,7 +196,7 @@ func TestPullWhileSourceShrinks(t *testing.T) {
 			start := time.Now()
 			require.NoError(t, os.Truncate(a.path("x"), 0))
 			t.Logf("the truncate waited %v for the copy", time.Since(start))
-			require.NoError(t, <-done)
+			require.NoError(t, <-done, "a:\n%s\nb:\n%s", a.log.String(), b.log.String())
 			fi, err := os.Stat(a.path("x"))
 			require.NoError(t, err)
 			require.Zero(t, fi.Size(), "the truncate landed, after the copy")
