@@ -36,56 +36,35 @@ func tmpsIn(dir string) []string {
 	return out
 }
 
-// holdCopy starts a setxattr on src (of daemon from) in the background,
-// waits until a staged temporary appears in watchDir, stops the source
-// daemon from (SIGSTOP) so that the copy is held between prepare and
-// commit, runs during, resumes from and returns the setxattr's error.
-func holdCopy(t *testing.T, from *daemon, src, name, value, watch string, during func(tmp string)) error {
+// copyUntilStaged starts copy_to value on src in the background and waits
+// until a staged temporary appears in watch; it returns the copy's result
+// channel and the temporary's name.
+func copyUntilStaged(t *testing.T, src, value, watch string) (<-chan error, string) {
 	t.Helper()
 	res := make(chan error, 1)
-	go func() { res <- unix.Setxattr(src, name, []byte(value), 0) }()
-	var tmp string
-	deadline := time.Now().Add(10 * time.Second)
-	for tmp == "" {
-		select {
-		case err := <-res:
-			t.Fatalf("copy ended (%v) before a temporary was seen in %s", err, watch)
-		default:
-		}
-		require.True(t, time.Now().Before(deadline), "no temporary in %s", watch)
+	go func() { res <- unix.Setxattr(src, "user.tensorfs.copy_to", []byte(value), 0) }()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		require.True(t, time.Now().Before(deadline), "no staged directory appeared in %s", watch)
 		if ts := tmpsIn(watch); len(ts) > 0 {
-			tmp = ts[0]
+			return res, ts[0]
 		}
-	}
-	require.NoError(t, from.cmd.Process.Signal(syscall.SIGSTOP))
-	func() {
-		defer from.cmd.Process.Signal(syscall.SIGCONT)
-		during(tmp)
-	}()
-	select {
-	case err := <-res:
-		return err
-	case <-time.After(30 * time.Second):
-		t.Fatalf("copy hung")
-		return nil
 	}
 }
 
-func countFiles(t *testing.T, dir string) (n int, owners map[string][2]uint32) {
-	owners = map[string][2]uint32{}
-	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+// owners maps every path below dir (and "." for dir) to its uid and gid.
+func owners(t *testing.T, dir string) map[string][2]uint32 {
+	t.Helper()
+	out := map[string][2]uint32{}
+	require.NoError(t, filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
 		if err != nil {
-			return nil
+			return err
 		}
 		st := fi.Sys().(*syscall.Stat_t)
 		rel, _ := filepath.Rel(dir, p)
-		owners[rel] = [2]uint32{st.Uid, st.Gid}
-		if !fi.IsDir() {
-			n++
-		}
+		out[rel] = [2]uint32{st.Uid, st.Gid}
 		return nil
-	})
-	return n, owners
+	}))
+	return out
 }
 
 // mkDeep makes under root (a directory of d) a chain of depth directories
@@ -137,15 +116,9 @@ func TestStagedDirStolenNoDeadlock(t *testing.T) {
 	require.NoError(t, os.Mkdir(a.path("p"), 0o755))
 	require.NoError(t, os.Mkdir(a.path("q"), 0o755))
 	bigTree(t, a, "p/src", n, size)
-	res := make(chan error, 1)
-	go func() { res <- unix.Setxattr(a.path("p/src"), "user.tensorfs.copy_to", []byte("/p/new"), 0) }()
-	var ts []string
-	for deadline := time.Now().Add(10 * time.Second); len(ts) == 0; {
-		require.True(t, time.Now().Before(deadline), "no staged directory appeared")
-		ts = tmpsIn(a.path("p"))
-	}
+	res, tmp := copyUntilStaged(t, a.path("p/src"), "/p/new", a.path("p"))
 	// A user renames the staged directory (it is visible in the listing).
-	require.NoError(t, os.Rename(a.path("p", ts[0]), a.path("p/stolen")))
+	require.NoError(t, os.Rename(a.path("p", tmp), a.path("p/stolen")))
 	// mv takes p's and q's locks, then waits for src's (held by the copy).
 	mv := make(chan error, 1)
 	go func() { mv <- unix.Rename(a.path("p/src"), a.path("q/src")) }()
@@ -173,20 +146,14 @@ func TestStagedDirKeepsForeignEntries(t *testing.T) {
 	const n, size = 6, 32 << 20
 	bigTree(t, a, "src", n, size)
 	require.NoError(t, os.Mkdir(b.path("home"), 0o755))
-	res := make(chan error, 1)
-	go func() { res <- unix.Setxattr(a.path("src"), "user.tensorfs.copy_to", []byte("b:/home/new"), 0) }()
-	var ts []string
-	for deadline := time.Now().Add(10 * time.Second); len(ts) == 0; {
-		require.True(t, time.Now().Before(deadline), "no staged directory appeared")
-		ts = tmpsIn(b.path("home"))
-	}
+	res, tmp := copyUntilStaged(t, a.path("src"), "b:/home/new", b.path("home"))
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP)) // hold the copy
-	require.NoError(t, os.WriteFile(b.path("home", ts[0], "mine"), fill(1000, 1), 0o644))
+	require.NoError(t, os.WriteFile(b.path("home", tmp, "mine"), fill(1000, 1), 0o644))
 	a.kill()
 	require.Error(t, <-res)
 	// b notices the dead sender and aborts: the staged directory keeps only
 	// the user's tensor, under its temporary name.
-	staged := b.path("home", ts[0])
+	staged := b.path("home", tmp)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		ents, err := os.ReadDir(staged)
 		require.NoError(t, err, "the staged directory holding a user's tensor stays")
@@ -236,25 +203,19 @@ func TestStagedDirMadeMeanwhileOwners(t *testing.T) {
 	bigTree(t, a, "src", n, size)
 	require.NoError(t, os.Mkdir(b.path("home"), 0o755))
 	require.NoError(t, os.Chown(b.path("home"), 1234, 1234))
-	res := make(chan error, 1)
-	go func() { res <- unix.Setxattr(a.path("src"), "user.tensorfs.copy_to", []byte("b:/home/new"), 0) }()
-	var ts []string
-	for deadline := time.Now().Add(10 * time.Second); len(ts) == 0; {
-		require.True(t, time.Now().Before(deadline), "no staged directory appeared")
-		ts = tmpsIn(b.path("home"))
-	}
+	res, _ := copyUntilStaged(t, a.path("src"), "b:/home/new", b.path("home"))
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP)) // hold the copy
 	err := os.Mkdir(b.path("home/new"), 0o750)                // root's
 	a.cmd.Process.Signal(syscall.SIGCONT)
 	require.NoError(t, err)
 	require.NoError(t, <-res)
 	b.requireLog("made meanwhile", "the EEXIST fallback ran")
-	_, racing := countFiles(t, b.path("home/new"))
+	racing := owners(t, b.path("home/new"))
 
 	// The same copy into a directory that exists from the start.
 	require.NoError(t, os.Mkdir(b.path("home/old"), 0o750))
 	setx(t, a.path("src"), "user.tensorfs.copy_to", "b:/home/old")
-	_, existing := countFiles(t, b.path("home/old"))
+	existing := owners(t, b.path("home/old"))
 	require.Equal(t, existing, racing, "owners (uid, gid) by path: into a directory made meanwhile vs. into one that existed")
 
 	require.NoError(t, os.RemoveAll(b.path("home")))
@@ -300,17 +261,11 @@ func TestCopyRunsOncePerCall(t *testing.T) {
 	bigTree(t, a, "src", n, size)
 	require.NoError(t, os.Mkdir(b.path("home"), 0o755))
 	recentBefore := len(a.stats().Transfers.Recent)
-	res := make(chan error, 1)
-	go func() { res <- unix.Setxattr(a.path("src"), "user.tensorfs.copy_to", []byte("b:/home/new"), 0) }()
-	var ts []string
-	for deadline := time.Now().Add(10 * time.Second); len(ts) == 0; {
-		require.True(t, time.Now().Before(deadline), "no staged directory appeared")
-		ts = tmpsIn(b.path("home"))
-	}
+	res, tmp := copyUntilStaged(t, a.path("src"), "b:/home/new", b.path("home"))
 	// Prepare is over once the staged directory holds the whole tree.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 		require.True(t, time.Now().Before(deadline), "the staged tree did not fill")
-		if ents, _ := os.ReadDir(b.path("home", ts[0])); len(ents) == n+1 {
+		if ents, _ := os.ReadDir(b.path("home", tmp)); len(ents) == n+1 {
 			break
 		}
 	}
