@@ -144,6 +144,23 @@ func (s *Service) send(ctx context.Context, peer string, c *conn, remotePath str
 	var err error
 	select {
 	case rr := <-res:
+		// The reply can win the race against the senders' own return even
+		// when every byte went out (a small copy committed by the peer
+		// before sendChunks came back): a success waits for them, so that
+		// the connections stay pooled in step. A refusal stops them.
+		if rr.err == nil {
+			select {
+			case sr := <-sendErr:
+				if sr.err == nil {
+					s.releaseStreams(peer, sr.extras, nil)
+					return rr.r.Copied, nil
+				}
+				c.c.Close()
+				s.releaseStreams(peer, sr.extras, sr.err)
+				return rr.r.Copied, nil
+			case <-time.After(s.cfg.Timeout):
+			}
+		}
 		c.c.Close() // stops the senders if they are still going
 		sr := <-sendErr
 		s.releaseStreams(peer, sr.extras, errors.New("stopped"))

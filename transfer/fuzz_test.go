@@ -1,7 +1,6 @@
 package transfer
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"io"
@@ -252,7 +251,7 @@ func FuzzServe(f *testing.F) {
 				t.Fatal(what)
 			}
 		}
-		c := &conn{c: cli, r: bufio.NewReader(cli), w: bufio.NewWriter(cli), timeout: 5 * time.Second, peer: "srv"}
+		c := newConn(cli, 5*time.Second, "srv")
 		if authenticate {
 			if err := clientHandshake(c, "fuzzer", testSecret); err != nil {
 				t.Fatalf("handshake: %v", err)

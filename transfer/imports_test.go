@@ -145,7 +145,7 @@ func TestImportCacheEvictsAndGivesBack(t *testing.T) {
 	defer near.Close()
 	defer far.Close()
 	lc := testChan()
-	lc.c = &conn{c: near, r: bufio.NewReader(near), w: bufio.NewWriter(near), timeout: 5 * time.Second}
+	lc.c = newConn(near, 5*time.Second, "")
 	got := make(chan idsMsg, 1)
 	go func() {
 		typ, p, err := readFrame(bufio.NewReader(far), nil, MaxFrame)

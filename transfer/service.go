@@ -372,11 +372,7 @@ func alive(c *conn) bool {
 	if c.r.Buffered() > 0 {
 		return false
 	}
-	sc, ok := c.c.(syscall.Conn)
-	if !ok {
-		return false
-	}
-	raw, err := sc.SyscallConn()
+	raw, err := c.c.SyscallConn()
 	if err != nil {
 		return false
 	}
@@ -393,7 +389,7 @@ func alive(c *conn) bool {
 // done ends a copy's use of c: kept for the next copy to the same peer when
 // the copy succeeded and its context did not close c (open), else closed.
 func (s *Service) done(peer string, c *conn, open bool, err error) {
-	if err != nil || !open {
+	if err != nil || !open || c.c.closed.Load() {
 		c.c.Close()
 		return
 	}
@@ -413,9 +409,37 @@ func (s *Service) done(peer string, c *conn, open bool, err error) {
 	}
 }
 
+// closingConn is a net.Conn that remembers being closed, so that a
+// connection closed to stop a transfer's goroutines is never pooled for the
+// next copy (which would then pay a dial and a handshake after finding it
+// dead).
+type closingConn struct {
+	net.Conn
+	closed atomic.Bool
+}
+
+func (c *closingConn) Close() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
+}
+
+// SyscallConn exposes the socket for alive's non-blocking peek.
+func (c *closingConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return sc.SyscallConn()
+}
+
+func newConn(nc net.Conn, timeout time.Duration, peer string) *conn {
+	cc := &closingConn{Conn: nc}
+	return &conn{c: cc, r: bufio.NewReaderSize(cc, 256<<10), w: bufio.NewWriterSize(cc, 256<<10), timeout: timeout, peer: peer}
+}
+
 // conn is one authenticated connection with deadline handling.
 type conn struct {
-	c       net.Conn
+	c       *closingConn
 	r       *bufio.Reader
 	w       *bufio.Writer
 	timeout time.Duration
@@ -607,7 +631,7 @@ func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
 		}
 		return nil, netErr(err)
 	}
-	c := &conn{c: nc, r: bufio.NewReaderSize(nc, 256<<10), w: bufio.NewWriterSize(nc, 256<<10), timeout: s.cfg.Timeout, peer: peer}
+	c := newConn(nc, s.cfg.Timeout, peer)
 	cn := nonce()
 	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds()}); err != nil {
 		nc.Close()
@@ -642,7 +666,7 @@ func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
 
 // handshake authenticates an accepted connection.
 func (s *Service) handshake(nc net.Conn) (*conn, error) {
-	c := &conn{c: nc, r: bufio.NewReaderSize(nc, 256<<10), w: bufio.NewWriterSize(nc, 256<<10), timeout: s.cfg.Timeout, peer: nc.RemoteAddr().String()}
+	c := newConn(nc, s.cfg.Timeout, nc.RemoteAddr().String())
 	typ, p, err := c.recv()
 	if err != nil {
 		return nil, err

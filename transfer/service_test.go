@@ -1,7 +1,6 @@
 package transfer
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/hmac"
@@ -153,7 +152,7 @@ func newPair(t testing.TB, mod func(*Config)) *pair {
 // ---- raw peers -------------------------------------------------------------
 
 func wrapConn(nc net.Conn, peer string) *conn {
-	return &conn{c: nc, r: bufio.NewReader(nc), w: bufio.NewWriter(nc), timeout: 5 * time.Second, peer: peer}
+	return newConn(nc, 5*time.Second, peer)
 }
 
 // rawClient dials addr and speaks the protocol by hand.
@@ -1618,4 +1617,22 @@ func TestCallerLookup(t *testing.T) {
 	_, end = s.TrackCtx(WithCaller(context.Background(), 7), "/a", "b:/a", "tcp", 1, 1)
 	require.Eventually(t, func() bool { return s.Stats().Transfers.Recent[1].PID == 7 }, time.Second, time.Millisecond)
 	end(nil)
+}
+
+// TestClosedConnNeverPooled: a connection closed to stop a transfer's
+// goroutines is not handed to the next copy, even when the copy succeeded
+// (TestConnectionReuse's flake: a small push's reply beat its sender's
+// return, send closed the connection, and the pool kept it).
+func TestClosedConnNeverPooled(t *testing.T) {
+	s, err := New(Config{Timeout: 5 * time.Second}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	near, far := net.Pipe()
+	defer far.Close()
+	c := newConn(near, 5*time.Second, "b")
+	c.c.Close()
+	s.done("b", c, true, nil)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	require.Empty(t, s.idle["b"], "a closed connection is not pooled")
 }

@@ -151,7 +151,7 @@ func TestParallelStreamFailures(t *testing.T) {
 			b := data[7*chunk : 8*chunk]
 			_, err := y.c.Write(frameBytes(frameData, dataFrame(0, 7*chunk, b, crcOf(b)))[:1000])
 			require.NoError(t, err)
-			y.c.(*net.TCPConn).SetLinger(0)
+			y.c.Conn.(*net.TCPConn).SetLinger(0)
 			y.c.Close()
 		}},
 		{"corrupt chunk on an extra stream", "EIO", "CRC32C", func(t *testing.T, first, x, y *conn) {
