@@ -135,7 +135,7 @@ type Record struct {
 	ID             uint64
 	Src, Dst, Path string
 	// pid is the process that asked for the copy, 0 when unknown or not
-	// yet known (WithCaller, WithCallerLookup).
+	// yet known (WithCallerLookup).
 	pid atomic.Int64
 	// Streams is how many TCP streams carry the data.
 	Streams    atomic.Int64

@@ -1614,7 +1614,7 @@ func TestCallerLookup(t *testing.T) {
 	require.Equal(t, "peer gone", r.Error)
 	require.Positive(t, r.TookUS)
 
-	_, end = s.TrackCtx(WithCaller(context.Background(), 7), "/a", "b:/a", "tcp", 1, 1)
+	_, end = s.TrackCtx(WithCallerLookup(context.Background(), func() int { return 7 }), "/a", "b:/a", "tcp", 1, 1)
 	require.Eventually(t, func() bool { return s.Stats().Transfers.Recent[1].PID == 7 }, time.Second, time.Millisecond)
 	end(nil)
 }

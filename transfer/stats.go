@@ -11,19 +11,15 @@ const recentMax = 16
 
 type callerKey struct{}
 
-// WithCaller returns ctx carrying the process id of the program that asked
-// for a copy (the FUSE caller of the setxattr), so that the copy's records
-// name it in stats ("pid") and that program can tell its own transfer from
-// concurrent ones with the same src and dst (tensorfs cp does).
-func WithCaller(ctx context.Context, pid int) context.Context {
-	return WithCallerLookup(ctx, func() int { return pid })
-}
-
-// WithCallerLookup is WithCaller for a process id that takes a while to
-// find (reading /proc/TID/status costs 10-50 µs, a few percent of a small
-// copy): lookup runs once, on its own goroutine, beside the copy; its
-// records show pid 0 until it returns, and each record's end waits for it,
-// so a finished record always names its process.
+// WithCallerLookup returns ctx carrying the process id of the program that
+// asked for a copy (the FUSE caller of the setxattr), so that the copy's
+// records name it in stats ("pid") and that program can tell its own
+// transfer from concurrent ones with the same src and dst (tensorfs cp
+// does). The id takes a while to find (reading /proc/TID/status costs
+// 10-50 µs, a few percent of a small copy): lookup runs once, on its own
+// goroutine, beside the copy; its records show pid 0 until it returns, and
+// each record's end waits for it, so a finished record always names its
+// process.
 func WithCallerLookup(ctx context.Context, lookup func() int) context.Context {
 	return context.WithValue(ctx, callerKey{}, sync.OnceValue(lookup))
 }
@@ -51,7 +47,7 @@ func (s *Service) Track(src, dst, path string, total, tensors int64) (rec *Recor
 }
 
 // TrackCtx is Track for a copy asked for with ctx: its record carries the
-// caller's process id (WithCaller).
+// caller's process id (WithCallerLookup).
 func (s *Service) TrackCtx(ctx context.Context, src, dst, path string, total, tensors int64) (rec *Record, end func(error)) {
 	rec = &Record{ID: s.nextID.Add(1), Src: src, Dst: dst, Path: path, start: time.Now()}
 	known := setCaller(ctx, rec)
