@@ -1,12 +1,8 @@
-// Package transfer is tensorfs's peer service: it authenticates peers with a
-// shared secret, and moves tensors between nodes over TCP streams in
-// pipelined, CRC32C-checked chunks. It knows nothing of FUSE: the node's own
-// tensors are reached through the Local interface, which the fs package
-// implements.
 package transfer
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -97,35 +93,7 @@ func readFrame(r io.Reader, buf []byte, max uint32) (typ byte, payload []byte, e
 	return typ, payload, nil
 }
 
-// dataHeaderLen is the chunk header of a data frame: tensor index (4 bytes),
-// byte offset in the tensor (8), CRC32C of the bytes (4), all big-endian.
-const dataHeaderLen = 16
-
-type chunkHeader struct {
-	index  uint32
-	offset int64
-	crc    uint32
-}
-
-func putChunkHeader(b []byte, h chunkHeader) {
-	binary.BigEndian.PutUint32(b[0:4], h.index)
-	binary.BigEndian.PutUint64(b[4:12], uint64(h.offset))
-	binary.BigEndian.PutUint32(b[12:16], h.crc)
-}
-
-// parseChunk splits a data frame's payload. Errors: ErrFrame when it is
-// shorter than its header or its offset is negative.
-func parseChunk(p []byte) (chunkHeader, []byte, error) {
-	if len(p) < dataHeaderLen {
-		return chunkHeader{}, nil, fmt.Errorf("data frame of %d bytes: %w", len(p), ErrFrame)
-	}
-	h := chunkHeader{
-		index:  binary.BigEndian.Uint32(p[0:4]),
-		offset: int64(binary.BigEndian.Uint64(p[4:12])),
-		crc:    binary.BigEndian.Uint32(p[12:16]),
-	}
-	if h.offset < 0 {
-		return chunkHeader{}, nil, fmt.Errorf("chunk offset %d: %w", h.offset, ErrFrame)
-	}
-	return h, p[dataHeaderLen:], nil
+func marshal(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
 }

@@ -3,8 +3,59 @@ package transfer
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
+
+// Path kinds, the index into copies.
+const (
+	PathLocal = iota
+	PathIPC
+	PathTCP
+)
+
+// Record is one transfer, for stats: progress while it runs, the outcome
+// after.
+type Record struct {
+	// ID numbers the records of a service from 1 (never reused).
+	ID             uint64
+	Src, Dst, Path string
+	// pid is the process that asked for the copy, 0 when unknown or not
+	// yet known (WithCallerLookup).
+	pid atomic.Int64
+	// Streams is how many TCP streams carry the data.
+	Streams    atomic.Int64
+	BytesDone  atomic.Int64
+	BytesTotal atomic.Int64
+	Tensors    atomic.Int64
+	err        atomic.Value // string
+	// phases: on the receiving side, the microseconds spent preparing the
+	// destination, moving the bytes and committing (RecordReport.PhaseUS).
+	phases   [3]atomic.Int64
+	received atomic.Bool // a phase was timed: this node received
+	start    time.Time
+	took     atomic.Int64 // µs from Track to end; 0 while it runs
+}
+
+// phase indexes Record's phase times (RecordReport.PhaseUS).
+type phase int
+
+const (
+	phasePrepare phase = iota // the destination's temporaries allocated and registered
+	phaseData                 // the bytes moved (received, or copied from an import)
+	phaseCommit               // the temporaries renamed into place
+)
+
+// timed runs fn and adds its duration to phase p of rec (nil: just runs).
+func (rec *Record) timed(p phase, fn func() error) error {
+	t := time.Now()
+	err := fn()
+	if rec != nil {
+		rec.phases[p].Add(time.Since(t).Microseconds())
+		rec.received.Store(true)
+	}
+	return err
+}
 
 // recentMax is how many finished transfers stats keeps.
 const recentMax = 16

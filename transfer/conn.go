@@ -1,0 +1,170 @@
+package transfer
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// closingConn is a net.Conn that remembers being closed, so that a
+// connection closed to stop a transfer's goroutines is never pooled for the
+// next copy (which would then pay a dial and a handshake after finding it
+// dead).
+type closingConn struct {
+	net.Conn
+	closed atomic.Bool
+}
+
+func (c *closingConn) Close() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
+}
+
+// SyscallConn exposes the socket for alive's non-blocking peek.
+func (c *closingConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return sc.SyscallConn()
+}
+
+func newConn(nc net.Conn, timeout time.Duration, peer string) *conn {
+	cc := &closingConn{Conn: nc}
+	return &conn{c: cc, r: bufio.NewReaderSize(cc, 256<<10), w: bufio.NewWriterSize(cc, 256<<10), timeout: timeout, peer: peer}
+}
+
+// conn is one authenticated connection with deadline handling.
+type conn struct {
+	c       *closingConn
+	r       *bufio.Reader
+	w       *bufio.Writer
+	timeout time.Duration
+	buf     []byte
+	peer    string
+	hostID  string
+	max     uint32 // largest frame accepted now
+	// instance and imports: the peer's, from the handshake.
+	instance string
+	imports  []string
+	// ownerPID is the peer's process, once a memfd handle naming it was
+	// checked against the connection (checkOwner).
+	ownerPID int
+	// progress, when set, gets the bytes_done of keepalives that carry a
+	// progressMsg (an IPC put's receiver reporting to its sender).
+	progress func(bytesDone int64)
+}
+
+func (c *conn) send(typ byte, payload []byte) error {
+	c.c.SetWriteDeadline(time.Now().Add(c.timeout))
+	if err := writeFrame(c.w, typ, payload); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (c *conn) flush() error {
+	c.c.SetWriteDeadline(time.Now().Add(c.timeout))
+	return c.w.Flush()
+}
+
+func (c *conn) sendJSON(typ byte, v any) error {
+	if err := c.send(typ, marshal(v)); err != nil {
+		return err
+	}
+	return c.flush()
+}
+
+// recv reads the next frame that is not a keepalive; each frame, keepalives
+// included, must come within the timeout.
+func (c *conn) recv() (byte, []byte, error) {
+	max := c.max
+	if max == 0 {
+		max = maxHandshakeFrame
+	}
+	for {
+		c.c.SetReadDeadline(time.Now().Add(c.timeout))
+		typ, p, err := readFrame(c.r, c.buf, max)
+		if err == nil && cap(p) > cap(c.buf) {
+			c.buf = p[:0]
+		}
+		if err == nil && typ == frameKeepalive {
+			var m progressMsg
+			if c.progress != nil && len(p) > 0 && json.Unmarshal(p, &m) == nil {
+				c.progress(m.BytesDone)
+			}
+			continue
+		}
+		return typ, p, err
+	}
+}
+
+// recvJSON reads a frame of type want into v; an error frame becomes *Error.
+func (c *conn) recvJSON(want byte, v any) error {
+	typ, p, err := c.recv()
+	if err != nil {
+		return netErr(err)
+	}
+	if typ == frameError {
+		return wireToError(c.peer, p)
+	}
+	if typ != want {
+		return fmt.Errorf("%s: frame type %d, want %d: %w", c.peer, typ, want, ErrFrame)
+	}
+	if v != nil {
+		if err := json.Unmarshal(p, v); err != nil {
+			return fmt.Errorf("%s: %v: %w", c.peer, err, ErrFrame)
+		}
+	}
+	return nil
+}
+
+func (c *conn) sendError(err error) {
+	we := wireError{Errno: errnoName(Errno(err)), Message: err.Error()}
+	var te *Error
+	if errors.As(err, &te) {
+		we.Copied = te.Copied
+	}
+	c.sendJSON(frameError, we)
+}
+
+// whileSilent runs fn, sending keepalive frames every third of the timeout
+// until it returns, so the peer does not time out on work that is long but
+// alive (preparing or committing a tree of thousands of tensors).
+func (c *conn) whileSilent(fn func() error) error { return c.whileCopying(nil, fn) }
+
+// progressEvery is how often the receiving node of an IPC put tells the
+// sender how far it is (a keepalive with a progressMsg).
+const progressEvery = 100 * time.Millisecond
+
+// whileCopying is whileSilent for an IPC put: with rec, the keepalives
+// carry rec's bytes done and go out every progressEvery.
+func (c *conn) whileCopying(rec *Record, fn func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	every := c.timeout / 3
+	if rec != nil {
+		every = min(every, progressEvery)
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-tick.C:
+			var p []byte
+			if rec != nil {
+				p = marshal(progressMsg{BytesDone: rec.BytesDone.Load()})
+			}
+			if c.send(frameKeepalive, p) == nil {
+				c.flush()
+			}
+		}
+	}
+}

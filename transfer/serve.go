@@ -1,0 +1,60 @@
+package transfer
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"syscall"
+)
+
+// serve runs one accepted connection: the handshake, then requests.
+func (s *Service) serve(nc net.Conn) {
+	c, err := s.handshake(nc)
+	if err != nil {
+		log.Printf("peer %s: %v", nc.RemoteAddr(), err)
+		return
+	}
+	for {
+		var req request
+		typ, p, err := c.recv()
+		if err != nil {
+			return // the peer hung up, or went silent past the timeout
+		}
+		if typ != frameRequest || json.Unmarshal(p, &req) != nil {
+			c.sendError(&Error{Errno: syscall.EPROTO, Msg: "expected a request"})
+			return
+		}
+		var rerr error
+		if p, err := CleanPath(req.Path); err != nil {
+			c.sendError(err)
+			continue
+		} else {
+			req.Path = p
+		}
+		switch req.Op {
+		case "put":
+			rerr = s.servePut(c, req)
+		case "get":
+			rerr = s.serveGet(c, req)
+		case "lease":
+			s.serveLease(c)
+			return
+		case "join":
+			if !s.serveJoin(c, req) {
+				return
+			}
+		default:
+			rerr = &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("unknown op %q", req.Op)}
+			c.sendError(rerr)
+		}
+		if rerr != nil {
+			log.Printf("peer %s: %s %s: %v", c.peer, req.Op, req.Path, rerr)
+			var te *Error
+			if !errors.As(rerr, &te) || te.Errno == syscall.EPROTO || te.Errno == syscall.ETIMEDOUT || te.Errno == syscall.EIO {
+				return // the stream is in an unknown state: drop the connection
+			}
+		}
+	}
+}

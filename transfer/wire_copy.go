@@ -1,0 +1,128 @@
+package transfer
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+)
+
+// Meta describes one tensor of a transfer.
+type Meta struct {
+	// Rel is the tensor's path relative to the transfer's root: "" when the
+	// root is the tensor itself, else "a/b" under the root directory.
+	Rel string `json:"rel"`
+	// DType is the canonical dtype ("F32"); Shape is comma-separated dims.
+	DType string `json:"dtype"`
+	Shape string `json:"shape"`
+	// NBytes is the tensor's size in bytes.
+	NBytes int64 `json:"nbytes"`
+}
+
+// request is what a client asks (client -> server).
+type request struct {
+	// Op is "put" (the client sends tensors to Path) or "get" (the server
+	// sends the tensors at Path).
+	Op   string `json:"op"`
+	Path string `json:"path"`
+	// Dir says the put's source is a directory tree (Path names a directory).
+	Dir     bool   `json:"dir,omitempty"`
+	Tensors []Meta `json:"tensors,omitempty"`
+	// IPC, on a put between daemons of one host, gives the exported memory
+	// of each tensor: the server copies from it and no bytes cross the
+	// socket. On a get, IPCOK asks the server for the same.
+	IPC   []IPCDesc `json:"ipc,omitempty"`
+	IPCOK bool      `json:"ipc_ok,omitempty"`
+	// Streams is how many parallel TCP streams the client would use for
+	// the data (put and get; at most maxStreams); the server answers with
+	// the number it takes (reply.Streams) and a Token that the extra
+	// connections present in a "join" request (Op "join", Path "/").
+	Streams int `json:"streams,omitempty"`
+	// Chunk is the sender's bytes per data frame, on a put: with several
+	// streams, chunk j of a tensor is its bytes [j*Chunk, (j+1)*Chunk).
+	Chunk int `json:"chunk,omitempty"`
+	// Token names the transfer that a join request's connection joins.
+	Token []byte `json:"token,omitempty"`
+}
+
+// IPCDesc is where a tensor's bytes are in another process of this host.
+type IPCDesc struct {
+	// Handle is the export's handle ("memfd:/proc/PID/fd/N", or "cuda:" and
+	// 128 hex digits); it opens the whole allocation.
+	Handle string `json:"handle"`
+	// Offset is the tensor's first byte in the exported allocation.
+	Offset int64 `json:"offset"`
+	// Alloc is the exporter's never-reused id of the allocation: with the
+	// exporter's Instance, the key of the importer's cache.
+	Alloc uint64 `json:"alloc"`
+	// Export and Generation are the tensor's ipc_id and generation now.
+	Export     uint64 `json:"export"`
+	Generation uint64 `json:"generation"`
+	// Leased: the exporter holds a lease for the importer on Export over
+	// their lease channel, so the importer may keep the allocation open
+	// after the copy, until the exporter revokes it. Without it the
+	// importer closes the allocation when the copy ends.
+	Leased bool `json:"leased,omitempty"`
+}
+
+// reply is a frameOK payload.
+type reply struct {
+	Dir     bool      `json:"dir,omitempty"`
+	Tensors []Meta    `json:"tensors,omitempty"`
+	Copied  int       `json:"copied,omitempty"`
+	IPC     []IPCDesc `json:"ipc,omitempty"`
+	// Streams, Token and Chunk answer a request's Streams: how many streams
+	// the data takes (0 or 1: only this connection, chunks in order), the
+	// token for the others to join with, and, on a get, the sender's chunk
+	// size.
+	Streams int    `json:"streams,omitempty"`
+	Token   []byte `json:"token,omitempty"`
+	Chunk   int    `json:"chunk,omitempty"`
+}
+
+// doneMsg ends a data stream.
+type doneMsg struct {
+	Chunks int64 `json:"chunks"`
+}
+
+// progressMsg is the optional payload of a frameKeepalive from the
+// receiving node of an IPC put: the bytes it has copied so far.
+type progressMsg struct {
+	BytesDone int64 `json:"bytes_done"`
+}
+
+// dataHeaderLen is the chunk header of a data frame: tensor index (4 bytes),
+// byte offset in the tensor (8), CRC32C of the bytes (4), all big-endian.
+const dataHeaderLen = 16
+
+type chunkHeader struct {
+	index  uint32
+	offset int64
+	crc    uint32
+}
+
+func putChunkHeader(b []byte, h chunkHeader) {
+	binary.BigEndian.PutUint32(b[0:4], h.index)
+	binary.BigEndian.PutUint64(b[4:12], uint64(h.offset))
+	binary.BigEndian.PutUint32(b[12:16], h.crc)
+}
+
+// parseChunk splits a data frame's payload. Errors: ErrFrame when it is
+// shorter than its header or its offset is negative.
+func parseChunk(p []byte) (chunkHeader, []byte, error) {
+	if len(p) < dataHeaderLen {
+		return chunkHeader{}, nil, fmt.Errorf("data frame of %d bytes: %w", len(p), ErrFrame)
+	}
+	h := chunkHeader{
+		index:  binary.BigEndian.Uint32(p[0:4]),
+		offset: int64(binary.BigEndian.Uint64(p[4:12])),
+		crc:    binary.BigEndian.Uint32(p[12:16]),
+	}
+	if h.offset < 0 {
+		return chunkHeader{}, nil, fmt.Errorf("chunk offset %d: %w", h.offset, ErrFrame)
+	}
+	return h, p[dataHeaderLen:], nil
+}
+
+// crcTable is CRC32C (Castagnoli), checked per chunk so corruption is an EIO,
+// not bad data.
+var crcTable = crc32.MakeTable(crc32.Castagnoli)

@@ -1,0 +1,34 @@
+package transfer
+
+// hello opens a connection (client -> server).
+type hello struct {
+	Version int    `json:"version"`
+	Name    string `json:"name"`
+	HostID  string `json:"host_id"`
+	Nonce   []byte `json:"nonce"`
+	// Instance is the node's identity for this run (fresh random hex at
+	// every start): importers key their caches by it, so a restarted peer's
+	// allocation ids can never alias the old ones.
+	Instance string `json:"instance"`
+	// Imports lists the IPC handle kinds the node can open ("memfd",
+	// "cuda"): an exporter offers only those.
+	Imports []string `json:"imports,omitempty"`
+}
+
+// challenge answers hello (server -> client) and proves the server knows the
+// secret.
+type challenge struct {
+	Version int    `json:"version"`
+	Name    string `json:"name"`
+	HostID  string `json:"host_id"`
+	Nonce   []byte `json:"nonce"`
+	Proof   []byte `json:"proof"`
+	// Instance and Imports: as in hello.
+	Instance string   `json:"instance"`
+	Imports  []string `json:"imports,omitempty"`
+}
+
+// authMsg proves the client knows the secret (client -> server).
+type authMsg struct {
+	Proof []byte `json:"proof"`
+}
