@@ -83,12 +83,19 @@ func (c *conn) sendJSON(typ byte, v any) error {
 // recv reads the next frame that is not a keepalive; each frame, keepalives
 // included, must come within the timeout.
 func (c *conn) recv() (byte, []byte, error) {
+	return c.recvArmed(func() { c.c.SetReadDeadline(time.Now().Add(c.timeout)) })
+}
+
+// recvArmed is recv with each frame's read deadline left to arm, which runs
+// before every read: a push's reply waits without one while its data still
+// goes out (awaitReply).
+func (c *conn) recvArmed(arm func()) (byte, []byte, error) {
 	max := c.max
 	if max == 0 {
 		max = maxHandshakeFrame
 	}
 	for {
-		c.c.SetReadDeadline(time.Now().Add(c.timeout))
+		arm()
 		typ, p, err := readFrame(c.r, c.buf, max)
 		if err == nil && cap(p) > cap(c.buf) {
 			c.buf = p[:0]

@@ -101,100 +101,117 @@ func (s *Service) send(ctx context.Context, peer string, c *conn, remotePath str
 	}
 	// The destination may fail part-way (ENOSPC, a bad chunk): its error
 	// frame is read while the data still goes out, so the sender stops and
-	// reports it instead of a broken pipe. The read has no deadline while
-	// sending (the destination says nothing until the end); once the data is
-	// out, the usual timeout applies.
-	type result struct {
-		r   reply
-		err error
-	}
-	res := make(chan result, 1)
+	// reports it instead of a broken pipe.
 	var sent atomic.Bool // the data is out: silence now counts against the timeout
 	c.c.SetReadDeadline(time.Time{})
-	go func() {
-		var r reply
-		typ, p, err := readFrame(c.r, nil, c.max)
-		for err == nil && typ == frameKeepalive {
-			if sent.Load() {
-				c.c.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
-			}
-			typ, p, err = readFrame(c.r, nil, c.max)
-		}
-		switch {
-		case err != nil:
-			res <- result{err: netErr(err)}
-		case typ == frameError:
-			res <- result{err: wireToError(c.peer, p)}
-		case typ != frameOK || json.Unmarshal(p, &r) != nil:
-			res <- result{err: &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: unexpected frame %d", c.peer, typ)}}
-		default:
-			res <- result{r: r}
-		}
-	}()
-	type sendResult struct {
-		extras []*stream
-		err    error
-	}
+	res := c.awaitReply(&sent)
 	sendErr := make(chan sendResult, 1)
 	go func() {
 		extras, err := s.sendChunks(c, joins, want, true, srcs, rec, nil)
 		sendErr <- sendResult{extras, err}
 	}()
-	var r reply
-	var err error
 	select {
 	case rr := <-res:
-		// The reply can win the race against the senders' own return even
-		// when every byte went out (a small copy committed by the peer
-		// before sendChunks came back): a success waits for them, so that
-		// the connections stay pooled in step. A refusal stops them.
-		if rr.err == nil {
-			select {
-			case sr := <-sendErr:
-				if sr.err == nil {
-					s.releaseStreams(peer, sr.extras, nil)
-					return rr.r.Copied, nil
-				}
-				c.c.Close()
-				s.releaseStreams(peer, sr.extras, sr.err)
-				return rr.r.Copied, nil
-			case <-time.After(s.cfg.Timeout):
-			}
-		}
-		c.c.Close() // stops the senders if they are still going
-		sr := <-sendErr
-		s.releaseStreams(peer, sr.extras, errors.New("stopped"))
-		if rr.err != nil {
-			return 0, rr.err
-		}
-		// The peer replied before taking all the data: its reply stands,
-		// but none of the streams is in step any more.
-		return rr.r.Copied, nil
+		return s.replyFirst(peer, c, rr, sendErr)
 	case sr := <-sendErr:
-		if sr.err != nil {
-			s.releaseStreams(peer, sr.extras, sr.err)
-			c.c.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
-			// Prefer the destination's own reason, if it sent one in time.
-			select {
-			case rr := <-res:
-				if rr.err != nil {
-					return 0, rr.err
-				}
-			case <-time.After(100 * time.Millisecond):
+		return s.sentFirst(peer, c, sr, res, &sent)
+	}
+}
+
+// pushReply is the destination's answer to a push: its reply, or why not.
+type pushReply struct {
+	r   reply
+	err error
+}
+
+// sendResult is how a push's senders ended, with the extra streams to
+// release.
+type sendResult struct {
+	extras []*stream
+	err    error
+}
+
+// awaitReply reads the destination's reply to a push on c. The read has no
+// deadline while the data goes out (the destination says nothing until the
+// end); once sent is set, the usual timeout applies to each frame.
+func (c *conn) awaitReply(sent *atomic.Bool) <-chan pushReply {
+	res := make(chan pushReply, 1)
+	go func() {
+		typ, p, err := c.recvArmed(func() {
+			if sent.Load() {
+				c.c.SetReadDeadline(time.Now().Add(c.timeout))
+			}
+		})
+		var r reply
+		switch {
+		case err != nil:
+			res <- pushReply{err: netErr(err)}
+		case typ == frameError:
+			res <- pushReply{err: wireToError(c.peer, p)}
+		case typ != frameOK || json.Unmarshal(p, &r) != nil:
+			res <- pushReply{err: &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: unexpected frame %d", c.peer, typ)}}
+		default:
+			res <- pushReply{r: r}
+		}
+	}()
+	return res
+}
+
+// replyFirst ends a push whose reply came before its senders returned.
+func (s *Service) replyFirst(peer string, c *conn, rr pushReply, sendErr <-chan sendResult) (int, error) {
+	// The reply can win the race against the senders' own return even when
+	// every byte went out (a small copy committed by the peer before
+	// sendChunks came back): a success waits for them, so that the
+	// connections stay pooled in step. A refusal stops them.
+	if rr.err == nil {
+		select {
+		case sr := <-sendErr:
+			if sr.err == nil {
+				s.releaseStreams(peer, sr.extras, nil)
+				return rr.r.Copied, nil
 			}
 			c.c.Close()
-			return 0, sr.err
+			s.releaseStreams(peer, sr.extras, sr.err)
+			return rr.r.Copied, nil
+		case <-time.After(s.cfg.Timeout):
 		}
-		sent.Store(true)
+	}
+	c.c.Close() // stops the senders if they are still going
+	sr := <-sendErr
+	s.releaseStreams(peer, sr.extras, errors.New("stopped"))
+	if rr.err != nil {
+		return 0, rr.err
+	}
+	// The peer replied before taking all the data: its reply stands, but
+	// none of the streams is in step any more.
+	return rr.r.Copied, nil
+}
+
+// sentFirst ends a push whose senders returned before its reply came: on
+// their failure, with the destination's own reason if it sends one in
+// time; else with the reply, now under the timeout.
+func (s *Service) sentFirst(peer string, c *conn, sr sendResult, res <-chan pushReply, sent *atomic.Bool) (int, error) {
+	if sr.err != nil {
+		s.releaseStreams(peer, sr.extras, sr.err)
 		c.c.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
-		rr := <-res
-		r, err = rr.r, rr.err
-		s.releaseStreams(peer, sr.extras, err)
+		select {
+		case rr := <-res:
+			if rr.err != nil {
+				return 0, rr.err
+			}
+		case <-time.After(100 * time.Millisecond):
+		}
+		c.c.Close()
+		return 0, sr.err
 	}
-	if err != nil {
-		return 0, err
+	sent.Store(true)
+	c.c.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
+	rr := <-res
+	s.releaseStreams(peer, sr.extras, rr.err)
+	if rr.err != nil {
+		return 0, rr.err
 	}
-	return r.Copied, nil
+	return rr.r.Copied, nil
 }
 
 // Receive copies the tensors at remotePath on peer into this node: prepare

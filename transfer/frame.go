@@ -64,26 +64,64 @@ func writeFrame(w io.Writer, typ byte, payload []byte) error {
 // a stranger must not make the node allocate MaxFrame per connection.
 const maxHandshakeFrame = 64 << 10
 
-// readFrame reads one frame of at most max bytes into buf (grown as needed)
-// and returns its type and payload. Errors: ErrFrame for a length of 0 or
-// over max or an unknown type; io errors as they come.
-func readFrame(r io.Reader, buf []byte, max uint32) (typ byte, payload []byte, err error) {
-	var hdr [5]byte
+// frameNames names every frame type a node knows, for errors; the one frame
+// reader (readFrameHeader, under readFrame and the data streams' reader)
+// accepts exactly these, so that a new message is added here (its type
+// above, its payload in a wire_*.go file) and every reader agrees on it.
+// Which types a given exchange expects is that reader's own business.
+var frameNames = [...]string{
+	frameHello:     "hello",
+	frameChallenge: "challenge",
+	frameAuth:      "auth",
+	frameOK:        "ok",
+	frameError:     "error",
+	frameRequest:   "request",
+	frameData:      "data",
+	frameDone:      "done",
+	frameKeepalive: "keepalive",
+	frameRevoke:    "revoke",
+	frameRevoked:   "revoked",
+}
+
+// knownFrame reports whether typ is a frame type of the protocol.
+func knownFrame(typ byte) bool { return int(typ) < len(frameNames) && frameNames[typ] != "" }
+
+// frameHeaderLen is a frame's length (4 bytes, big-endian) and type byte.
+const frameHeaderLen = 5
+
+// readFrameHeader reads a frame's header and returns its type and the
+// length of the payload that follows, for a reader that takes the payload
+// itself (a data stream reads chunks straight into place). Errors: ErrFrame
+// for a length of 0 or over max (type byte and payload) or an unknown type;
+// io errors as they come.
+func readFrameHeader(r io.Reader, max uint32) (typ byte, n uint32, err error) {
+	var hdr [frameHeaderLen]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return 0, nil, err
+		return 0, 0, err
 	}
-	n := binary.BigEndian.Uint32(hdr[:4])
-	if n == 0 || n > max {
-		return 0, nil, fmt.Errorf("frame length %d: %w", n, ErrFrame)
+	size := binary.BigEndian.Uint32(hdr[:4])
+	if size == 0 || size > max {
+		return 0, 0, fmt.Errorf("frame length %d: %w", size, ErrFrame)
 	}
 	typ = hdr[4]
-	if typ < frameHello || typ > frameRevoked {
-		return 0, nil, fmt.Errorf("frame type %d: %w", typ, ErrFrame)
+	if !knownFrame(typ) {
+		return 0, 0, fmt.Errorf("frame type %d: %w", typ, ErrFrame)
 	}
-	if cap(buf) < int(n-1) {
-		buf = make([]byte, n-1)
+	return typ, size - 1, nil
+}
+
+// readFrame reads one frame of at most max bytes into buf (grown as needed)
+// and returns its type and payload. Errors as for readFrameHeader, and
+// io.ErrUnexpectedEOF for a payload cut short.
+func readFrame(r io.Reader, buf []byte, max uint32) (typ byte, payload []byte, err error) {
+	typ, n, err := readFrameHeader(r, max)
+	if err != nil {
+		return 0, nil, err
 	}
-	payload = buf[:n-1]
+	if cap(buf) < int(n) {
+		buf = make([]byte, n)
+	}
+	payload = buf[:n]
 	if _, err := io.ReadFull(r, payload); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF

@@ -2,8 +2,8 @@ package transfer
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -650,21 +650,19 @@ func (s *Service) recvStream(c *conn, ss *streamSet, tr *tracker, dest Dest, inP
 		<-checked
 	}()
 	made := 0
-	var hdr [5 + dataHeaderLen]byte
+	var hdr [dataHeaderLen]byte
 	var chunks int64
 	for {
 		c.c.SetReadDeadline(time.Now().Add(c.timeout))
-		if _, err := io.ReadFull(c.r, hdr[:5]); err != nil {
+		typ, n, err := readFrameHeader(c.r, c.max)
+		if err != nil {
+			if errors.Is(err, ErrFrame) {
+				err = fmt.Errorf("%s: %w", c.peer, err)
+			}
 			ss.fail(netErr(err))
 			return false
 		}
-		n := binary.BigEndian.Uint32(hdr[:4])
-		typ := hdr[4]
-		if n == 0 || n > c.max || typ < frameHello || typ > frameKeepalive {
-			ss.fail(netErr(fmt.Errorf("%s: frame length %d type %d: %w", c.peer, n, typ, ErrFrame)))
-			return false
-		}
-		plen := int64(n - 1)
+		plen := int64(n)
 		if typ != frameData || ss.failed.Load() || plen < dataHeaderLen {
 			p := make([]byte, plen)
 			if _, err := io.ReadFull(c.r, p); err != nil {
@@ -695,11 +693,11 @@ func (s *Service) recvStream(c *conn, ss *streamSet, tr *tracker, dest Dest, inP
 				return false
 			}
 		}
-		if _, err := io.ReadFull(c.r, hdr[5:]); err != nil {
+		if _, err := io.ReadFull(c.r, hdr[:]); err != nil {
 			ss.fail(netErr(err))
 			return false
 		}
-		h, _, err := parseChunk(hdr[5:])
+		h, _, err := parseChunk(hdr[:])
 		dlen := plen - dataHeaderLen
 		if err == nil {
 			err = tr.claim(h.index, h.offset, dlen)
