@@ -7,23 +7,11 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 )
-
-// Parallel streams. A large transfer spreads its chunks over several TCP
-// connections to the same peer: the connection that made the request
-// negotiates (request.Streams, reply.Streams and reply.Token), and the other
-// k-1 authenticated connections, from the idle pool or freshly dialed, send a
-// "join" request with the token; the server answers each with an OK, and the
-// data flows on all k. Every stream ends with a done frame (its own chunk
-// count) or an error frame. With one stream, a tensor's chunks come in order;
-// with several, chunk j of a tensor covers exactly [j*C, min((j+1)*C, nbytes))
-// for the sender's chunk size C, and the receiver checks that each arrives
-// exactly once, intact (CRC32C), before it commits.
 
 const (
 	// MaxStreams bounds the parallel TCP streams of one transfer.
@@ -311,160 +299,6 @@ func (ss *streamSet) awaitJoins(joins <-chan joined, want int, all bool, watch f
 			return
 		}
 	}
-}
-
-// sendChunks streams every source in chunks over first and the want extra
-// streams that arrive on joins (pipelined: no per-chunk acknowledgement;
-// TCP's window keeps each pipe full): reader goroutines fill buffers (device
-// to host for GPU tensors, and the CRC32C) while each stream's writer sends
-// them, and each stream ends with a done frame, or with an error frame when
-// a source cannot be read. At the first failure the extra streams are
-// closed and onFail runs (the server closes first; the client keeps it to
-// read the receiver's reason). all says joins always delivers want items
-// (the client's own joins). It returns the extra streams, to be released
-// whatever the outcome.
-func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all bool, srcs []Source, rec *Record, onFail func(error)) ([]*stream, error) {
-	ss := &streamSet{dead: make(chan struct{}), onFail: onFail}
-	k := 1 + want
-	chunk := int64(s.cfg.ChunkSize)
-	// Buffers no larger than the largest tensor: a 4 KiB copy should not
-	// allocate (and collect) megabytes.
-	size := int64(1)
-	for _, sc := range srcs {
-		size = max(size, min(sc.Meta().NBytes, chunk))
-	}
-	free := make(chan []byte, 2*k+1)
-	for range cap(free) {
-		free <- make([]byte, dataHeaderLen+size)
-	}
-	full := make(chan []byte, cap(free))
-	stop := make(chan struct{})
-	var stopOnce sync.Once
-	halt := func() { stopOnce.Do(func() { close(stop) }) }
-	var readErr error // set before full is closed
-	var readErrOnce sync.Once
-
-	// The chunks, in order, handed out to the readers: one reader keeps a
-	// single stream's chunks in order; with several streams, order does not
-	// matter and the reads and checksums spread over the cores.
-	var curMu sync.Mutex
-	curI, curOff := 0, int64(0)
-	next := func() (int, int64, int64, bool) {
-		curMu.Lock()
-		defer curMu.Unlock()
-		for curI < len(srcs) && curOff >= srcs[curI].Meta().NBytes {
-			curI, curOff = curI+1, 0
-		}
-		if curI == len(srcs) {
-			return 0, 0, 0, false
-		}
-		i, off := curI, curOff
-		n := min(chunk, srcs[i].Meta().NBytes-off)
-		curOff += n
-		return i, off, n, true
-	}
-	readers := 1
-	if k > 1 {
-		readers = min(k, runtime.GOMAXPROCS(0))
-	}
-	var rwg sync.WaitGroup
-	for range readers {
-		rwg.Add(1)
-		go func() {
-			defer rwg.Done()
-			for {
-				i, off, n, ok := next()
-				if !ok {
-					return
-				}
-				var buf []byte
-				select {
-				case buf = <-free:
-				case <-stop:
-					return
-				}
-				data := buf[dataHeaderLen : dataHeaderLen+n]
-				got, err := srcs[i].ReadAt(data, off)
-				if err == nil && got != len(data) {
-					// The source shrank under the copy (fs freezes its
-					// sources; another embedder's Source may not): the
-					// rest of data is an earlier chunk's bytes, never to be
-					// sent as this one's.
-					err = &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%d of %d bytes: the tensor shrank during the copy", got, len(data))}
-				}
-				if err != nil {
-					readErrOnce.Do(func() { readErr = fmt.Errorf("read %s at %d: %w", srcs[i].Meta().Rel, off, err) })
-					halt()
-					return
-				}
-				putChunkHeader(buf, chunkHeader{index: uint32(i), offset: off, crc: crc32.Checksum(data, crcTable)})
-				select {
-				case full <- buf[:dataHeaderLen+n]:
-				case <-stop:
-					return
-				}
-			}
-		}()
-	}
-	go func() {
-		rwg.Wait()
-		close(full)
-	}()
-
-	write := func(c *conn) bool {
-		var chunks int64
-		for buf := range full {
-			if ss.failed.Load() {
-				continue
-			}
-			if err := c.send(frameData, buf); err != nil {
-				ss.fail(netErr(err))
-				halt()
-				continue
-			}
-			chunks++
-			rec.BytesDone.Add(int64(len(buf) - dataHeaderLen))
-			free <- buf[:cap(buf)]
-		}
-		if ss.failed.Load() {
-			return false
-		}
-		if readErr != nil {
-			c.sendError(readErr)
-			return true
-		}
-		if err := c.sendJSON(frameDone, doneMsg{Chunks: chunks}); err != nil {
-			ss.fail(netErr(err))
-			return false
-		}
-		return true
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		write(first)
-	}()
-	var watch func() *conn
-	if !all {
-		watch = func() *conn { return first }
-	}
-	ss.awaitJoins(joins, want, all, watch, s.cfg.Timeout, &wg, func(st *stream) {
-		rec.Streams.Add(1)
-		st.inStep = write(st.c)
-	})
-	if ss.failed.Load() {
-		halt()
-	}
-	wg.Wait()
-	halt()
-	for range full { // the readers stop; wait for them before the sources close
-	}
-	extras, err := ss.result()
-	if err == nil && readErr != nil {
-		err = readErr
-	}
-	return extras, err
 }
 
 // inPlaceDest is a Dest that lets a copy write a tensor's bytes in place

@@ -1,0 +1,201 @@
+package transfer
+
+import (
+	"fmt"
+	"hash/crc32"
+	"runtime"
+	"sync"
+	"syscall"
+)
+
+// sender is the sending side of one transfer's data: reader goroutines fill
+// buffers from the sources (device to host for GPU tensors, and the CRC32C)
+// while each stream's writer sends them (write), pipelined: no per-chunk
+// acknowledgement; TCP's window keeps each pipe full.
+type sender struct {
+	srcs  []Source
+	rec   *Record
+	chunk int64
+	ss    *streamSet
+
+	free chan []byte // empty buffers, header and chunk
+	full chan []byte // read chunks, to be sent; closed once the readers stop
+	stop chan struct{}
+	once sync.Once // closes stop
+
+	readErr     error // set before full is closed
+	readErrOnce sync.Once
+
+	// The chunks, in order, handed out to the readers: one reader keeps a
+	// single stream's chunks in order; with several streams, order does not
+	// matter and the reads and checksums spread over the cores.
+	curMu  sync.Mutex
+	curI   int
+	curOff int64
+}
+
+// newSender prepares the buffers for k streams sending srcs in chunks of
+// chunk bytes.
+func newSender(srcs []Source, chunk int64, k int, rec *Record, ss *streamSet) *sender {
+	// Buffers no larger than the largest tensor: a 4 KiB copy should not
+	// allocate (and collect) megabytes.
+	size := int64(1)
+	for _, sc := range srcs {
+		size = max(size, min(sc.Meta().NBytes, chunk))
+	}
+	sd := &sender{srcs: srcs, rec: rec, chunk: chunk, ss: ss, free: make(chan []byte, 2*k+1), stop: make(chan struct{})}
+	for range cap(sd.free) {
+		sd.free <- make([]byte, dataHeaderLen+size)
+	}
+	sd.full = make(chan []byte, cap(sd.free))
+	return sd
+}
+
+// halt stops the readers.
+func (sd *sender) halt() { sd.once.Do(func() { close(sd.stop) }) }
+
+// next hands out the next chunk to read: bytes [off, off+n) of tensor i.
+func (sd *sender) next() (i int, off, n int64, ok bool) {
+	sd.curMu.Lock()
+	defer sd.curMu.Unlock()
+	for sd.curI < len(sd.srcs) && sd.curOff >= sd.srcs[sd.curI].Meta().NBytes {
+		sd.curI, sd.curOff = sd.curI+1, 0
+	}
+	if sd.curI == len(sd.srcs) {
+		return 0, 0, 0, false
+	}
+	i, off = sd.curI, sd.curOff
+	n = min(sd.chunk, sd.srcs[i].Meta().NBytes-off)
+	sd.curOff += n
+	return i, off, n, true
+}
+
+// startReaders runs n readers, and closes full once they have all stopped.
+func (sd *sender) startReaders(n int) {
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sd.read()
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(sd.full)
+	}()
+}
+
+// read is one reader: it reads chunks into free buffers and queues them on
+// full, until the chunks run out, a read fails (readErr) or the transfer
+// halts.
+func (sd *sender) read() {
+	for {
+		i, off, n, ok := sd.next()
+		if !ok {
+			return
+		}
+		var buf []byte
+		select {
+		case buf = <-sd.free:
+		case <-sd.stop:
+			return
+		}
+		data := buf[dataHeaderLen : dataHeaderLen+n]
+		got, err := sd.srcs[i].ReadAt(data, off)
+		if err == nil && got != len(data) {
+			// The source shrank under the copy (fs freezes its sources;
+			// another embedder's Source may not): the rest of data is an
+			// earlier chunk's bytes, never to be sent as this one's.
+			err = &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%d of %d bytes: the tensor shrank during the copy", got, len(data))}
+		}
+		if err != nil {
+			sd.readErrOnce.Do(func() { sd.readErr = fmt.Errorf("read %s at %d: %w", sd.srcs[i].Meta().Rel, off, err) })
+			sd.halt()
+			return
+		}
+		putChunkHeader(buf, chunkHeader{index: uint32(i), offset: off, crc: crc32.Checksum(data, crcTable)})
+		select {
+		case sd.full <- buf[:dataHeaderLen+n]:
+		case <-sd.stop:
+			return
+		}
+	}
+}
+
+// write is one stream's writer: it sends chunks from full on c until they
+// run out, then ends the stream with a done frame (or an error frame for a
+// source that could not be read). False: the stream failed, or the
+// transfer did (c is out of step).
+func (sd *sender) write(c *conn) bool {
+	var chunks int64
+	for buf := range sd.full {
+		if sd.ss.failed.Load() {
+			continue
+		}
+		if err := c.send(frameData, buf); err != nil {
+			sd.ss.fail(netErr(err))
+			sd.halt()
+			continue
+		}
+		chunks++
+		sd.rec.BytesDone.Add(int64(len(buf) - dataHeaderLen))
+		sd.free <- buf[:cap(buf)]
+	}
+	if sd.ss.failed.Load() {
+		return false
+	}
+	if sd.readErr != nil {
+		c.sendError(sd.readErr)
+		return true
+	}
+	if err := c.sendJSON(frameDone, doneMsg{Chunks: chunks}); err != nil {
+		sd.ss.fail(netErr(err))
+		return false
+	}
+	return true
+}
+
+// sendChunks streams every source in chunks over first and the want extra
+// streams that arrive on joins (see sender), and each stream ends with a
+// done frame, or with an error frame when a source cannot be read. At the
+// first failure the extra streams are closed and onFail runs (the server
+// closes first; the client keeps it to read the receiver's reason). all
+// says joins always delivers want items (the client's own joins). It
+// returns the extra streams, to be released whatever the outcome.
+func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all bool, srcs []Source, rec *Record, onFail func(error)) ([]*stream, error) {
+	ss := &streamSet{dead: make(chan struct{}), onFail: onFail}
+	k := 1 + want
+	sd := newSender(srcs, int64(s.cfg.ChunkSize), k, rec, ss)
+	readers := 1
+	if k > 1 {
+		readers = min(k, runtime.GOMAXPROCS(0))
+	}
+	sd.startReaders(readers)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		sd.write(first)
+	}()
+	var watch func() *conn
+	if !all {
+		watch = func() *conn { return first }
+	}
+	ss.awaitJoins(joins, want, all, watch, s.cfg.Timeout, &wg, func(st *stream) {
+		rec.Streams.Add(1)
+		st.inStep = sd.write(st.c)
+	})
+	if ss.failed.Load() {
+		sd.halt()
+	}
+	wg.Wait()
+	sd.halt()
+	for range sd.full { // the readers stop; wait for them before the sources close
+	}
+	extras, err := ss.result()
+	if err == nil && sd.readErr != nil {
+		err = sd.readErr
+	}
+	return extras, err
+}
