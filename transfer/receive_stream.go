@@ -1,0 +1,393 @@
+package transfer
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// inPlaceDest is a Dest that lets a copy write a tensor's bytes in place
+// (host memory mapped into the daemon): fill runs on bytes [off, off+n) of
+// tensor i, which stay valid until it returns. ok is false, fill not run,
+// when tensor i is not in such memory (GPU memory: the copy stages through
+// a buffer and WriteAt). Errors: a range outside the tensor, or fill's.
+type inPlaceDest interface {
+	WriteInPlace(i int, off, n int64, fill func(p []byte) error) (ok bool, err error)
+}
+
+// tracker checks that every byte of every tensor arrives exactly once:
+// in order with one stream (chunk 0), on the chunk grid with several.
+type tracker struct {
+	peer  string
+	metas []Meta
+	chunk int64
+
+	mu   sync.Mutex
+	got  []int64
+	seen [][]uint64 // per tensor, one bit per chunk (grid only)
+}
+
+func newTracker(peer string, metas []Meta, chunk int64) *tracker {
+	t := &tracker{peer: peer, metas: metas, chunk: chunk, got: make([]int64, len(metas))}
+	if chunk > 0 {
+		t.seen = make([][]uint64, len(metas))
+		for i, m := range metas {
+			t.seen[i] = make([]uint64, ((m.NBytes+chunk-1)/chunk+63)/64)
+		}
+	}
+	return t
+}
+
+// claim admits chunk [off, off+n) of tensor i before its bytes are read
+// (into place, so nothing already there may be overwritten). Errors: EPROTO
+// for a chunk outside its tensor, out of order, off the grid, or twice.
+func (t *tracker) claim(i uint32, off, n int64) error {
+	if int(i) >= len(t.metas) || off > t.metas[i].NBytes-n {
+		return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: chunk [%d, +%d) of tensor %d is outside it", t.peer, off, n, i)}
+	}
+	m := t.metas[i]
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.chunk == 0 {
+		if off != t.got[i] {
+			// Chunks of a tensor come in order on one stream; anything else
+			// would leave holes or write twice.
+			return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: chunk at %d of %q, expected %d", t.peer, off, m.Rel, t.got[i])}
+		}
+	} else {
+		j := off / t.chunk
+		if n == 0 || off%t.chunk != 0 || n != min(t.chunk, m.NBytes-off) {
+			return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: chunk [%d, +%d) of %q is not one of its %d-byte chunks", t.peer, off, n, m.Rel, t.chunk)}
+		}
+		if t.seen[i][j/64]&(1<<(j%64)) != 0 {
+			return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: chunk at %d of %q arrived twice", t.peer, off, m.Rel)}
+		}
+		t.seen[i][j/64] |= 1 << (j % 64)
+	}
+	t.got[i] += n
+	return nil
+}
+
+// complete checks that every tensor arrived whole. Errors: EIO.
+func (t *tracker) complete() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, m := range t.metas {
+		if t.got[i] != m.NBytes {
+			return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: %q: %d of %d bytes arrived", t.peer, m.Rel, t.got[i], m.NBytes)}
+		}
+	}
+	return nil
+}
+
+// recvChunks receives a transfer's chunks into dest from first and the want
+// extra streams that arrive on joins, until each has ended with its done
+// frame (all as for sendChunks), and checks that every byte of every tensor arrived exactly once and
+// intact. Chunks go straight from the socket into the destination's memory
+// when dest allows it (inPlaceDest), else through a buffer and WriteAt; the
+// CRC32C of a chunk is checked by another goroutine while the stream reads
+// the next one. chunk is the sender's chunk size with several streams, 0
+// with one (chunks in order).
+//
+// At the first failure the extra streams are closed, abort runs if set
+// (once no write is in flight: the destination is gone before the sender
+// hears), then onFail (the server tells the sender why on first); first then
+// reads on, discarding, until the sender's end, so it stays in step. With
+// abort nil the caller aborts dest on error. The caller releases the extras
+// whatever the outcome.
+func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all bool, dest Dest, metas []Meta, chunk int64, rec *Record, abort func(), onFail func(error)) (extras []*stream, firstInStep bool, err error) {
+	ss := &streamSet{dead: make(chan struct{}), onFail: onFail, abort: abort}
+	tr := newTracker(first.peer, metas, chunk)
+	inPlace, _ := dest.(inPlaceDest)
+	var wg sync.WaitGroup
+	var firstDone atomic.Pointer[conn] // first, once it has ended in step
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, rec).run()
+		if firstInStep {
+			firstDone.Store(first)
+		}
+	}()
+	var watch func() *conn
+	if !all {
+		watch = firstDone.Load
+	}
+	ss.awaitJoins(joins, want, all, watch, s.cfg.Timeout, &wg, func(st *stream) {
+		rec.Streams.Add(1)
+		st.inStep = newRecvStream(st.c, ss, tr, dest, inPlace, rec).run()
+	})
+	wg.Wait()
+	if err := tr.complete(); err != nil {
+		ss.fail(err) // a no-op after an earlier failure
+	}
+	extras, err = ss.result()
+	return extras, firstInStep, err
+}
+
+// work is one received chunk for a stream's checker: its bytes in place
+// (buf nil) or in buf.
+type work struct {
+	i   int
+	off int64
+	n   int64
+	crc uint32
+	buf []byte
+}
+
+// recvStream is one connection's share of a transfer being received (see
+// recvChunks): it reads the frames, puts each chunk's bytes in place or in
+// a buffer, and hands the chunk to its checker goroutine, which checks the
+// CRC32C (and writes a buffered chunk) while the stream reads the next one.
+type recvStream struct {
+	c       *conn
+	ss      *streamSet
+	tr      *tracker
+	dest    Dest
+	inPlace inPlaceDest // dest, when it takes bytes in place; else nil
+	rec     *Record
+
+	free   chan []byte // buffers the checker gave back
+	made   int         // buffers made, at most cap(free)
+	todo   chan work   // to the checker
+	chunks int64       // data frames claimed, for the done frame's count
+	hdr    [dataHeaderLen]byte
+}
+
+func newRecvStream(c *conn, ss *streamSet, tr *tracker, dest Dest, inPlace inPlaceDest, rec *Record) *recvStream {
+	return &recvStream{c: c, ss: ss, tr: tr, dest: dest, inPlace: inPlace, rec: rec, free: make(chan []byte, 3), todo: make(chan work, 2)}
+}
+
+// chunkOutcome is what became of one data frame.
+type chunkOutcome int
+
+const (
+	chunkBuffer  chunkOutcome = iota // not taken in place: read it into a buffer
+	chunkPlaced                      // its bytes are in place, to be checked
+	chunkSkipped                     // discarded (the transfer failed); the stream goes on
+	chunkBroken                      // the stream is out of step
+)
+
+// run reads the stream's frames until its done or error frame (true: in
+// step) or its failure (false). After the transfer has failed it reads on
+// and discards, so that the stream ends in step if the sender ends it.
+func (rs *recvStream) run() (inStep bool) {
+	checked := make(chan struct{})
+	go func() {
+		defer close(checked)
+		for w := range rs.todo {
+			rs.check(w)
+		}
+	}()
+	defer func() {
+		close(rs.todo)
+		<-checked
+	}()
+	c, ss := rs.c, rs.ss
+	for {
+		c.c.SetReadDeadline(time.Now().Add(c.timeout))
+		typ, n, err := readFrameHeader(c.r, c.max)
+		if err != nil {
+			if errors.Is(err, ErrFrame) {
+				err = fmt.Errorf("%s: %w", c.peer, err)
+			}
+			ss.fail(netErr(err))
+			return false
+		}
+		plen := int64(n)
+		if typ != frameData || ss.failed.Load() || plen < dataHeaderLen {
+			if inStep, end := rs.control(typ, plen); end {
+				return inStep
+			}
+			continue
+		}
+		if !rs.data(plen - dataHeaderLen) {
+			return false
+		}
+	}
+}
+
+// control takes a frame that carries no chunk to place: a keepalive, the
+// stream's end, or a data frame after the failure (or too short for its
+// header). end: the stream is over, in step or not.
+func (rs *recvStream) control(typ byte, plen int64) (inStep, end bool) {
+	c, ss := rs.c, rs.ss
+	p := make([]byte, plen)
+	if _, err := io.ReadFull(c.r, p); err != nil {
+		ss.fail(netErr(err))
+		return false, true
+	}
+	switch typ {
+	case frameKeepalive:
+		return false, false
+	case frameData:
+		if !ss.failed.Load() {
+			ss.fail(netErr(fmt.Errorf("data frame of %d bytes: %w", plen, ErrFrame)))
+		}
+		return false, false
+	case frameDone:
+		var d doneMsg
+		if json.Unmarshal(p, &d) != nil {
+			ss.fail(&Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: malformed done frame", c.peer)})
+		} else if d.Chunks != rs.chunks && !ss.failed.Load() && rs.tr.chunk > 0 {
+			ss.fail(&Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: a stream sent %d chunks and says %d", c.peer, rs.chunks, d.Chunks)})
+		}
+		return true, true
+	case frameError:
+		ss.fail(wireToError(c.peer, p))
+		return true, true
+	default:
+		ss.fail(&Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: frame type %d in a data stream", c.peer, typ)})
+		return false, true
+	}
+}
+
+// data takes a data frame, whose chunk header and dlen bytes follow: it
+// claims the chunk, reads its bytes (in place, or into a buffer) and queues
+// it for the checker. False: the stream is out of step.
+func (rs *recvStream) data(dlen int64) bool {
+	c, ss := rs.c, rs.ss
+	if _, err := io.ReadFull(c.r, rs.hdr[:]); err != nil {
+		ss.fail(netErr(err))
+		return false
+	}
+	h, _, err := parseChunk(rs.hdr[:])
+	if err == nil {
+		err = rs.tr.claim(h.index, h.offset, dlen)
+	}
+	if err != nil {
+		ss.fail(netErr(err))
+		return rs.skip(dlen) != chunkBroken
+	}
+	rs.chunks++
+	w := work{i: int(h.index), off: h.offset, n: dlen, crc: h.crc}
+	out := chunkBuffer
+	if rs.inPlace != nil {
+		out = rs.readInPlace(w)
+	}
+	switch out {
+	case chunkBroken:
+		return false
+	case chunkSkipped:
+		return true
+	case chunkBuffer:
+		if !rs.readBuffered(&w) {
+			return false
+		}
+	}
+	rs.todo <- w
+	return true
+}
+
+// skip discards a chunk's n bytes.
+func (rs *recvStream) skip(n int64) chunkOutcome {
+	if _, err := io.CopyN(io.Discard, rs.c.r, n); err != nil {
+		return chunkBroken
+	}
+	return chunkSkipped
+}
+
+// readInPlace reads chunk w's bytes from the socket straight into the
+// destination's memory, when the destination has it there.
+func (rs *recvStream) readInPlace(w work) chunkOutcome {
+	var placed bool
+	var err, rerr error
+	if !rs.ss.guard(func() {
+		placed, err = rs.inPlace.WriteInPlace(w.i, w.off, w.n, func(p []byte) error {
+			_, rerr = io.ReadFull(rs.c.r, p)
+			return rerr
+		})
+	}) {
+		// Failed meanwhile: the destination is gone.
+		return rs.skip(w.n)
+	}
+	if rerr != nil {
+		rs.ss.fail(netErr(rerr))
+		return chunkBroken
+	}
+	if placed && err != nil {
+		// The destination went away under the copy (ENOSPC, a released
+		// tensor): the bytes were not read.
+		rs.ss.fail(err)
+		return rs.skip(w.n)
+	}
+	if !placed {
+		return chunkBuffer
+	}
+	return chunkPlaced
+}
+
+// readBuffered reads chunk w's bytes into a buffer, w.buf. False: the
+// stream failed.
+func (rs *recvStream) readBuffered(w *work) bool {
+	// At most cap(free) buffers per stream: the checker gives them back.
+	var buf []byte
+	select {
+	case buf = <-rs.free:
+	default:
+		if rs.made < cap(rs.free) {
+			rs.made++
+		} else {
+			buf = <-rs.free
+		}
+	}
+	if int64(cap(buf)) < w.n {
+		buf = make([]byte, w.n)
+	}
+	w.buf = buf
+	if _, err := io.ReadFull(rs.c.r, buf[:w.n]); err != nil {
+		rs.free <- buf
+		rs.ss.fail(netErr(err))
+		return false
+	}
+	return true
+}
+
+// check is the checker's work on one chunk: its CRC32C, then, for a
+// buffered chunk, its write into the destination.
+func (rs *recvStream) check(w work) {
+	ss := rs.ss
+	if ss.failed.Load() {
+		if w.buf != nil {
+			rs.free <- w.buf
+		}
+		return
+	}
+	var crc uint32
+	var werr error
+	ran := true
+	if w.buf == nil {
+		ran = ss.guard(func() {
+			_, werr = rs.inPlace.WriteInPlace(w.i, w.off, w.n, func(p []byte) error {
+				crc = crc32.Checksum(p, crcTable)
+				return nil
+			})
+		})
+	} else {
+		crc = crc32.Checksum(w.buf[:w.n], crcTable)
+	}
+	switch {
+	case !ran:
+	case werr != nil:
+		ss.fail(werr)
+	case crc != w.crc:
+		ss.fail(&Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: CRC32C mismatch in %q at %d", rs.c.peer, rs.tr.metas[w.i].Rel, w.off)})
+	case w.buf != nil:
+		ss.guard(func() { werr = rs.dest.WriteAt(w.i, w.buf[:w.n], w.off) })
+		if werr != nil {
+			ss.fail(werr)
+		}
+	}
+	if w.buf != nil {
+		rs.free <- w.buf
+	}
+	if !ss.failed.Load() {
+		rs.rec.BytesDone.Add(w.n)
+	}
+}
