@@ -20,6 +20,7 @@ type closingConn struct {
 	closed atomic.Bool
 }
 
+// Close closes the connection and remembers it, so that done never pools it.
 func (c *closingConn) Close() error {
 	c.closed.Store(true)
 	return c.Conn.Close()

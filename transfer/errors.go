@@ -19,6 +19,8 @@ type Error struct {
 	broken bool
 }
 
+// Error says what failed, and how many tensors a directory copy had placed
+// by then.
 func (e *Error) Error() string {
 	if e.Copied > 0 {
 		return fmt.Sprintf("%s (%d tensors copied before the failure)", e.Msg, e.Copied)

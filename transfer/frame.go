@@ -8,8 +8,9 @@ import (
 	"io"
 )
 
-// ProtocolVersion is the version of the wire protocol below; peers with
-// another version are refused at the handshake with both versions named.
+// ProtocolVersion is the version of the wire protocol (these frames and the
+// messages of wire_*.go); peers with another version are refused at the
+// handshake with both versions named.
 const ProtocolVersion = 2
 
 // Frame types. Control frames carry JSON; data frames carry a binary chunk

@@ -88,11 +88,11 @@ func (t *tracker) complete() error {
 
 // recvChunks receives a transfer's chunks into dest from first and the want
 // extra streams that arrive on joins, until each has ended with its done
-// frame (all as for sendChunks), and checks that every byte of every tensor arrived exactly once and
-// intact. Chunks go straight from the socket into the destination's memory
-// when dest allows it (inPlaceDest), else through a buffer and WriteAt; the
-// CRC32C of a chunk is checked by another goroutine while the stream reads
-// the next one. chunk is the sender's chunk size with several streams, 0
+// frame (all as for sendChunks), and checks that every byte of every tensor
+// arrived exactly once and intact. Chunks go straight from the socket into
+// the destination's memory when dest allows it (inPlaceDest), else through
+// a buffer and WriteAt; the CRC32C of a chunk is checked by another
+// goroutine while the stream reads the next one (recvStream). chunk is the sender's chunk size with several streams, 0
 // with one (chunks in order).
 //
 // At the first failure the extra streams are closed, abort runs if set

@@ -3,6 +3,14 @@
 // pipelined, CRC32C-checked chunks. It knows nothing of FUSE: the node's own
 // tensors are reached through the Local interface, which the fs package
 // implements.
+//
+// Every frame is read through one reader (frame.go), which checks a frame's
+// length and type against the one table of frame types, so that a new
+// message is added in one place and every exchange agrees on what is
+// valid; the messages' payloads live by family in wire_handshake.go,
+// wire_copy.go and wire_lease.go. The data of a transfer moves on streams
+// that are types: sender (send_stream.go) and recvStream
+// (receive_stream.go).
 package transfer
 
 import (
