@@ -316,3 +316,38 @@ func TestTrackerGrid(t *testing.T) {
 	require.NoError(t, tr.claim(0, 4, 4))
 	require.NoError(t, tr.complete())
 }
+
+// TestRecvStreamFrameTypes: a data stream reads through the one frame
+// reader and takes only what belongs in it: a lease channel's revoke (a
+// known type, misplaced) and an unknown type alike end it out of step with
+// EPROTO, while keepalives are skipped and a done frame ends it in step.
+func TestRecvStreamFrameTypes(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		in     []byte
+		inStep bool
+		errno  syscall.Errno
+	}{
+		{"done", frameBytes(frameDone, marshal(doneMsg{})), true, 0},
+		{"revoke", frameBytes(frameRevoke, marshal(idsMsg{})), false, syscall.EPROTO},
+		{"unknown", []byte{0, 0, 0, 1, byte(len(frameNames))}, false, syscall.EPROTO},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			near, far := net.Pipe()
+			defer near.Close()
+			defer far.Close()
+			go far.Write(cat(frameBytes(frameKeepalive, nil), tc.in))
+			c := newConn(near, 5*time.Second, "p")
+			c.max = MaxFrame
+			ss := &streamSet{dead: make(chan struct{})}
+			rs := newRecvStream(c, ss, newTracker("p", []Meta{{}}, 0), nil, nil, &Record{})
+			require.Equal(t, tc.inStep, rs.run())
+			_, err := ss.result()
+			if tc.errno == 0 {
+				require.NoError(t, err)
+				return
+			}
+			require.Equal(t, tc.errno, Errno(err), "%v", err)
+		})
+	}
+}
