@@ -324,7 +324,9 @@ func (s *Service) leaseChannel(ctx context.Context, peer string, c *conn) *lease
 		nc.c.Close() // the peer restarted in between: the copy's conn is stale anyway
 		return nil
 	}
-	if err := nc.sendJSON(frameRequest, request{Op: "lease", Path: "/"}); err == nil {
+	// err is the dial's (nil) here: a refused or broken lease request must
+	// not leave a dead channel adopted.
+	if err = nc.sendJSON(frameRequest, request{Op: "lease", Path: "/"}); err == nil {
 		err = nc.recvJSON(frameOK, nil)
 	}
 	if err != nil {
