@@ -1,6 +1,7 @@
 // Package mr is the memory-region registry: every range of device memory that
 // tensorfs exposes for transfer is registered here as a memory region (MR) with an
-// id that is never reused and a remote key (rkey). Any (addr, len) inside a region
+// id that is never reused. (A remote key comes with the UCX transport, whose
+// packed rkey is UCX's own; a home-made random key would grant nothing.) Any (addr, len) inside a region
 // resolves to it through an interval index, so views and slices of a tensor find
 // their MR. Pins keep a region alive while a transfer uses it: deregistration
 // removes the region from lookups at once, but its release callback (which frees
@@ -11,8 +12,6 @@
 package mr
 
 import (
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -35,8 +34,6 @@ var (
 type Region struct {
 	// ID is unique for the registry's life, starting at 1, never reused.
 	ID uint64
-	// Key is the remote key (rkey) a peer presents to access the region.
-	Key uint32
 	// Device names the device the memory lives on ("host", "cuda:0").
 	Device string
 	// Addr is the region's first byte in the device's address space.
@@ -99,10 +96,6 @@ func (r *Registry) register(device string, addr uintptr, length uint64, shared b
 	if length == 0 || uint64(addr)+length < uint64(addr) {
 		return nil, fmt.Errorf("register [%#x, +%d): %w", addr, length, ErrInvalid)
 	}
-	var kb [4]byte
-	if _, err := rand.Read(kb[:]); err != nil {
-		return nil, fmt.Errorf("rkey: %w", err)
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	list := r.byAddr[device]
@@ -114,7 +107,7 @@ func (r *Registry) register(device string, addr uintptr, length uint64, shared b
 		return nil, fmt.Errorf("register [%#x, +%d) on %s: %w (mr %d)", addr, length, device, ErrOverlap, list[i-1].ID)
 	}
 	r.nextID++
-	e := &entry{Region: &Region{ID: r.nextID, Key: binary.LittleEndian.Uint32(kb[:]), Device: device, Addr: addr, Len: length}, shared: shared}
+	e := &entry{Region: &Region{ID: r.nextID, Device: device, Addr: addr, Len: length}, shared: shared}
 	if shared {
 		r.shared[device] = append(r.shared[device], e)
 	} else {
@@ -125,19 +118,12 @@ func (r *Registry) register(device string, addr uintptr, length uint64, shared b
 	return e.Region, nil
 }
 
-// Get returns the live region with this id, or ErrNotFound.
-func (r *Registry) Get(id uint64) (*Region, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e, ok := r.byID[id]
-	if !ok || e.dead {
-		return nil, fmt.Errorf("mr %d: %w", id, ErrNotFound)
-	}
-	return e.Region, nil
-}
-
 // Lookup returns the live region of device that contains [addr, addr+n), or
-// ErrNotFound.
+// ErrNotFound. It is the interval index the spec promises: nothing in the
+// daemon resolves an address to its region yet, because every copy today
+// names whole tensors; the in-place copies (ranges and descriptor lists of
+// (tensor, offset, length)) resolve and pin each descriptor's region through
+// it, which is why it stays.
 func (r *Registry) Lookup(device string, addr uintptr, n uint64) (*Region, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

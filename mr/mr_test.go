@@ -138,7 +138,7 @@ func TestConcurrent(t *testing.T) {
 	regions, pins := r.Stats()
 	require.Zero(t, regions)
 	require.Zero(t, pins)
-	_, err := r.Get(1)
+	_, err := r.Pin(1)
 	require.True(t, errors.Is(err, ErrNotFound))
 }
 

@@ -55,7 +55,7 @@ func FuzzReadHeader(f *testing.F) {
 		if err != nil {
 			t.Fatalf("Encode: %v", err)
 		}
-		file := append(enc, make([]byte, h2.DataSize())...)
+		file := append(enc, make([]byte, dataSize(h2))...)
 		back, err := ReadHeader(bytes.NewReader(file), int64(len(file)))
 		if err != nil {
 			t.Fatalf("re-encoded header does not parse: %v\n%q", err, enc)

@@ -75,16 +75,6 @@ type Header struct {
 	DataOffset int64
 }
 
-// DataSize is the length of the data region the tensors describe, in bytes:
-// the largest End (0 with no tensors). A file may be longer.
-func (h *Header) DataSize() int64 {
-	var n int64
-	for _, t := range h.Tensors {
-		n = max(n, t.End)
-	}
-	return n
-}
-
 // asFormat wraps a description of what is wrong with a file in ErrFormat. The
 // exported functions do it once, at the top, so that nested context reads
 // left to right ("invalid safetensors file: tensor "w": shape ...").

@@ -42,14 +42,17 @@ func requireGPU(tb testing.TB) int {
 			gpuProbe.why = fmt.Sprintf("nvidia-smi -L failed (%v): %s", err, bytes.TrimSpace(out))
 			return
 		}
-		n, err := cuda.Probe()
+		devs, err := cuda.Open(0)
+		for _, d := range devs {
+			d.Close()
+		}
 		switch {
 		case err != nil:
 			gpuProbe.why = err.Error()
-		case n == 0:
+		case len(devs) == 0:
 			gpuProbe.why = cuda.LibraryName + " loaded but sees no GPU"
 		}
-		gpuProbe.n = n
+		gpuProbe.n = len(devs)
 	})
 	if gpuProbe.n == 0 {
 		if os.Getenv("TENSORFS_REQUIRE_GPU") == "1" {
