@@ -3,18 +3,14 @@ package gpu
 import (
 	"fmt"
 	"os"
-	"regexp"
 	"strings"
 	"sync"
 
+	"github.com/tensorfs/tensorfs/ipc"
 	"golang.org/x/sys/unix"
 )
 
 var _ Importer = (*Host)(nil)
-
-// memfdPath is the only path form a "memfd:" handle may take: a process's fd
-// in the daemon's /proc (the form Handle returns).
-var memfdPath = regexp.MustCompile(`^/proc/[1-9][0-9]*/fd/[0-9]+$`)
 
 // Import implements Importer for "memfd:/proc/PID/fd/N" handles: it opens the
 // memfd read-write (the kernel's /proc rules apply to the daemon; callers
@@ -25,10 +21,14 @@ var memfdPath = regexp.MustCompile(`^/proc/[1-9][0-9]*/fd/[0-9]+$`)
 // EACCES) wrapped with ErrHandle; ErrInvalidSize for a range outside the
 // memfd.
 func (h *Host) Import(handle string, off, n int64) (Buffer, error) {
-	path, ok := strings.CutPrefix(handle, "memfd:")
-	if !ok || !memfdPath.MatchString(path) {
-		return nil, fmt.Errorf("import %q on %s: want memfd:/proc/PID/fd/N: %w", handle, HostName, ErrHandle)
+	mh, err := ipc.ParseHandle(handle)
+	if err == nil && mh.Kind != ipc.KindMemfd {
+		err = fmt.Errorf("a %s handle", mh.Kind)
 	}
+	if err != nil {
+		return nil, fmt.Errorf("import on %s: want memfd:/proc/PID/fd/N: %v: %w", HostName, err, ErrHandle)
+	}
+	path := mh.Path()
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w: %w", path, err, ErrHandle)
@@ -161,7 +161,7 @@ func (b *importBuffer) Addr() uintptr {
 func (b *importBuffer) Handle() string {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
-	return fmt.Sprintf("memfd:/proc/%d/fd/%d", os.Getpid(), b.fd)
+	return ipc.MemfdHandle(os.Getpid(), b.fd)
 }
 
 // ReadAt reads from the memfd; a read cut short by its owner shrinking it is

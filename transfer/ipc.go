@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+
+	"github.com/tensorfs/tensorfs/ipc"
 )
 
 // Exporter is implemented by sources whose memory another daemon of the same
@@ -175,10 +177,11 @@ func (s *Service) openHandle(handle string) (Mapping, error) {
 // Checked on what was opened, not on the path, so the fd cannot change in
 // between.
 func openMemfd(handle string) (*os.File, error) {
-	path, ok := strings.CutPrefix(handle, "memfd:")
-	if !ok || !strings.HasPrefix(path, "/proc/") {
+	h, err := ipc.ParseHandle(handle)
+	if err != nil || h.Kind != ipc.KindMemfd {
 		return nil, fmt.Errorf("handle %q: %w", handle, errNoIPC)
 	}
+	path := h.Path()
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %v: %w", path, err, errNoIPC)

@@ -23,8 +23,8 @@ func TestOpenExportsRefusesOtherFiles(t *testing.T) {
 	require.NoError(t, err)
 	defer unix.Close(other)
 	for _, h := range []string{
-		"memfd:/proc/self/fd/" + itoa(int(f.Fd())),
-		"memfd:/proc/self/fd/" + itoa(other),
+		"memfd:/proc/" + itoa(os.Getpid()) + "/fd/" + itoa(int(f.Fd())),
+		"memfd:/proc/" + itoa(os.Getpid()) + "/fd/" + itoa(other),
 		"memfd:/etc/passwd",
 		"cuda:00",
 	} {
@@ -34,7 +34,7 @@ func TestOpenExportsRefusesOtherFiles(t *testing.T) {
 	ok, err := unix.MemfdCreate("tensorfs", 0)
 	require.NoError(t, err)
 	defer unix.Close(ok)
-	m, err := (&Service{}).openHandle("memfd:/proc/self/fd/" + itoa(ok))
+	m, err := (&Service{}).openHandle("memfd:/proc/" + itoa(os.Getpid()) + "/fd/" + itoa(ok))
 	require.NoError(t, err)
 	require.NoError(t, m.Close())
 }

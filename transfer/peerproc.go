@@ -9,6 +9,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/tensorfs/tensorfs/ipc"
 )
 
 // A memfd handle names a process ("memfd:/proc/PID/fd/N"). An authenticated
@@ -109,14 +111,9 @@ func procAddrIs(s string, a *net.TCPAddr) bool {
 
 // handlePID is the PID a memfd handle names, or 0.
 func handlePID(handle string) int {
-	rest, ok := strings.CutPrefix(handle, "memfd:/proc/")
-	if !ok {
+	h, err := ipc.ParseHandle(handle)
+	if err != nil || h.Kind != ipc.KindMemfd {
 		return 0
 	}
-	pidStr, _, _ := strings.Cut(rest, "/")
-	pid, err := strconv.Atoi(pidStr)
-	if err != nil || pid <= 0 {
-		return 0
-	}
-	return pid
+	return h.PID
 }

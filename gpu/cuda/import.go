@@ -1,21 +1,15 @@
 package cuda
 
 import (
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 
 	"github.com/tensorfs/tensorfs/gpu"
+	"github.com/tensorfs/tensorfs/ipc"
 )
 
 var _ gpu.Importer = (*Device)(nil)
-
-// handlePrefix starts every CUDA IPC handle tensorfs writes and reads: the
-// ipc_handle xattr's format, "cuda:" + 128 hex digits of the 64-byte
-// CUipcMemHandle (CU_IPC_HANDLE_SIZE in cuda.h).
-const handlePrefix = "cuda:"
 
 // exports maps the IPC handle of every live allocation of this process (any
 // device) to it. cuIpcOpenMemHandle refuses a handle exported by the calling
@@ -41,22 +35,18 @@ type mapping struct {
 	closed bool   // unmapped by Device.Close with buffers still imported
 }
 
-// parseHandle decodes "cuda:" + 128 hex digits (either case). Errors:
-// gpu.ErrHandle, saying what is wrong.
+// parseHandle decodes "cuda:" + 128 hex digits (either case) with the one
+// handle parser, ipc.ParseHandle. Errors: gpu.ErrHandle, saying what is
+// wrong.
 func parseHandle(handle string) (ipcHndl, error) {
-	var h ipcHndl
-	hexPart, ok := strings.CutPrefix(handle, handlePrefix)
-	if !ok {
-		return h, fmt.Errorf("%q is not a CUDA IPC handle (%s + %d hex digits): %w",
-			clip(handle), handlePrefix, 2*len(h), gpu.ErrHandle)
+	h, err := ipc.ParseHandle(handle)
+	if err == nil && h.Kind != ipc.KindCUDA {
+		err = fmt.Errorf("a %s handle", h.Kind)
 	}
-	if len(hexPart) != 2*len(h) {
-		return h, fmt.Errorf("CUDA IPC handle with %d hex digits, want %d: %w", len(hexPart), 2*len(h), gpu.ErrHandle)
+	if err != nil {
+		return ipcHndl{}, fmt.Errorf("not a CUDA IPC handle (cuda: + %d hex digits): %v: %w", 2*ipc.CUDAHandleSize, err, gpu.ErrHandle)
 	}
-	if _, err := hex.Decode(h[:], []byte(hexPart)); err != nil {
-		return h, fmt.Errorf("CUDA IPC handle: %v: %w", err, gpu.ErrHandle)
-	}
-	return h, nil
+	return ipcHndl(h.CUDA), nil
 }
 
 // clip shortens a caller's string for an error message.
@@ -113,7 +103,7 @@ func (d *Device) Import(handle string, off, n int64) (gpu.Buffer, error) {
 	if d.closed.Load() {
 		return nil, fmt.Errorf("%s is closed: %w", d.name, gpu.ErrFreed)
 	}
-	canon := handlePrefix + hex.EncodeToString(raw[:])
+	canon := ipc.Handle{Kind: ipc.KindCUDA, CUDA: raw}.String()
 	if b, err, ok := importLocal(canon, off, n); ok {
 		return b, err
 	}
