@@ -14,6 +14,7 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorfs/tensorfs/dtype"
 	"github.com/tensorfs/tensorfs/tensor"
 	"github.com/tensorfs/tensorfs/transfer"
 )
@@ -317,15 +318,15 @@ func landing(dir *Dir, existing *gofs.Inode) (uid, gid, mode uint32, xattrs map[
 // source's dtype and shape on dir's template device. Errors: EPROTO when the
 // metadata is inconsistent.
 func templateFor(dir *Dir, m transfer.Meta) (tensor.Template, error) {
-	dt, err := tensor.ParseDType(m.DType)
+	dt, err := dtype.Parse(m.DType)
 	if err != nil {
 		return tensor.Template{}, errf(syscall.EPROTO, "tensor %q: %v", m.Rel, err)
 	}
-	sh, err := tensor.ParseShape(m.Shape)
+	sh, err := dtype.ParseShape(m.Shape)
 	if err != nil {
 		return tensor.Template{}, errf(syscall.EPROTO, "tensor %q: %v", m.Rel, err)
 	}
-	if nb, err := tensor.NBytes(dt, sh); err != nil || nb != m.NBytes {
+	if nb, err := dtype.NBytes(dt, sh); err != nil || nb != m.NBytes {
 		return tensor.Template{}, errf(syscall.EPROTO, "tensor %q: %s %s is not %d bytes", m.Rel, dt, sh, m.NBytes)
 	}
 	tmpl := dir.template()

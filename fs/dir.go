@@ -10,6 +10,7 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/tensorfs/tensorfs/dtype"
 	"github.com/tensorfs/tensorfs/tensor"
 )
 
@@ -70,9 +71,9 @@ func (d *Dir) template() tensor.Template {
 	d.tmplMu.Lock()
 	defer d.tmplMu.Unlock()
 	t := d.tmpl
-	t.Shape = append(tensor.Shape(nil), d.tmpl.Shape...)
+	t.Shape = append(dtype.Shape(nil), d.tmpl.Shape...)
 	if d.tmpl.Shape != nil && t.Shape == nil {
-		t.Shape = tensor.Shape{}
+		t.Shape = dtype.Shape{}
 	}
 	return t
 }

@@ -8,6 +8,7 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 
+	"github.com/tensorfs/tensorfs/dtype"
 	"github.com/tensorfs/tensorfs/tensor"
 	"github.com/tensorfs/tensorfs/transfer"
 )
@@ -88,7 +89,7 @@ func metaOf(t *tensor.Tensor, rel string) transfer.Meta {
 		d = "U8"
 	}
 	if sh == nil {
-		sh = tensor.Shape{in.Size * 8 / int64(d.Bits())}
+		sh = dtype.Shape{in.Size * 8 / int64(d.Bits())}
 	}
 	return transfer.Meta{Rel: rel, DType: string(d), Shape: sh.String(), NBytes: in.Size}
 }

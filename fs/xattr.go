@@ -6,7 +6,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/tensorfs/tensorfs/tensor"
+	"github.com/tensorfs/tensorfs/dtype"
 )
 
 // XattrPrefix is the namespace of tensorfs's own extended attributes.
@@ -225,9 +225,9 @@ func (d *Dir) Setxattr(ctx context.Context, attr string, data []byte, flags uint
 	var err error
 	switch name {
 	case "dtype":
-		t.DType, err = tensor.ParseDType(string(data))
+		t.DType, err = dtype.Parse(string(data))
 	case "shape":
-		t.Shape, err = tensor.ParseShape(string(data))
+		t.Shape, err = dtype.ParseShape(string(data))
 	case "device":
 		var dev interface{ Name() string }
 		if dev, err = d.fsys.store.Device(string(data)); err == nil {
@@ -241,7 +241,7 @@ func (d *Dir) Setxattr(ctx context.Context, attr string, data []byte, flags uint
 		if dt == "" {
 			dt = "U8"
 		}
-		_, err = tensor.NBytes(dt, t.Shape)
+		_, err = dtype.NBytes(dt, t.Shape)
 	}
 	if err != nil {
 		return toErrno("setxattr "+attr, err)

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/tensorfs/tensorfs/tensor"
+	"github.com/tensorfs/tensorfs/dtype"
 )
 
 // FuzzReadHeader feeds arbitrary bytes to ReadHeader as a whole file. It must
@@ -89,7 +89,7 @@ func checkInvariants(t *testing.T, h *Header, size int64) {
 		if ts.Name == MetadataKey || !utf8.ValidString(ts.Name) {
 			t.Fatalf("bad name %q", ts.Name)
 		}
-		nb, err := tensor.NBytes(ts.DType, ts.Shape)
+		nb, err := dtype.NBytes(ts.DType, ts.Shape)
 		if err != nil || nb != ts.Size() || ts.Begin < 0 || h.DataOffset+ts.End > size {
 			t.Fatalf("tensor %+v: nbytes %d (%v) in a %d-byte file", ts, nb, err, size)
 		}

@@ -28,7 +28,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/tensorfs/tensorfs/tensor"
+	"github.com/tensorfs/tensorfs/dtype"
 )
 
 // MaxHeaderSize is the largest header (the JSON, after the 8-byte length) that
@@ -52,11 +52,11 @@ type Tensor struct {
 	// Name is the header key: any valid UTF-8 string but MetadataKey. The
 	// format gives '/' no meaning; importers may.
 	Name  string
-	DType tensor.DType // canonical safetensors name, e.g. "F32", "BF16"
-	Shape tensor.Shape // outermost first; empty for a scalar
+	DType dtype.DType // canonical safetensors name, e.g. "F32", "BF16"
+	Shape dtype.Shape // outermost first; empty for a scalar
 	// Begin and End are byte offsets of the tensor's data relative to the
 	// start of the data region (Header.DataOffset in the file);
-	// End-Begin is exactly tensor.NBytes(DType, Shape).
+	// End-Begin is exactly dtype.NBytes(DType, Shape).
 	Begin, End int64
 }
 
@@ -292,16 +292,16 @@ func parseTensor(name string, val json.RawMessage) (Tensor, error) {
 	}
 	// The format names dtypes canonically; ParseDType's torch/numpy spellings
 	// are for people typing xattrs, not for files.
-	d, err := tensor.ParseDType(ds)
+	d, err := dtype.Parse(ds)
 	if err != nil || string(d) != ds {
 		return t, fmt.Errorf("tensor %q: unknown dtype %q (want a safetensors name like F32, BF16, I64)", name, ds)
 	}
 	t.DType = d
-	dims, err := uints(shapeRaw, tensor.MaxSize)
+	dims, err := uints(shapeRaw, dtype.MaxSize)
 	if err != nil {
 		return t, fmt.Errorf("tensor %q: shape %s: %v", name, shapeRaw, err)
 	}
-	t.Shape = tensor.Shape(dims)
+	t.Shape = dtype.Shape(dims)
 	offs, err := uints(offRaw, math.MaxInt64)
 	if err != nil || len(offs) != 2 {
 		if err == nil {
@@ -313,7 +313,7 @@ func parseTensor(name string, val json.RawMessage) (Tensor, error) {
 	if t.End < t.Begin {
 		return t, fmt.Errorf("tensor %q: data_offsets [%d, %d] end before they begin", name, t.Begin, t.End)
 	}
-	nb, err := tensor.NBytes(t.DType, t.Shape)
+	nb, err := dtype.NBytes(t.DType, t.Shape)
 	if err != nil {
 		return t, fmt.Errorf("tensor %q: %v", name, err)
 	}
@@ -363,7 +363,7 @@ func checkOverlap(ts []Tensor) error {
 }
 
 // shapeString writes a shape as the header does: "[2,3]".
-func shapeString(s tensor.Shape) string { return "[" + s.String() + "]" }
+func shapeString(s dtype.Shape) string { return "[" + s.String() + "]" }
 
 // NewHeader plans the header of a new file: the tensors (whose Begin and End
 // are ignored) sorted by name and laid out contiguously from offset 0, and the
@@ -394,7 +394,7 @@ func newHeader(ts []Tensor, metadata map[string]string) (*Header, error) {
 		case i > 0 && t.Name == h.Tensors[i-1].Name:
 			return nil, fmt.Errorf("tensor name %q appears twice", t.Name)
 		}
-		nb, err := tensor.NBytes(t.DType, t.Shape)
+		nb, err := dtype.NBytes(t.DType, t.Shape)
 		if err != nil {
 			return nil, fmt.Errorf("tensor %q: %v", t.Name, err)
 		}

@@ -11,8 +11,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/tensorfs/tensorfs/tensor"
+	"github.com/tensorfs/tensorfs/dtype"
 )
 
 // file builds a safetensors file from raw header JSON and dataLen zero bytes.
@@ -59,10 +58,10 @@ func TestReadHeaderValid(t *testing.T) {
 	require.Equal(t, int64(8+len(js)), h.DataOffset)
 	require.Equal(t, int64(38), dataSize(h))
 	require.Equal(t, []Tensor{
-		{Name: "b", DType: "BF16", Shape: tensor.Shape{3}, Begin: 24, End: 30},
-		{Name: "e", DType: "U8", Shape: tensor.Shape{0, 5}, Begin: 38, End: 38},
-		{Name: "s", DType: "I64", Shape: tensor.Shape{}, Begin: 30, End: 38},
-		{Name: "w", DType: "F32", Shape: tensor.Shape{2, 3}, Begin: 0, End: 24},
+		{Name: "b", DType: "BF16", Shape: dtype.Shape{3}, Begin: 24, End: 30},
+		{Name: "e", DType: "U8", Shape: dtype.Shape{0, 5}, Begin: 38, End: 38},
+		{Name: "s", DType: "I64", Shape: dtype.Shape{}, Begin: 30, End: 38},
+		{Name: "w", DType: "F32", Shape: dtype.Shape{2, 3}, Begin: 0, End: 24},
 	}, h.Tensors)
 }
 
@@ -202,10 +201,10 @@ func TestReadHeaderReaderErrors(t *testing.T) {
 
 func TestNewHeaderLayout(t *testing.T) {
 	h, err := NewHeader([]Tensor{
-		{Name: "z", DType: "F32", Shape: tensor.Shape{2, 2}, Begin: 99, End: 1},
-		{Name: "a/b", DType: "BF16", Shape: tensor.Shape{3}},
-		{Name: "empty", DType: "F64", Shape: tensor.Shape{0, 7}},
-		{Name: "s", DType: "I64", Shape: tensor.Shape{}},
+		{Name: "z", DType: "F32", Shape: dtype.Shape{2, 2}, Begin: 99, End: 1},
+		{Name: "a/b", DType: "BF16", Shape: dtype.Shape{3}},
+		{Name: "empty", DType: "F64", Shape: dtype.Shape{0, 7}},
+		{Name: "s", DType: "I64", Shape: dtype.Shape{}},
 	}, map[string]string{"k": "v<&>"})
 	require.NoError(t, err)
 	var names []string
@@ -236,7 +235,7 @@ func TestNewHeaderLayout(t *testing.T) {
 
 func TestNewHeaderNoMetadata(t *testing.T) {
 	for _, md := range []map[string]string{nil, {}} {
-		h, err := NewHeader([]Tensor{{Name: "a", DType: "U8", Shape: tensor.Shape{1}}}, md)
+		h, err := NewHeader([]Tensor{{Name: "a", DType: "U8", Shape: dtype.Shape{1}}}, md)
 		require.NoError(t, err)
 		enc, err := h.Encode()
 		require.NoError(t, err)
@@ -258,10 +257,10 @@ func TestNewHeaderRejects(t *testing.T) {
 		"duplicate":     {[]Tensor{{Name: "a", DType: "U8"}, {Name: "a", DType: "U8"}}, nil, "appears twice"},
 		"metadata name": {[]Tensor{{Name: MetadataKey, DType: "U8"}}, nil, "reserved"},
 		"bad dtype":     {[]Tensor{{Name: "a", DType: "X"}}, nil, "dtype"},
-		"sub-byte":      {[]Tensor{{Name: "a", DType: "F4", Shape: tensor.Shape{3}}}, nil, "whole bytes"},
+		"sub-byte":      {[]Tensor{{Name: "a", DType: "F4", Shape: dtype.Shape{3}}}, nil, "whole bytes"},
 		"bad UTF-8":     {[]Tensor{{Name: "\xff", DType: "U8"}}, nil, "UTF-8"},
 		"bad metadata":  {nil, map[string]string{"k": "\xff"}, "UTF-8"},
-		"too large":     {[]Tensor{{Name: "a", DType: "F64", Shape: tensor.Shape{1 << 60}}}, nil, "size past"},
+		"too large":     {[]Tensor{{Name: "a", DType: "F64", Shape: dtype.Shape{1 << 60}}}, nil, "size past"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := NewHeader(tc.ts, tc.md)
@@ -274,7 +273,7 @@ func TestNewHeaderRejects(t *testing.T) {
 func TestNewHeaderTotalOverflow(t *testing.T) {
 	var ts []Tensor
 	for i := range 2048 {
-		ts = append(ts, Tensor{Name: strings.Repeat("x", i+1), DType: "U8", Shape: tensor.Shape{tensor.MaxSize}})
+		ts = append(ts, Tensor{Name: strings.Repeat("x", i+1), DType: "U8", Shape: dtype.Shape{dtype.MaxSize}})
 	}
 	_, err := NewHeader(ts, nil)
 	require.ErrorIs(t, err, ErrFormat)

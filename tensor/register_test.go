@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorfs/tensorfs/dtype"
 	"github.com/tensorfs/tensorfs/gpu"
 )
 
@@ -39,8 +40,8 @@ func TestRegisterEmptyTensor(t *testing.T) {
 	require.True(t, in.Allocated)
 	require.True(t, tn.Registered())
 	require.EqualValues(t, 4096, in.Size)
-	require.Equal(t, DType("F32"), in.DType, "a dtype that divides the size is kept")
-	require.Equal(t, Shape{1024}, in.Shape)
+	require.Equal(t, dtype.DType("F32"), in.DType, "a dtype that divides the size is kept")
+	require.Equal(t, dtype.Shape{1024}, in.Shape)
 	require.EqualValues(t, 4096, in.IPCOffset)
 	require.Zero(t, in.Generation)
 	require.Equal(t, Stats{Tensors: 1, Regions: 1, Exports: 1}, s.Stats(), "registered memory is not counted in bytes")
@@ -66,7 +67,7 @@ func TestRegisterEmptyTensor(t *testing.T) {
 	require.Equal(t, byte(100), mem[100], "nothing outside the range was touched")
 
 	// A copy out of it into tensorfs's own memory.
-	dst, err := s.New(Template{Shape: Shape{4096}})
+	dst, err := s.New(Template{Shape: dtype.Shape{4096}})
 	require.NoError(t, err)
 	require.NoError(t, dst.CopyFrom(tn))
 	_, err = dst.ReadAt(p, 0)
@@ -85,7 +86,7 @@ func TestRegisterEmptyTensor(t *testing.T) {
 func TestRegisterReplacesOnlyWithoutImporters(t *testing.T) {
 	s := newStore(t, 64<<20)
 	handle, _, _ := ownedMemfd(t, 4096)
-	tn, err := s.New(Template{Shape: Shape{100}})
+	tn, err := s.New(Template{Shape: dtype.Shape{100}})
 	require.NoError(t, err)
 	before := tn.Info()
 
@@ -104,7 +105,7 @@ func TestRegisterReplacesOnlyWithoutImporters(t *testing.T) {
 	in := tn.Info()
 	require.EqualValues(t, 1, in.Generation)
 	require.EqualValues(t, 4096, in.Size)
-	require.Equal(t, Shape{4096}, in.Shape)
+	require.Equal(t, dtype.Shape{4096}, in.Shape)
 	require.Greater(t, in.MRID, before.MRID)
 	require.Greater(t, in.IPCID, before.IPCID)
 	require.Zero(t, s.Stats().Bytes, "the replaced allocation was freed")

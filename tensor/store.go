@@ -17,22 +17,24 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tensorfs/tensorfs/dtype"
 	"github.com/tensorfs/tensorfs/gpu"
 	"github.com/tensorfs/tensorfs/ipc"
 	"github.com/tensorfs/tensorfs/mr"
 )
 
-// MaxSize is the largest tensor size in bytes (2^53): the largest integer a
-// JSON number (safetensors' data_offsets, the stats document) carries exactly.
-// Larger sizes fail with ErrTooLarge (EFBIG).
-const MaxSize = 1 << 53
+// MaxSize is the largest tensor size in bytes, dtype.MaxSize (2^53); larger
+// sizes fail with ErrTooLarge (EFBIG).
+const MaxSize = dtype.MaxSize
 
 // Sentinel errors; match with errors.Is. The fs package maps each to one errno.
 var (
 	// ErrInvalid: a malformed value or one that contradicts the tensor (EINVAL).
-	ErrInvalid = errors.New("invalid argument")
+	// It is dtype.ErrInvalid, so that a bad dtype or shape matches it too.
+	ErrInvalid = dtype.ErrInvalid
 	// ErrTooLarge: a size past MaxSize (EFBIG).
-	ErrTooLarge = errors.New("size past the largest tensor size")
+	// It is dtype.ErrTooLarge.
+	ErrTooLarge = dtype.ErrTooLarge
 	// ErrBusy: the change needs an unallocated tensor (EBUSY).
 	ErrBusy = errors.New("tensor is allocated")
 	// ErrNoData: the attribute does not exist yet, e.g. mr_id before allocation (ENODATA).
@@ -188,9 +190,9 @@ func deviceLess(a, b string) bool {
 // in it. A zero Template creates empty, unallocated tensors.
 type Template struct {
 	// DType is the dtype; "" means unset (U8 when a shape allocates).
-	DType DType
+	DType dtype.DType
 	// Shape is the shape; nil means unset (the tensor starts unallocated).
-	Shape Shape
+	Shape dtype.Shape
 	// Device is the device name; "" means the store's default.
 	Device string
 	// Owner is the uid of the tensor's creator: tensors of different owners

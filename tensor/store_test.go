@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tensorfs/tensorfs/dtype"
 	"github.com/tensorfs/tensorfs/gpu"
 )
 
@@ -25,7 +26,7 @@ func newStore(t *testing.T, limit int64) *Store {
 
 func TestTemplateAllocatesAndReleaseFrees(t *testing.T) {
 	s := newStore(t, 64<<20)
-	tn, err := s.New(Template{DType: "BF16", Shape: Shape{16, 8, 128}})
+	tn, err := s.New(Template{DType: "BF16", Shape: dtype.Shape{16, 8, 128}})
 	require.NoError(t, err)
 	in := tn.Info()
 	require.True(t, in.Allocated)
@@ -64,7 +65,7 @@ func TestEmptyUntilSized(t *testing.T) {
 	in := tn.Info()
 	require.True(t, in.Allocated)
 	require.EqualValues(t, 24, in.Size)
-	require.Equal(t, DType("F32"), in.DType)
+	require.Equal(t, dtype.DType("F32"), in.DType)
 	tn.Unlink()
 }
 
@@ -101,7 +102,7 @@ func TestAppendGrowsGeometricallyAndKeepsIDs(t *testing.T) {
 
 func TestResizeSemantics(t *testing.T) {
 	s := newStore(t, 64<<20)
-	tn, err := s.New(Template{DType: "F32", Shape: Shape{4, 4}})
+	tn, err := s.New(Template{DType: "F32", Shape: dtype.Shape{4, 4}})
 	require.NoError(t, err)
 	_, err = tn.WriteAt(bytes.Repeat([]byte{9}, 64), 0)
 	require.NoError(t, err)
@@ -133,7 +134,7 @@ func TestResizeSemantics(t *testing.T) {
 
 func TestDTypeAndShapeKeepNBytes(t *testing.T) {
 	s := newStore(t, 64<<20)
-	tn, err := s.New(Template{DType: "F32", Shape: Shape{4, 4}})
+	tn, err := s.New(Template{DType: "F32", Shape: dtype.Shape{4, 4}})
 	require.NoError(t, err)
 	require.NoError(t, tn.SetShape("2,8"))
 	require.ErrorIs(t, tn.SetShape("3,3"), ErrInvalid)
@@ -177,21 +178,21 @@ func TestOutOfMemoryChangesNothing(t *testing.T) {
 	require.EqualValues(t, 500<<10, tn.Info().Capacity)
 	tn.Unlink()
 
-	big, err := s.New(Template{DType: "U8", Shape: Shape{2 << 20}})
+	big, err := s.New(Template{DType: "U8", Shape: dtype.Shape{2 << 20}})
 	require.ErrorIs(t, err, gpu.ErrOutOfMemory)
 	require.Nil(t, big)
 }
 
 func TestDTypeViewLikeTorch(t *testing.T) {
 	s := newStore(t, 64<<20)
-	tn, err := s.New(Template{DType: "F32", Shape: Shape{4, 1}})
+	tn, err := s.New(Template{DType: "F32", Shape: dtype.Shape{4, 1}})
 	require.NoError(t, err)
 	require.ErrorIs(t, tn.SetDType("F64"), ErrInvalid, "torch refuses: the last dim (1 x 4 bytes) is not whole F64s")
 	require.Equal(t, "4,1", tn.Info().Shape.String())
 	require.NoError(t, tn.SetDType("U8"))
 	require.Equal(t, "4,4", tn.Info().Shape.String())
 	tn.Unlink()
-	sc, err := s.New(Template{DType: "F64", Shape: Shape{}})
+	sc, err := s.New(Template{DType: "F64", Shape: dtype.Shape{}})
 	require.NoError(t, err)
 	require.NoError(t, sc.SetDType("F32"), "a scalar views as 1-D")
 	require.Equal(t, "2", sc.Info().Shape.String())
@@ -204,9 +205,9 @@ func TestDTypeViewLikeTorch(t *testing.T) {
 // overlapping trees must not deadlock).
 func TestFreeze(t *testing.T) {
 	s := newStore(t, 64<<20)
-	x, err := s.New(Template{DType: "U8", Shape: Shape{4096}})
+	x, err := s.New(Template{DType: "U8", Shape: dtype.Shape{4096}})
 	require.NoError(t, err)
-	src, err := s.New(Template{DType: "U8", Shape: Shape{4096}})
+	src, err := s.New(Template{DType: "U8", Shape: dtype.Shape{4096}})
 	require.NoError(t, err)
 	thaw1 := x.Freeze()
 	thaw2 := x.Freeze()

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/tensorfs/tensorfs/dtype"
 	"github.com/tensorfs/tensorfs/gpu"
 	"github.com/tensorfs/tensorfs/ipc"
 	"github.com/tensorfs/tensorfs/mr"
@@ -35,8 +36,8 @@ type Tensor struct {
 	owner uint32 // uid whose tensors may share an exported allocation
 
 	mu     sync.RWMutex
-	dtype  DType // "" until set; U8 once allocated without one
-	shape  Shape // nil until set or allocated
+	dtype  dtype.DType // "" until set; U8 once allocated without one
+	shape  dtype.Shape // nil until set or allocated
 	device string
 	size   int64       // nbytes, <= alloc.buf.Size()
 	alloc  *allocation // nil until the first sizing
@@ -56,11 +57,11 @@ type Tensor struct {
 
 // Info is a snapshot of a tensor's metadata, for attributes and xattrs.
 type Info struct {
-	DType      DType  // "" when unset
-	Shape      Shape  // nil when unset
-	Device     string // canonical device name
-	Size       int64  // nbytes
-	Capacity   int64  // bytes allocated (>= Size), 0 when unallocated
+	DType      dtype.DType // "" when unset
+	Shape      dtype.Shape // nil when unset
+	Device     string      // canonical device name
+	Size       int64       // nbytes
+	Capacity   int64       // bytes allocated (>= Size), 0 when unallocated
 	Allocated  bool
 	MRID       uint64 // memory region id, when allocated
 	IPCID      uint64 // IPC export id, when allocated
@@ -243,22 +244,22 @@ func (t *Tensor) setSize(n int64) error {
 // fitShape keeps the inner dims of shape and adjusts the outermost one so that
 // the tensor holds n bytes (appending rows); when that is impossible it becomes
 // 1-D of the dtype, or 1-D U8 when n is not whole elements.
-func fitShape(d DType, s Shape, n int64) (DType, Shape) {
+func fitShape(d dtype.DType, s dtype.Shape, n int64) (dtype.DType, dtype.Shape) {
 	if d == "" {
 		d = "U8"
 	}
-	if nb, err := NBytes(d, s); err == nil && nb == n && s != nil {
+	if nb, err := dtype.NBytes(d, s); err == nil && nb == n && s != nil {
 		return d, s
 	}
 	if len(s) > 0 {
-		if row, err := NBytes(d, s[1:]); err == nil && row > 0 && n%row == 0 {
-			return d, append(Shape{n / row}, s[1:]...)
+		if row, err := dtype.NBytes(d, s[1:]); err == nil && row > 0 && n%row == 0 {
+			return d, append(dtype.Shape{n / row}, s[1:]...)
 		}
 	}
 	if b := int64(d.Bits()); (n*8)%b == 0 {
-		return d, Shape{n * 8 / b}
+		return d, dtype.Shape{n * 8 / b}
 	}
-	return "U8", Shape{n}
+	return "U8", dtype.Shape{n}
 }
 
 // Truncate sets the size to n bytes: an unallocated tensor (or one whose
@@ -373,7 +374,7 @@ func (t *Tensor) WriteAt(p []byte, off int64) (int, error) {
 // Errors: ErrInvalid for an unknown dtype or one that cannot keep nbytes that
 // way; on error nothing changed.
 func (t *Tensor) SetDType(s string) error {
-	d, err := ParseDType(s)
+	d, err := dtype.Parse(s)
 	if err != nil {
 		return err
 	}
@@ -383,18 +384,18 @@ func (t *Tensor) SetDType(s string) error {
 		t.dtype = d
 		return nil
 	}
-	if nb, err := NBytes(d, t.shape); err == nil && nb == t.size {
+	if nb, err := dtype.NBytes(d, t.shape); err == nil && nb == t.size {
 		t.dtype = d
 		return nil
 	}
-	sh := append(Shape{}, t.shape...)
+	sh := append(dtype.Shape{}, t.shape...)
 	if len(sh) == 0 {
-		sh = Shape{1}
+		sh = dtype.Shape{1}
 	}
 	k := len(sh) - 1
 	if bits := sh[k] * int64(t.dtype.Bits()); bits%int64(d.Bits()) == 0 {
 		sh[k] = bits / int64(d.Bits())
-		if nb, err := NBytes(d, sh); err == nil && nb == t.size {
+		if nb, err := dtype.NBytes(d, sh); err == nil && nb == t.size {
 			t.dtype, t.shape = d, sh
 			return nil
 		}
@@ -408,7 +409,7 @@ func (t *Tensor) SetDType(s string) error {
 // nbytes. Errors: ErrInvalid, ErrTooLarge, gpu.ErrOutOfMemory; on error nothing
 // changed.
 func (t *Tensor) SetShape(s string) error {
-	sh, err := ParseShape(s)
+	sh, err := dtype.ParseShape(s)
 	if err != nil {
 		return err
 	}
@@ -421,7 +422,7 @@ func (t *Tensor) SetShape(s string) error {
 
 // setShapeLocked sets the shape (see SetShape); t.mu is held. It returns the
 // allocation it replaced, for retirement once t.mu is dropped.
-func (t *Tensor) setShapeLocked(sh Shape) (old *allocation, err error) {
+func (t *Tensor) setShapeLocked(sh dtype.Shape) (old *allocation, err error) {
 	if t.released {
 		return nil, ErrReleased
 	}
@@ -429,7 +430,7 @@ func (t *Tensor) setShapeLocked(sh Shape) (old *allocation, err error) {
 	if d == "" {
 		d = "U8"
 	}
-	nb, err := NBytes(d, sh)
+	nb, err := dtype.NBytes(d, sh)
 	if err != nil {
 		return nil, err
 	}

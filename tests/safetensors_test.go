@@ -17,8 +17,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tensorfs/tensorfs/dtype"
 	"github.com/tensorfs/tensorfs/safetensors"
-	"github.com/tensorfs/tensorfs/tensor"
 )
 
 const stMetadataXattr = "user.safetensors.metadata"
@@ -82,8 +82,8 @@ func stData(raw []byte, h *safetensors.Header, ts safetensors.Tensor) []byte {
 
 type stSpec struct {
 	name  string
-	dtype tensor.DType
-	shape tensor.Shape
+	dtype dtype.DType
+	shape dtype.Shape
 }
 
 // stBuild writes a safetensors file of random data to a temporary directory
@@ -268,16 +268,16 @@ func TestSafetensorsFixtures(t *testing.T) {
 func TestSafetensorsNames(t *testing.T) {
 	d := startDaemon(t)
 	src, raw := stBuild(t, []stSpec{
-		{"model/layers.0/attn/w", "F32", tensor.Shape{4, 3}},
-		{"model/layers.0/b", "BF16", tensor.Shape{3}},
-		{"model/embed", "I64", tensor.Shape{}},
-		{"empty", "F16", tensor.Shape{0, 4}},
-		{"a/b", "U8", tensor.Shape{5}},
-		{"a.b", "I32", tensor.Shape{2}},
-		{"fp4", "F4", tensor.Shape{6}},
-		{"sp ace ñ", "F64", tensor.Shape{1, 1, 1}},
-		{strings.Repeat("n", 255), "BOOL", tensor.Shape{3}},
-		{"big", "F32", tensor.Shape{3, 1 << 17}}, // 1.5 MiB: several 1 MiB chunks
+		{"model/layers.0/attn/w", "F32", dtype.Shape{4, 3}},
+		{"model/layers.0/b", "BF16", dtype.Shape{3}},
+		{"model/embed", "I64", dtype.Shape{}},
+		{"empty", "F16", dtype.Shape{0, 4}},
+		{"a/b", "U8", dtype.Shape{5}},
+		{"a.b", "I32", dtype.Shape{2}},
+		{"fp4", "F4", dtype.Shape{6}},
+		{"sp ace ñ", "F64", dtype.Shape{1, 1, 1}},
+		{strings.Repeat("n", 255), "BOOL", dtype.Shape{3}},
+		{"big", "F32", dtype.Shape{3, 1 << 17}}, // 1.5 MiB: several 1 MiB chunks
 	}, map[string]string{"format": "pt", "html": "<a&b>", "quote": `"\`})
 	dir := d.path("names")
 	_, stderr, code := stRun(t, "import", src, dir)
@@ -311,7 +311,7 @@ func TestSafetensorsBadNames(t *testing.T) {
 		{strings.Repeat("n", 256), "256 bytes"},
 		{"d/" + strings.Repeat("n", 300), "300 bytes"},
 	} {
-		src, _ := stBuild(t, []stSpec{{"ok", "U8", tensor.Shape{2}}, {tc.name, "U8", tensor.Shape{2}}}, nil)
+		src, _ := stBuild(t, []stSpec{{"ok", "U8", dtype.Shape{2}}, {tc.name, "U8", dtype.Shape{2}}}, nil)
 		dir := d.path("bad")
 		_, stderr, code := stRun(t, "import", src, dir)
 		require.NotZero(t, code, "name %q", tc.name)
@@ -321,7 +321,7 @@ func TestSafetensorsBadNames(t *testing.T) {
 		_, err := os.Stat(dir)
 		require.ErrorIs(t, err, os.ErrNotExist, "name %q: nothing created", tc.name)
 	}
-	src, _ := stBuild(t, []stSpec{{"a", "U8", tensor.Shape{2}}, {"a/b", "U8", tensor.Shape{2}}}, nil)
+	src, _ := stBuild(t, []stSpec{{"a", "U8", dtype.Shape{2}}, {"a/b", "U8", dtype.Shape{2}}}, nil)
 	_, stderr, code := stRun(t, "import", src, d.path("bad"))
 	require.NotZero(t, code)
 	require.Contains(t, stderr, `needs "a" to be a directory`)
@@ -336,7 +336,7 @@ func TestSafetensorsBadNames(t *testing.T) {
 // with a shape template is refused; DIR off tensorfs is refused.
 func TestSafetensorsImportDirs(t *testing.T) {
 	d := startDaemon(t)
-	src, raw := stBuild(t, []stSpec{{"w", "F32", tensor.Shape{2, 2}}, {"sub/v", "U8", tensor.Shape{3}}}, map[string]string{"k": "v"})
+	src, raw := stBuild(t, []stSpec{{"w", "F32", dtype.Shape{2, 2}}, {"sub/v", "U8", dtype.Shape{3}}}, map[string]string{"k": "v"})
 
 	full := d.path("full")
 	require.NoError(t, os.Mkdir(full, 0o755))
@@ -387,7 +387,7 @@ func TestSafetensorsImportDirs(t *testing.T) {
 // clear line and create nothing.
 func TestSafetensorsCorrupt(t *testing.T) {
 	d := startDaemon(t)
-	_, raw := stBuild(t, []stSpec{{"w", "F32", tensor.Shape{4, 4}}, {"x", "F64", tensor.Shape{3}}}, map[string]string{"k": "v"})
+	_, raw := stBuild(t, []stSpec{{"w", "F32", dtype.Shape{4, 4}}, {"x", "F64", dtype.Shape{3}}}, map[string]string{"k": "v"})
 	n := binary.LittleEndian.Uint64(raw)
 	hdr := string(raw[8 : 8+n])
 	withHeader := func(js string) []byte {
@@ -435,9 +435,9 @@ func TestSafetensorsImportPartialFailure(t *testing.T) {
 	// allocates in 2 MiB granules).
 	d := startDaemon(t, "--max-memory", "5MiB")
 	src, raw := stBuild(t, []stSpec{
-		{"a", "U8", tensor.Shape{2 << 20}},
-		{"b", "U8", tensor.Shape{2 << 20}},
-		{"c", "U8", tensor.Shape{2 << 20}},
+		{"a", "U8", dtype.Shape{2 << 20}},
+		{"b", "U8", dtype.Shape{2 << 20}},
+		{"c", "U8", dtype.Shape{2 << 20}},
 	}, nil)
 	dir := d.path("partial")
 	_, stderr, code := stRun(t, "import", src, dir)
@@ -502,8 +502,8 @@ func TestSafetensorsExportPlainFiles(t *testing.T) {
 	require.NoError(t, err)
 	h := stParse(t, raw)
 	require.Len(t, h.Tensors, 2)
-	require.Equal(t, safetensors.Tensor{Name: "raw.bin", DType: "U8", Shape: tensor.Shape{7}, Begin: 0, End: 7}, h.Tensors[0])
-	require.Equal(t, safetensors.Tensor{Name: "sub/zero", DType: "U8", Shape: tensor.Shape{0}, Begin: 7, End: 7}, h.Tensors[1])
+	require.Equal(t, safetensors.Tensor{Name: "raw.bin", DType: "U8", Shape: dtype.Shape{7}, Begin: 0, End: 7}, h.Tensors[0])
+	require.Equal(t, safetensors.Tensor{Name: "sub/zero", DType: "U8", Shape: dtype.Shape{0}, Begin: 7, End: 7}, h.Tensors[1])
 	require.Nil(t, h.Metadata)
 	require.Equal(t, "0123456", string(stData(raw, h, h.Tensors[0])))
 

@@ -27,8 +27,8 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorfs/tensorfs/dtype"
 	"github.com/tensorfs/tensorfs/safetensors"
-	"github.com/tensorfs/tensorfs/tensor"
 )
 
 const (
@@ -511,13 +511,13 @@ func describeTensorFile(path string) (safetensors.Tensor, error) {
 	}
 	t.DType = "U8"
 	if hasDType {
-		if t.DType, err = tensor.ParseDType(ds); err != nil {
+		if t.DType, err = dtype.Parse(ds); err != nil {
 			return t, fmt.Errorf("%s: %s: %w", path, xattrDType, err)
 		}
 	}
 	size := fi.Size()
 	if hasShape {
-		if t.Shape, err = tensor.ParseShape(ss); err != nil {
+		if t.Shape, err = dtype.ParseShape(ss); err != nil {
 			return t, fmt.Errorf("%s: %s: %w", path, xattrShape, err)
 		}
 	} else {
@@ -525,9 +525,9 @@ func describeTensorFile(path string) (safetensors.Tensor, error) {
 		if size > (1<<62)/8 || size*8%bits != 0 {
 			return t, fmt.Errorf("%s: %d bytes with no shape is not a whole number of %s elements", path, size, t.DType)
 		}
-		t.Shape = tensor.Shape{size * 8 / bits}
+		t.Shape = dtype.Shape{size * 8 / bits}
 	}
-	nb, err := tensor.NBytes(t.DType, t.Shape)
+	nb, err := dtype.NBytes(t.DType, t.Shape)
 	if err != nil {
 		return t, fmt.Errorf("%s: %w", path, err)
 	}

@@ -1,4 +1,4 @@
-package tensor
+package dtype
 
 import (
 	"testing"
@@ -6,7 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestParseDType(t *testing.T) {
+func TestParse(t *testing.T) {
 	for in, want := range map[string]DType{
 		"F32": "F32", "f32": "F32", "float32": "F32", "torch.float32": "F32", "np.float32": "F32",
 		"bfloat16": "BF16", "BF16": "BF16", "int64": "I64", "long": "I64", "<f4": "F32",
@@ -14,12 +14,12 @@ func TestParseDType(t *testing.T) {
 		"half": "F16", "double": "F64", " I32 ": "I32", "F4": "F4",
 		"f4": "F4", "i8": "I8", "u8": "U8", "f16": "F16", "i32": "I32", "<i8": "I64", "|u1": "U8", "=f8": "F64",
 	} {
-		got, err := ParseDType(in)
+		got, err := Parse(in)
 		require.NoError(t, err, in)
 		require.Equal(t, want, got, in)
 	}
 	for _, in := range []string{"", "F31", "banana", "torch.", "F32\x00", ">f4", "<f3", "<x4"} {
-		_, err := ParseDType(in)
+		_, err := Parse(in)
 		require.ErrorIs(t, err, ErrInvalid, "%q", in)
 	}
 }

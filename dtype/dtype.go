@@ -1,10 +1,31 @@
-package tensor
+// Package dtype holds a tensor's element types and shapes: the safetensors
+// format's dtype names with the torch and numpy spellings that map to them,
+// shapes, and the size they give. It holds no memory and imports nothing of
+// tensorfs, so file-format codecs (safetensors) and clients depend on it
+// alone.
+package dtype
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
 	"strconv"
 	"strings"
+)
+
+// MaxSize is the largest tensor size in bytes (2^53): the largest integer a
+// JSON number (safetensors' data_offsets, the stats document) carries exactly.
+// Larger sizes fail with ErrTooLarge.
+const MaxSize = 1 << 53
+
+// Sentinel errors; match with errors.Is. package tensor shares them, and fs
+// maps them to EINVAL and EFBIG.
+var (
+	// ErrInvalid: an unknown dtype, a malformed shape, or a size that is not
+	// whole bytes.
+	ErrInvalid = errors.New("invalid argument")
+	// ErrTooLarge: a size past MaxSize.
+	ErrTooLarge = errors.New("size past the largest tensor size")
 )
 
 // DType is a canonical safetensors dtype name ("F32", "BF16", ...).
@@ -42,12 +63,12 @@ var numpyCodes = map[string]DType{
 	"i4": "I32", "u8": "U64", "i8": "I64", "f2": "F16", "f4": "F32", "f8": "F64", "c8": "C64",
 }
 
-// ParseDType accepts a safetensors dtype name in any case ("F32", "bf16"), a
+// Parse accepts a safetensors dtype name in any case ("F32", "bf16"), a
 // torch or numpy type name ("float32", "torch.bfloat16", "np.int64"), or a
 // numpy type code with its byte-order mark ("<f4", "|u1"), and returns the
 // canonical name. Big-endian codes (">f4") are refused: tensors here are
 // little-endian, as in safetensors. Errors: ErrInvalid for anything else.
-func ParseDType(s string) (DType, error) {
+func Parse(s string) (DType, error) {
 	t := strings.TrimSpace(s)
 	if d := DType(strings.ToUpper(t)); dtypeBits[d] != 0 {
 		return d, nil
