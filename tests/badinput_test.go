@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // requireErrnoNoChange runs op, requires errno, and requires that the file's
@@ -26,7 +28,7 @@ func snapshot(t *testing.T, path string) map[string]string {
 	t.Helper()
 	m := map[string]string{}
 	for _, n := range listx(t, path) {
-		if n != "user.tensorfs.stats" {
+		if n != xattrs.StatsName {
 			m[n] = getx(t, path, n)
 		}
 	}
@@ -62,28 +64,28 @@ func TestBadInput(t *testing.T) {
 	}
 
 	for _, bad := range []string{"F31", "", "float33", "i3", "F32\n\nx", strings.Repeat("F", 300)} {
-		requireErrnoNoChange(t, p, syscall.EINVAL, "dtype "+bad, set(p, "user.tensorfs.dtype", bad))
-		requireErrnoNoChange(t, dir, syscall.EINVAL, "dir dtype "+bad, set(dir, "user.tensorfs.dtype", bad))
-		requireErrnoNoChange(t, empty, syscall.EINVAL, "empty dtype "+bad, set(empty, "user.tensorfs.dtype", bad))
+		requireErrnoNoChange(t, p, syscall.EINVAL, "dtype "+bad, set(p, xattrs.DType, bad))
+		requireErrnoNoChange(t, dir, syscall.EINVAL, "dir dtype "+bad, set(dir, xattrs.DType, bad))
+		requireErrnoNoChange(t, empty, syscall.EINVAL, "empty dtype "+bad, set(empty, xattrs.DType, bad))
 	}
 	for _, bad := range []string{"a", "2,,2", "-4", "4x4", "1.5", "[4,4", "99999999999999999999"} {
-		requireErrnoNoChange(t, p, syscall.EINVAL, "shape "+bad, set(p, "user.tensorfs.shape", bad))
-		requireErrnoNoChange(t, dir, syscall.EINVAL, "dir shape "+bad, set(dir, "user.tensorfs.shape", bad))
-		requireErrnoNoChange(t, empty, syscall.EINVAL, "empty shape "+bad, set(empty, "user.tensorfs.shape", bad))
+		requireErrnoNoChange(t, p, syscall.EINVAL, "shape "+bad, set(p, xattrs.Shape, bad))
+		requireErrnoNoChange(t, dir, syscall.EINVAL, "dir shape "+bad, set(dir, xattrs.Shape, bad))
+		requireErrnoNoChange(t, empty, syscall.EINVAL, "empty shape "+bad, set(empty, xattrs.Shape, bad))
 	}
 	// A shape that disagrees with nbytes, a dtype that cannot keep them.
-	requireErrnoNoChange(t, p, syscall.EINVAL, "reshape 3,3", set(p, "user.tensorfs.shape", "3,3"))
+	requireErrnoNoChange(t, p, syscall.EINVAL, "reshape 3,3", set(p, xattrs.Shape, "3,3"))
 	three := d.path("three")
 	require.NoError(t, os.WriteFile(three, []byte("abc"), 0o644))
-	requireErrnoNoChange(t, three, syscall.EINVAL, "F32 over 3 bytes", set(three, "user.tensorfs.dtype", "F32"))
+	requireErrnoNoChange(t, three, syscall.EINVAL, "F32 over 3 bytes", set(three, xattrs.DType, "F32"))
 
 	// Absurd sizes: past the largest tensor (EFBIG), past --max-memory (ENOSPC).
 	requireErrnoNoChange(t, p, syscall.EFBIG, "truncate 1E", func() error { return os.Truncate(p, 1<<60) })
 	requireErrnoNoChange(t, p, syscall.ENOSPC, "truncate 100G", func() error { return os.Truncate(p, 100<<30) })
 	requireErrnoNoChange(t, p, syscall.EINVAL, "truncate -1", func() error { return syscall.Truncate(p, -1) })
-	requireErrnoNoChange(t, empty, syscall.ENOSPC, "shape past max-memory", set(empty, "user.tensorfs.shape", "1000000000"))
-	requireErrnoNoChange(t, empty, syscall.EFBIG, "shape past the largest tensor", set(empty, "user.tensorfs.shape", "1000000000,1000000000"))
-	requireErrnoNoChange(t, dir, syscall.EFBIG, "template past the largest tensor", set(dir, "user.tensorfs.shape", "1000000000,1000000000"))
+	requireErrnoNoChange(t, empty, syscall.ENOSPC, "shape past max-memory", set(empty, xattrs.Shape, "1000000000"))
+	requireErrnoNoChange(t, empty, syscall.EFBIG, "shape past the largest tensor", set(empty, xattrs.Shape, "1000000000,1000000000"))
+	requireErrnoNoChange(t, dir, syscall.EFBIG, "template past the largest tensor", set(dir, xattrs.Shape, "1000000000,1000000000"))
 	requireErrnoNoChange(t, p, syscall.ENOSPC, "write past max-memory", func() error {
 		f, err := os.OpenFile(p, os.O_WRONLY, 0)
 		require.NoError(t, err)
@@ -125,52 +127,52 @@ func TestBadInput(t *testing.T) {
 
 	// device: EBUSY on an allocated tensor, EINVAL for a device not served.
 	other := "cuda:0" // a device the tensor is not on (TENSORFS_TEST_DEVICE may put it on cuda:0)
-	if getx(t, p, "user.tensorfs.device") == "cuda:0" {
+	if getx(t, p, xattrs.Device) == "cuda:0" {
 		other = "host"
 	}
-	requireErrnoNoChange(t, p, syscall.EBUSY, "device of allocated", set(p, "user.tensorfs.device", other))
-	requireErrnoNoChange(t, empty, syscall.EINVAL, "device cuda:7", set(empty, "user.tensorfs.device", "cuda:7"))
-	requireErrnoNoChange(t, empty, syscall.EINVAL, "device gpu", set(empty, "user.tensorfs.device", "gpu"))
-	requireErrnoNoChange(t, dir, syscall.EINVAL, "dir device cuda:x", set(dir, "user.tensorfs.device", "cuda:x"))
+	requireErrnoNoChange(t, p, syscall.EBUSY, "device of allocated", set(p, xattrs.Device, other))
+	requireErrnoNoChange(t, empty, syscall.EINVAL, "device cuda:7", set(empty, xattrs.Device, "cuda:7"))
+	requireErrnoNoChange(t, empty, syscall.EINVAL, "device gpu", set(empty, xattrs.Device, "gpu"))
+	requireErrnoNoChange(t, dir, syscall.EINVAL, "dir device cuda:x", set(dir, xattrs.Device, "cuda:x"))
 
 	// Unknown names, read-only names, actions before they exist, wrong node kinds.
-	requireErrnoNoChange(t, p, syscall.EINVAL, "unknown name", set(p, "user.tensorfs.colour", "red"))
-	requireErrnoNoChange(t, dir, syscall.EINVAL, "unknown name on dir", set(dir, "user.tensorfs.colour", "red"))
-	_, err = getxErr(p, "user.tensorfs.colour")
+	requireErrnoNoChange(t, p, syscall.EINVAL, "unknown name", set(p, xattrs.Prefix+"colour", "red"))
+	requireErrnoNoChange(t, dir, syscall.EINVAL, "unknown name on dir", set(dir, xattrs.Prefix+"colour", "red"))
+	_, err = getxErr(p, xattrs.Prefix+"colour")
 	require.ErrorIs(t, err, syscall.ENODATA)
 	for _, ro := range []string{"mr_id", "ipc_id", "ipc_handle", "ipc_offset", "nbytes", "generation"} {
-		requireErrnoNoChange(t, p, syscall.EPERM, "set "+ro, set(p, "user.tensorfs."+ro, "7"))
-		requireErrnoNoChange(t, p, syscall.EPERM, "remove "+ro, func() error { return unix.Removexattr(p, "user.tensorfs."+ro) })
-		_, err := getxErr(dir, "user.tensorfs."+ro)
+		requireErrnoNoChange(t, p, syscall.EPERM, "set "+ro, set(p, xattrs.Prefix+ro, "7"))
+		requireErrnoNoChange(t, p, syscall.EPERM, "remove "+ro, func() error { return unix.Removexattr(p, xattrs.Prefix+ro) })
+		_, err := getxErr(dir, xattrs.Prefix+ro)
 		require.ErrorIs(t, err, syscall.ENODATA, "%s on a directory", ro)
 	}
-	requireErrnoNoChange(t, d.mnt, syscall.EPERM, "set stats", set(d.mnt, "user.tensorfs.stats", "{}"))
-	requireErrnoNoChange(t, p, syscall.EPERM, "remove dtype of a file", func() error { return unix.Removexattr(p, "user.tensorfs.dtype") })
+	requireErrnoNoChange(t, d.mnt, syscall.EPERM, "set stats", set(d.mnt, xattrs.StatsName, "{}"))
+	requireErrnoNoChange(t, p, syscall.EPERM, "remove dtype of a file", func() error { return unix.Removexattr(p, xattrs.DType) })
 	for _, a := range []string{"copy_to", "copy_from"} {
-		requireErrnoNoChange(t, p, syscall.ENOENT, a+" to an unknown peer", set(p, "user.tensorfs."+a, "b:/x"))
-		requireErrnoNoChange(t, dir, syscall.ENOENT, a+" on dir, unknown peer", set(dir, "user.tensorfs."+a, "b:/x"))
+		requireErrnoNoChange(t, p, syscall.ENOENT, a+" to an unknown peer", set(p, xattrs.Prefix+a, "b:/x"))
+		requireErrnoNoChange(t, dir, syscall.ENOENT, a+" on dir, unknown peer", set(dir, xattrs.Prefix+a, "b:/x"))
 		for _, bad := range []string{"b:/../x", "b:x", ":/x", "/kv/../x", "relative", "b:/a//b", "/a/./b"} {
-			requireErrnoNoChange(t, p, syscall.EINVAL, a+" "+bad, set(p, "user.tensorfs."+a, bad))
+			requireErrnoNoChange(t, p, syscall.EINVAL, a+" "+bad, set(p, xattrs.Prefix+a, bad))
 		}
 	}
-	requireErrnoNoChange(t, p, syscall.EINVAL, "register with a malformed handle", set(p, "user.tensorfs.register", "memfd:/proc/1/fd/x"))
-	requireErrnoNoChange(t, d.mnt, syscall.EINVAL, "batch with relative paths", set(d.mnt, "user.tensorfs.batch", "a b"))
-	requireErrnoNoChange(t, d.mnt, syscall.EINVAL, "batch with one field", set(d.mnt, "user.tensorfs.batch", "/kv/t"))
-	requireErrnoNoChange(t, dir, syscall.EINVAL, "batch on a subdirectory", set(dir, "user.tensorfs.batch", "a b"))
-	requireErrnoNoChange(t, p, syscall.EINVAL, "batch on a file", set(p, "user.tensorfs.batch", "a b"))
-	requireErrnoNoChange(t, dir, syscall.EINVAL, "register on a directory", set(dir, "user.tensorfs.register", "x"))
-	_, err = getxErr(dir, "user.tensorfs.stats")
+	requireErrnoNoChange(t, p, syscall.EINVAL, "register with a malformed handle", set(p, xattrs.Register, "memfd:/proc/1/fd/x"))
+	requireErrnoNoChange(t, d.mnt, syscall.EINVAL, "batch with relative paths", set(d.mnt, xattrs.Batch, "a b"))
+	requireErrnoNoChange(t, d.mnt, syscall.EINVAL, "batch with one field", set(d.mnt, xattrs.Batch, "/kv/t"))
+	requireErrnoNoChange(t, dir, syscall.EINVAL, "batch on a subdirectory", set(dir, xattrs.Batch, "a b"))
+	requireErrnoNoChange(t, p, syscall.EINVAL, "batch on a file", set(p, xattrs.Batch, "a b"))
+	requireErrnoNoChange(t, dir, syscall.EINVAL, "register on a directory", set(dir, xattrs.Register, "x"))
+	_, err = getxErr(dir, xattrs.StatsName)
 	require.ErrorIs(t, err, syscall.ENODATA, "stats lives on the root only")
-	_, err = getxErr(p, "user.tensorfs.copy_to")
+	_, err = getxErr(p, xattrs.CopyTo)
 	require.ErrorIs(t, err, syscall.ENODATA, "actions are write-only")
 	requireErrnoNoChange(t, p, syscall.EOPNOTSUPP, "trusted namespace", set(p, "trusted.x", "1"))
 	requireErrnoNoChange(t, p, syscall.E2BIG, "user xattr over 64 KiB", set(p, "user.big", strings.Repeat("x", 65537)))
 
 	// A short buffer gets ERANGE; a size probe the length.
-	n, err := unix.Getxattr(p, "user.tensorfs.shape", nil)
+	n, err := unix.Getxattr(p, xattrs.Shape, nil)
 	require.NoError(t, err)
 	require.Equal(t, 3, n)
-	_, err = unix.Getxattr(p, "user.tensorfs.shape", make([]byte, 2))
+	_, err = unix.Getxattr(p, xattrs.Shape, make([]byte, 2))
 	require.ErrorIs(t, err, syscall.ERANGE)
 	_, err = unix.Listxattr(p, make([]byte, 4))
 	require.ErrorIs(t, err, syscall.ERANGE)
@@ -182,10 +184,10 @@ func TestBadInput(t *testing.T) {
 	require.ErrorIs(t, syscall.Mknod(d.path("dev"), syscall.S_IFCHR|0o644, 0x101), syscall.EPERM)
 
 	// Directory template attributes can be removed; then files start empty.
-	require.NoError(t, unix.Removexattr(dir, "user.tensorfs.shape"))
-	require.ErrorIs(t, unix.Removexattr(dir, "user.tensorfs.shape"), syscall.ENODATA)
+	require.NoError(t, unix.Removexattr(dir, xattrs.Shape))
+	require.ErrorIs(t, unix.Removexattr(dir, xattrs.Shape), syscall.ENODATA)
 	require.NoError(t, os.WriteFile(dir+"/plain", nil, 0o644))
-	require.Equal(t, "0", getx(t, dir+"/plain", "user.tensorfs.nbytes"))
+	require.Equal(t, "0", getx(t, dir+"/plain", xattrs.NBytes))
 
 	require.NoError(t, os.RemoveAll(d.path("kv")))
 	require.NoError(t, os.RemoveAll(big))
@@ -241,12 +243,12 @@ func TestEmptyAfterKeepSizeFallocate(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_KEEP_SIZE, 0, 4096))
 	require.NoError(t, f.Close())
-	require.Equal(t, "0", getx(t, p, "user.tensorfs.nbytes"))
-	id := getx(t, p, "user.tensorfs.mr_id")
-	setx(t, p, "user.tensorfs.dtype", "F32")
-	setx(t, p, "user.tensorfs.shape", "1024")
-	require.Equal(t, "4096", getx(t, p, "user.tensorfs.nbytes"))
-	require.Equal(t, id, getx(t, p, "user.tensorfs.mr_id"), "it fits the preallocation")
+	require.Equal(t, "0", getx(t, p, xattrs.NBytes))
+	id := getx(t, p, xattrs.MRID)
+	setx(t, p, xattrs.DType, "F32")
+	setx(t, p, xattrs.Shape, "1024")
+	require.Equal(t, "4096", getx(t, p, xattrs.NBytes))
+	require.Equal(t, id, getx(t, p, xattrs.MRID), "it fits the preallocation")
 	require.NoError(t, os.Remove(p))
 	d.requireClean()
 }

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 const (
@@ -44,8 +46,8 @@ func BenchmarkCreateUnlink64K(b *testing.B) {
 		mnt := startDaemon(b, "--device", "host").mnt
 		dir := filepath.Join(mnt, "tmpl")
 		mustNo(b, os.Mkdir(dir, 0o755))
-		mustNo(b, unix.Setxattr(dir, "user.tensorfs.dtype", []byte("U8"), 0))
-		mustNo(b, unix.Setxattr(dir, "user.tensorfs.shape", []byte("65536"), 0))
+		mustNo(b, unix.Setxattr(dir, xattrs.DType, []byte("U8"), 0))
+		mustNo(b, unix.Setxattr(dir, xattrs.Shape, []byte("65536"), 0))
 		checkTensorfsCreate(b, dir, true)
 		createUnlinkLoop(b, dir)
 		waitTensorfsIdle(b, mnt)
@@ -215,7 +217,7 @@ func checkTensorfsCreate(b *testing.B, dir string, template bool) {
 	defer unix.Close(fd)
 	var st unix.Stat_t
 	mustNo(b, unix.Fstat(fd, &st))
-	_, xerr := getxErr(name, "user.tensorfs.mr_id")
+	_, xerr := getxErr(name, xattrs.MRID)
 	if template && (st.Size != metaSize || xerr != nil) {
 		b.Fatalf("template create: size %d (want %d), mr_id: %v", st.Size, metaSize, xerr)
 	}
@@ -224,7 +226,7 @@ func checkTensorfsCreate(b *testing.B, dir string, template bool) {
 	}
 	_, err = unix.Pwrite(fd, pattern(metaSize), 0)
 	mustNo(b, err)
-	if _, err := getxErr(name, "user.tensorfs.mr_id"); err != nil {
+	if _, err := getxErr(name, xattrs.MRID); err != nil {
 		b.Fatalf("no mr_id after a 64 KiB write: %v", err)
 	}
 }
@@ -234,16 +236,16 @@ func checkTensorfsCreate(b *testing.B, dir string, template bool) {
 // to close).
 func waitTensorfsIdle(b *testing.B, mnt string) {
 	b.Helper()
-	var s statsDoc
+	var s xattrs.Stats
 	for start := time.Now(); time.Since(start) < 5*time.Second; time.Sleep(20 * time.Millisecond) {
-		v, err := getxErr(mnt, "user.tensorfs.stats")
+		v, err := getxErr(mnt, xattrs.StatsName)
 		if err != nil {
 			b.Fatalf("stats: %v", err)
 		}
 		if err := json.Unmarshal([]byte(v), &s); err != nil {
 			b.Fatalf("stats %q: %v", v, err)
 		}
-		if s.Live == (liveStats{}) {
+		if s.Live == (xattrs.Live{}) {
 			return
 		}
 	}

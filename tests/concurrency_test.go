@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // TestConcurrentChurn: 8 goroutines create, write, read, rename and unlink in
@@ -77,7 +79,7 @@ func TestConcurrentChurn(t *testing.T) {
 					}
 					count["unlink-open"]++
 				}
-				if _, serr := getxErr(d.mnt, "user.tensorfs.stats"); serr != nil {
+				if _, serr := getxErr(d.mnt, xattrs.StatsName); serr != nil {
 					t.Errorf("stats during churn: %v", serr)
 				}
 				// ENOENT: another worker removed the name first. ESTALE: the

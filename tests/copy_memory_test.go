@@ -15,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // TestCopyIntoRecycledMemory: copies of different contents over the same
@@ -28,7 +30,7 @@ func TestCopyIntoRecycledMemory(t *testing.T) {
 		for i := range 4 {
 			data := fill(size, byte(7*i+1))
 			require.NoError(t, os.WriteFile(a.path("x"), data, 0o644))
-			setx(t, a.path("x"), "user.tensorfs.copy_to", "b:/x")
+			setx(t, a.path("x"), xattrs.CopyTo, "b:/x")
 			got, err := os.ReadFile(b.path("x"))
 			require.NoError(t, err)
 			require.True(t, bytes.Equal(data, got), "copy %d of %d bytes: the destination holds other bytes", i, size)
@@ -58,7 +60,7 @@ func TestCopyTemporaryOwnerOnly(t *testing.T) {
 	require.NoError(t, os.WriteFile(a.path("big"), data, 0o644))
 	done := make(chan error, 1)
 	go func() {
-		done <- unix.Setxattr(a.path("big"), "user.tensorfs.copy_to", []byte("b:/big"), 0)
+		done <- unix.Setxattr(a.path("big"), xattrs.CopyTo, []byte("b:/big"), 0)
 	}()
 	var mode os.FileMode
 	seen := false
@@ -127,13 +129,13 @@ func TestCopyMadeDirectoriesShowAtOnce(t *testing.T) {
 		require.EqualValues(t, 2, nlink(fds[dir]), "an empty directory") // cached
 	}
 	require.EqualValues(t, rootLinks+2, nlink(root))
-	setx(t, a.path("tree"), "user.tensorfs.copy_to", "b:/push")
+	setx(t, a.path("tree"), xattrs.CopyTo, "b:/push")
 	require.EqualValues(t, 3, nlink(fds["push"]), "push/sub was made by the copy")
-	setx(t, b.path("pull"), "user.tensorfs.copy_from", "a:/tree")
+	setx(t, b.path("pull"), xattrs.CopyFrom, "a:/tree")
 	require.EqualValues(t, 3, nlink(fds["pull"]), "pull/sub was made by the copy")
 	got, err := os.ReadFile(b.path("pull/sub/t"))
 	require.NoError(t, err)
 	require.Equal(t, fill(4096, 1), got)
-	setx(t, a.path("tree"), "user.tensorfs.copy_to", "b:/new")
+	setx(t, a.path("tree"), xattrs.CopyTo, "b:/new")
 	require.EqualValues(t, rootLinks+3, nlink(root), "the root got new/ from the copy")
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // bigTree makes dir on d with n tensors of size bytes (and one in sub/).
@@ -42,7 +44,7 @@ func tmpsIn(dir string) []string {
 func copyUntilStaged(t *testing.T, src, value, watch string) (<-chan error, string) {
 	t.Helper()
 	res := make(chan error, 1)
-	go func() { res <- unix.Setxattr(src, "user.tensorfs.copy_to", []byte(value), 0) }()
+	go func() { res <- unix.Setxattr(src, xattrs.CopyTo, []byte(value), 0) }()
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		require.True(t, time.Now().Before(deadline), "no staged directory appeared in %s", watch)
 		if ts := tmpsIn(watch); len(ts) > 0 {
@@ -181,7 +183,7 @@ func TestTemporaryNamesAvoidUsersFiles(t *testing.T) {
 	bigTree(t, a, "src", 2, 4096)
 	require.NoError(t, os.Mkdir(b.path("home"), 0o755))
 	require.NoError(t, os.WriteFile(b.path("home/.tensorfs-tmp-1"), fill(100, 5), 0o644))
-	setx(t, a.path("src"), "user.tensorfs.copy_to", "b:/home/new")
+	setx(t, a.path("src"), xattrs.CopyTo, "b:/home/new")
 	got, err := os.ReadFile(b.path("home/.tensorfs-tmp-1"))
 	require.NoError(t, err, "the user's own file")
 	require.Equal(t, fill(100, 5), got)
@@ -214,7 +216,7 @@ func TestStagedDirMadeMeanwhileOwners(t *testing.T) {
 
 	// The same copy into a directory that exists from the start.
 	require.NoError(t, os.Mkdir(b.path("home/old"), 0o750))
-	setx(t, a.path("src"), "user.tensorfs.copy_to", "b:/home/old")
+	setx(t, a.path("src"), xattrs.CopyTo, "b:/home/old")
 	existing := owners(t, b.path("home/old"))
 	require.Equal(t, existing, racing, "owners (uid, gid) by path: into a directory made meanwhile vs. into one that existed")
 
@@ -235,8 +237,8 @@ func TestCopyDeeperThanPathMax(t *testing.T) {
 	require.NoError(t, os.Mkdir(a.path("src"), 0o755))
 	mkDeep(t, a.path("src"), 25)
 	for _, target := range []string{"b:/new", "/lnew"} {
-		setx(t, a.path("src"), "user.tensorfs.copy_to", target)
-		err := unix.Setxattr(a.path("src"), "user.tensorfs.copy_to", []byte(target), 0)
+		setx(t, a.path("src"), xattrs.CopyTo, target)
+		err := unix.Setxattr(a.path("src"), xattrs.CopyTo, []byte(target), 0)
 		require.NoError(t, err, "copy over the existing tree %s", target)
 	}
 	require.Empty(t, tmpsIn(b.mnt))
@@ -278,7 +280,7 @@ func TestCopyRunsOncePerCall(t *testing.T) {
 	recent := a.stats().Transfers.Recent[recentBefore:]
 	var lines []string
 	for _, r := range recent {
-		lines = append(lines, string(r))
+		lines = append(lines, fmt.Sprintf("%+v", r))
 	}
 	require.Len(t, recent, 1, "transfers run by one setxattr:\n%s", strings.Join(lines, "\n"))
 	runCmd("rm", "-rf", b.path("home"))

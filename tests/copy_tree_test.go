@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // inotifyEvent is one event of a watcher.
@@ -173,7 +175,7 @@ func TestNewTreeArrivesWhole(t *testing.T) {
 			require.NoError(t, os.Chown(d.path("home"), 1234, 1234))
 			events := watchDir(t, d.path("home"), unix.IN_MOVED_TO|unix.IN_CREATE|unix.IN_MOVED_FROM)
 			stop := watchWhole(t, d.path(tc.tree), n+1)
-			setx(t, a.path("src"), "user.tensorfs.copy_to", tc.target)
+			setx(t, a.path("src"), xattrs.CopyTo, tc.target)
 			partial := stop()
 			require.Empty(t, partial, "the new tree was seen part-way, with these entry counts")
 			evs := events(2 * time.Second)
@@ -195,7 +197,7 @@ func TestNewTreeArrivesWhole(t *testing.T) {
 
 			// Over the existing tree: one IN_MOVED_TO per tensor.
 			events = watchDir(t, d.path(tc.tree), unix.IN_MOVED_TO)
-			setx(t, a.path("src"), "user.tensorfs.copy_to", tc.target)
+			setx(t, a.path("src"), xattrs.CopyTo, tc.target)
 			var got []string
 			for deadline := time.Now().Add(5 * time.Second); len(got) < n && time.Now().Before(deadline); {
 				got = movedTo(events(100 * time.Millisecond))
@@ -234,10 +236,10 @@ func TestNewTreeFailsWithoutTrace(t *testing.T) {
 	require.NoError(t, os.WriteFile(b.path("ballast"), nil, 0o644))
 	require.NoError(t, os.Truncate(b.path("ballast"), 2*size)) // b can take one more 4 MiB tensor and a bit
 	before := b.settledLive()
-	err := unix.Setxattr(a.path("src"), "user.tensorfs.copy_to", []byte("b:/missing/new"), 0)
+	err := unix.Setxattr(a.path("src"), xattrs.CopyTo, []byte("b:/missing/new"), 0)
 	require.ErrorIs(t, err, syscall.ENOENT, "the destination's parent must exist")
 	for _, target := range []string{"b:/new", "b:/new"} {
-		err := unix.Setxattr(a.path("src"), "user.tensorfs.copy_to", []byte(target), 0)
+		err := unix.Setxattr(a.path("src"), xattrs.CopyTo, []byte(target), 0)
 		require.ErrorIs(t, err, syscall.ENOSPC, "%s\n%s\n%s", target, a.log.String(), b.log.String())
 		ents, err := os.ReadDir(b.mnt)
 		require.NoError(t, err)
@@ -254,9 +256,9 @@ func TestNewTreeFailsWithoutTrace(t *testing.T) {
 	require.NoError(t, os.Truncate(b.path("ballast2"), size+1<<20)) // 3 MiB left
 	require.NoError(t, os.WriteFile(b.path("pulled"), nil, 0o644))
 	before = b.settledLive()
-	err = unix.Setxattr(a.path("src/x"), "user.tensorfs.copy_to", []byte("b:/x"), 0)
+	err = unix.Setxattr(a.path("src/x"), xattrs.CopyTo, []byte("b:/x"), 0)
 	require.ErrorIs(t, err, syscall.ENOSPC, "push of one tensor")
-	err = unix.Setxattr(b.path("pulled"), "user.tensorfs.copy_from", []byte("a:/src/x"), 0)
+	err = unix.Setxattr(b.path("pulled"), xattrs.CopyFrom, []byte("a:/src/x"), 0)
 	require.ErrorIs(t, err, syscall.ENOSPC, "pull of one tensor")
 	requireLiveBack(t, b, before)
 	for _, n := range []string{"pulled", "ballast", "ballast2"} {
@@ -269,7 +271,7 @@ func TestNewTreeFailsWithoutTrace(t *testing.T) {
 
 // requireLiveBack waits up to 5 s for d's live stats to equal base: freed
 // memory may be kept a moment for reuse (counted in bytes) before it goes.
-func requireLiveBack(t *testing.T, d *daemon, base liveStats) {
+func requireLiveBack(t *testing.T, d *daemon, base xattrs.Live) {
 	t.Helper()
 	require.Eventually(t, func() bool { return d.stats().Live == base }, 5*time.Second, 20*time.Millisecond,
 		"stats back to the baseline %+v: %+v", base, d.stats().Live)
@@ -298,25 +300,25 @@ func TestEmptyDirectoryCopies(t *testing.T) {
 			require.NoError(t, os.WriteFile(a.path("f"), fill(4096, 3), 0o644))
 			for round := range 2 {
 				dst := fmt.Sprintf("copy%d", round)
-				setx(t, a.path("empty"), "user.tensorfs.copy_to", "b:/"+dst)
+				setx(t, a.path("empty"), xattrs.CopyTo, "b:/"+dst)
 				ents, err := os.ReadDir(b.path(dst))
 				require.NoError(t, err, "the pushed empty directory is there")
 				require.Empty(t, ents)
 				// The next copy on the same connection works.
-				setx(t, a.path("f"), "user.tensorfs.copy_to", "b:/"+dst+"/f")
+				setx(t, a.path("f"), xattrs.CopyTo, "b:/"+dst+"/f")
 				got, err := os.ReadFile(b.path(dst + "/f"))
 				require.NoError(t, err)
 				require.Equal(t, fill(4096, 3), got)
 
 				require.NoError(t, os.Mkdir(b.path("pulled"+dst), 0o755))
-				setx(t, b.path("pulled"+dst), "user.tensorfs.copy_from", "a:/empty")
+				setx(t, b.path("pulled"+dst), xattrs.CopyFrom, "a:/empty")
 				ents, err = os.ReadDir(b.path("pulled" + dst))
 				require.NoError(t, err)
 				require.Empty(t, ents)
-				setx(t, b.path("pulled"+dst), "user.tensorfs.copy_from", "a:/empty") // twice in a row
+				setx(t, b.path("pulled"+dst), xattrs.CopyFrom, "a:/empty") // twice in a row
 			}
 			// Inside one mount too.
-			setx(t, a.path("empty"), "user.tensorfs.copy_to", "/empty-local")
+			setx(t, a.path("empty"), xattrs.CopyTo, "/empty-local")
 			ents, err := os.ReadDir(a.path("empty-local"))
 			require.NoError(t, err)
 			require.Empty(t, ents)
@@ -324,12 +326,12 @@ func TestEmptyDirectoryCopies(t *testing.T) {
 			sa := a.stats()
 			require.Zero(t, sa.Transfers.Active)
 			for _, r := range append(sa.Transfers.Recent, b.stats().Transfers.Recent...) {
-				require.Contains(t, string(r), `"error":""`, "a failed record: %s", r)
+				require.Empty(t, r.Error, "a failed record: %+v", r)
 			}
 			// The file pushes take the peer's path; copies of no tensor go
 			// over TCP (there is no memory to export).
-			require.Equal(t, tc.ipcCopies, sa.Copies["ipc"], "%v", sa.Copies)
-			require.Equal(t, 1, sa.Copies["local"], "%v", sa.Copies)
+			require.EqualValues(t, tc.ipcCopies, sa.Copies.IPC, "%v", sa.Copies)
+			require.EqualValues(t, 1, sa.Copies.Local, "%v", sa.Copies)
 			for _, d := range []*daemon{a, b} {
 				ents, err := os.ReadDir(d.mnt)
 				require.NoError(t, err)
@@ -371,8 +373,8 @@ func TestPushKeepsReplacedAttributes(t *testing.T) {
 		d      *daemon
 		prefix string
 	}{{b, "b:"}, {a, ""}} {
-		setx(t, a.path("src"), "user.tensorfs.copy_to", tc.prefix+"/shared/secret")
-		setx(t, a.path("src"), "user.tensorfs.copy_to", tc.prefix+"/shared/fresh")
+		setx(t, a.path("src"), xattrs.CopyTo, tc.prefix+"/shared/secret")
+		setx(t, a.path("src"), xattrs.CopyTo, tc.prefix+"/shared/fresh")
 		got, err := os.ReadFile(tc.d.path("shared/secret"))
 		require.NoError(t, err)
 		require.Equal(t, fill(4096, 5), got, "the bytes are replaced")

@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // TestCopiedEmptyTensorGrowsIntoZeros: a copy of an empty (0-byte) tensor
@@ -29,7 +31,7 @@ func TestCopiedEmptyTensorGrowsIntoZeros(t *testing.T) {
 		// A deleted tensor's bytes, kept for reuse (same size, same owner).
 		require.NoError(t, os.WriteFile(d.path("secret"), secret, 0o600))
 		require.NoError(t, os.Remove(d.path("secret")))
-		setx(t, d.path("empty"), "user.tensorfs.copy_to", "/dst")
+		setx(t, d.path("empty"), xattrs.CopyTo, "/dst")
 		want := make([]byte, n)
 		switch how {
 		case "truncate":
@@ -57,7 +59,7 @@ func TestCopiedEmptyTensorGrowsIntoZeros(t *testing.T) {
 // copy's temporary, hers, mid-copy).
 func TestCopyFromKeepsTargetsOwner(t *testing.T) {
 	secretStaysBobs(t, func(d *daemon, f string) {
-		out, err := asUser(bob, "sh", "-c", `touch "$1" && chmod 600 "$1" && setfattr -n user.tensorfs.copy_from -v /private/src "$1"`, "sh", f)
+		out, err := asUser(bob, "sh", "-c", `touch "$1" && chmod 600 "$1" && setfattr -n `+xattrs.CopyFrom+` -v /private/src "$1"`, "sh", f)
 		require.NoError(t, err, out)
 	})
 }
@@ -120,7 +122,7 @@ func secretStaysBobs(t *testing.T, plant func(d *daemon, f string)) {
 	require.NoError(t, os.Remove(d.path("alice/junk"))) // after: small spares fit only beside no large one
 	done := make(chan error, 1)
 	go func() {
-		done <- unix.Setxattr(d.path("alice/src"), "user.tensorfs.copy_to", []byte("/alice/dst"), 0)
+		done <- unix.Setxattr(d.path("alice/src"), xattrs.CopyTo, []byte("/alice/dst"), 0)
 	}()
 	leaked := ""
 	read := false
@@ -184,12 +186,12 @@ func TestPullWhileSourceShrinks(t *testing.T) {
 			require.NoError(t, os.WriteFile(b.path("x"), nil, 0o644))
 			done := make(chan error, 1)
 			go func() {
-				done <- unix.Setxattr(b.path("x"), "user.tensorfs.copy_from", []byte("a:/x"), 0)
+				done <- unix.Setxattr(b.path("x"), xattrs.CopyFrom, []byte("a:/x"), 0)
 			}()
 			// Shrink the source once the serving side has its record of the copy.
 			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 				if st := a.stats(); st.Transfers.Active > 0 && len(st.Transfers.Recent) > 0 &&
-					strings.Contains(string(st.Transfers.Recent[len(st.Transfers.Recent)-1]), `"path":"`+path+`"`) {
+					st.Transfers.Recent[len(st.Transfers.Recent)-1].Path == path {
 					break
 				}
 			}

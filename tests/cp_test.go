@@ -2,7 +2,6 @@ package tests
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // tcp runs `tensorfs cp` with args and returns its stdout and stderr apart:
@@ -73,8 +74,8 @@ func TestCpPush(t *testing.T) {
 
 	errOut := cpOK(t, a.path("kv/layer0"), "b:/kv/layer0")
 	sameFile(t, b.path("kv/layer0"), data)
-	require.Equal(t, "F32", getx(t, b.path("kv/layer0"), "user.tensorfs.dtype"))
-	require.Equal(t, "4096,4096", getx(t, b.path("kv/layer0"), "user.tensorfs.shape"))
+	require.Equal(t, "F32", getx(t, b.path("kv/layer0"), xattrs.DType))
+	require.Equal(t, "4096,4096", getx(t, b.path("kv/layer0"), xattrs.Shape))
 	// Not a terminal: no bar, one summary line with the transfer's counts.
 	require.Equal(t, 1, strings.Count(errOut, "\n"), "%q", errOut)
 	require.Contains(t, errOut, "copied 1 tensor, 67,108,864 bytes (64 MiB)")
@@ -92,7 +93,7 @@ func TestCpPush(t *testing.T) {
 		require.Empty(t, cpOK(t, args...), "%v", args)
 	}
 	sameFile(t, b.path("kv/q2"), data)
-	require.Equal(t, 4, b.stats().Copies["tcp"])
+	require.EqualValues(t, 4, b.stats().Copies.TCP)
 
 	os.RemoveAll(a.path("kv"))
 	os.RemoveAll(b.path("kv"))
@@ -114,7 +115,7 @@ func TestCpPull(t *testing.T) {
 	require.NoError(t, os.WriteFile(a.path("old"), []byte("old bytes"), 0o644))
 	errOut := cpOK(t, "b:/kv/blk", a.path("old"))
 	sameFile(t, a.path("old"), data)
-	require.Equal(t, "BF16", getx(t, a.path("old"), "user.tensorfs.dtype"))
+	require.Equal(t, "BF16", getx(t, a.path("old"), xattrs.DType))
 	require.Contains(t, errOut, "copied 1 tensor, 1,024 bytes (1.0 KiB), from b:/kv/blk to "+a.path("old"))
 
 	// Into a missing file, named relative to the working directory.
@@ -125,7 +126,7 @@ func TestCpPull(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	require.Empty(t, out)
 	sameFile(t, a.path("in/new"), data)
-	require.Equal(t, "64,8", getx(t, a.path("in/new"), "user.tensorfs.shape"))
+	require.Equal(t, "64,8", getx(t, a.path("in/new"), xattrs.Shape))
 
 	// A missing source or a missing directory: nothing is created.
 	cpFails(t, []string{"b:/kv/missing", a.path("in/none")}, "No such file")
@@ -187,8 +188,8 @@ func TestCpLocal(t *testing.T) {
 	require.Contains(t, errOut, "copied 1 tensor, 4,096 bytes")
 	cpOK(t, "-q", a.path("w"), a.path("w2"))
 	sameFile(t, a.path("w2/y"), fill(4096, 2))
-	require.Equal(t, 2, a.stats().Copies["local"])
-	require.Zero(t, b.stats().Copies["tcp"])
+	require.EqualValues(t, 2, a.stats().Copies.Local)
+	require.Zero(t, b.stats().Copies.TCP)
 
 	cpFails(t, []string{a.path("w/x"), a.path("w/x")}, "Invalid argument")
 
@@ -228,22 +229,14 @@ func TestCopyRecordIDs(t *testing.T) {
 	a, b := ds["a"], ds["b"]
 	data := fill(8<<20, 5)
 	require.NoError(t, os.WriteFile(a.path("x"), data, 0o644))
-	type rec struct {
-		ID      uint64 `json:"id"`
-		PID     int    `json:"pid"`
-		Src     string `json:"src"`
-		Streams int    `json:"streams"`
-	}
-	last := func(d *daemon) rec {
+	last := func(d *daemon) xattrs.Record {
 		r := d.stats().Transfers.Recent
 		require.NotEmpty(t, r)
-		var x rec
-		require.NoError(t, json.Unmarshal(r[len(r)-1], &x))
-		return x
+		return r[len(r)-1]
 	}
 	var ids []uint64
 	for range 2 {
-		require.NoError(t, unix.Setxattr(a.path("x"), "user.tensorfs.copy_to", []byte("b:/x"), 0))
+		require.NoError(t, unix.Setxattr(a.path("x"), xattrs.CopyTo, []byte("b:/x"), 0))
 		r := last(a)
 		require.Equal(t, os.Getpid(), r.PID, "the record names the process that asked")
 		require.Equal(t, 2, r.Streams, "8 MiB takes the default 2 streams")

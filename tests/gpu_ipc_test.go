@@ -14,6 +14,7 @@ import (
 
 	"github.com/tensorfs/tensorfs/gpu"
 	"github.com/tensorfs/tensorfs/gpu/cuda"
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // gpuIPCDevices are the devices of the exporter and the importer of the
@@ -37,37 +38,37 @@ func TestGPUIPCBetweenDaemons(t *testing.T) {
 	ds := sameHost(t, []string{"a", "b"})
 	a, b := ds["a"], ds["b"]
 	for d, dev := range map[*daemon]string{a: devA, b: devB} {
-		setx(t, d.mnt, "user.tensorfs.device", dev)
+		setx(t, d.mnt, xattrs.Device, dev)
 	}
 	big, small := gpuPattern(6<<20+123, 3), gpuPattern(64<<10, 4)
 	require.NoError(t, os.WriteFile(a.path("big"), big, 0o644))
 	require.NoError(t, os.WriteFile(a.path("pad"), gpuPattern(4096, 1), 0o644))
 	require.NoError(t, os.WriteFile(a.path("small"), small, 0o644))
-	require.Equal(t, devA, getx(t, a.path("small"), "user.tensorfs.device"))
-	require.NotEqual(t, "0", getx(t, a.path("small"), "user.tensorfs.ipc_offset"), "carved from an arena")
-	require.True(t, strings.HasPrefix(getx(t, a.path("big"), "user.tensorfs.ipc_handle"), "cuda:"))
+	require.Equal(t, devA, getx(t, a.path("small"), xattrs.Device))
+	require.NotEqual(t, "0", getx(t, a.path("small"), xattrs.IPCOffset), "carved from an arena")
+	require.True(t, strings.HasPrefix(getx(t, a.path("big"), xattrs.IPCHandle), "cuda:"))
 
-	setx(t, a.path("big"), "user.tensorfs.copy_to", "b:/big")
-	setx(t, a.path("small"), "user.tensorfs.copy_to", "b:/small")
+	setx(t, a.path("big"), xattrs.CopyTo, "b:/big")
+	setx(t, a.path("small"), xattrs.CopyTo, "b:/small")
 	require.NoError(t, os.WriteFile(b.path("pulled"), nil, 0o644))
-	setx(t, b.path("pulled"), "user.tensorfs.copy_from", "a:/small")
+	setx(t, b.path("pulled"), xattrs.CopyFrom, "a:/small")
 	for p, want := range map[string][]byte{b.path("big"): big, b.path("small"): small, b.path("pulled"): small} {
-		require.Equal(t, devB, getx(t, p, "user.tensorfs.device"), p)
+		require.Equal(t, devB, getx(t, p, xattrs.Device), p)
 		got, err := os.ReadFile(p)
 		require.NoError(t, err)
 		require.True(t, bytes.Equal(want, got), "%s: bytes differ", p)
 	}
 	sa, sb := a.stats(), b.stats()
-	require.Equal(t, 3, sa.Copies["ipc"], "%v", sa.Copies)
-	require.Equal(t, 3, sb.Copies["ipc"], "%v", sb.Copies)
-	require.Zero(t, sa.Copies["tcp"]+sb.Copies["tcp"])
+	require.EqualValues(t, 3, sa.Copies.IPC, "%v", sa.Copies)
+	require.EqualValues(t, 3, sb.Copies.IPC, "%v", sb.Copies)
+	require.Zero(t, sa.Copies.TCP+sb.Copies.TCP)
 	require.Equal(t, 2, sb.Live.Imports, "one import per allocation: the big one's and the arena's")
 	require.Equal(t, 1, sb.Imports.Hits, "the pull of small reused the arena's import: %+v", sb.Imports)
 
 	// The source changes; the next copy is a cache hit and sees new bytes.
 	small2 := gpuPattern(64<<10, 5)
 	require.NoError(t, os.WriteFile(a.path("small"), small2, 0o644))
-	setx(t, a.path("small"), "user.tensorfs.copy_to", "b:/small")
+	setx(t, a.path("small"), xattrs.CopyTo, "b:/small")
 	got, err := os.ReadFile(b.path("small"))
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(small2, got))
@@ -94,13 +95,13 @@ func BenchmarkGPUIPCCopy1G(b *testing.B) {
 	const size = 1 << 30
 	ds := sameHost(b, []string{"a", "b"})
 	a, d := ds["a"], ds["b"]
-	setx(b, a.mnt, "user.tensorfs.device", devA)
-	setx(b, d.mnt, "user.tensorfs.device", devB)
+	setx(b, a.mnt, xattrs.Device, devA)
+	setx(b, d.mnt, xattrs.Device, devB)
 	src := a.path("t")
 	fd, err := unix.Open(src, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
 	mustNo(b, err)
 	unix.Close(fd)
-	mustNo(b, unix.Setxattr(src, "user.tensorfs.shape", []byte(strconv.Itoa(size)), 0))
+	mustNo(b, unix.Setxattr(src, xattrs.Shape, []byte(strconv.Itoa(size)), 0))
 	// Marks at both ends, checked in the destination after the timed copies.
 	fd, err = unix.Open(src, unix.O_WRONLY|unix.O_CLOEXEC, 0)
 	mustNo(b, err)
@@ -109,18 +110,18 @@ func BenchmarkGPUIPCCopy1G(b *testing.B) {
 	_, err = unix.Pwrite(fd, []byte("tail"), size-4)
 	mustNo(b, err)
 	unix.Close(fd)
-	mustNo(b, unix.Setxattr(src, "user.tensorfs.copy_to", []byte("b:/t"), 0)) // warm: the import and the destination's memory
+	mustNo(b, unix.Setxattr(src, xattrs.CopyTo, []byte("b:/t"), 0)) // warm: the import and the destination's memory
 
 	b.Run("tensorfs", func(b *testing.B) {
 		b.SetBytes(size)
 		for i := 0; i < b.N; i++ {
-			mustNo(b, unix.Setxattr(src, "user.tensorfs.copy_to", []byte("b:/t"), 0))
+			mustNo(b, unix.Setxattr(src, xattrs.CopyTo, []byte("b:/t"), 0))
 		}
 		b.StopTimer()
 		reportPhases(b, d.mnt, b.N)
 		reportTook(b, a.mnt, b.N, "src-us")
 		s := benchStats(b, d.mnt)
-		if s.Copies["ipc"] < b.N || s.Copies["tcp"] != 0 {
+		if s.Copies.IPC < int64(b.N) || s.Copies.TCP != 0 {
 			b.Fatalf("copies %v: want every copy on the ipc path", s.Copies)
 		}
 		g, err := os.Open(d.path("t"))
@@ -150,9 +151,9 @@ func BenchmarkGPUIPCCopy1G(b *testing.B) {
 		}
 	}
 	b.Run("raw-ipc-dtod", func(b *testing.B) {
-		off, err := strconv.ParseInt(getx(b, src, "user.tensorfs.ipc_offset"), 10, 64)
+		off, err := strconv.ParseInt(getx(b, src, xattrs.IPCOffset), 10, 64)
 		mustNo(b, err)
-		imp, err := dev.(gpu.Importer).Import(getx(b, src, "user.tensorfs.ipc_handle"), off, size)
+		imp, err := dev.(gpu.Importer).Import(getx(b, src, xattrs.IPCHandle), off, size)
 		mustNo(b, err)
 		defer imp.Free()
 		dst, err := dev.Alloc(size, 0)

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // cudaOwnerScript owns GPU memory the way a framework's allocator does: a
@@ -67,13 +69,13 @@ func TestGPURegisterCUDA(t *testing.T) {
 	whole, part := d.path("whole"), d.path("part")
 	mkEmpty(t, whole)
 	mkEmpty(t, part)
-	require.NoError(t, setErr(whole, "user.tensorfs.register", handle)(), "daemon log:\n%s", d.log.String())
-	setx(t, part, "user.tensorfs.register", handle+"@4096+8192")
-	require.Equal(t, strconv.Itoa(size), getx(t, whole, "user.tensorfs.nbytes"))
-	require.Equal(t, "cuda:0", getx(t, whole, "user.tensorfs.device"))
-	require.Equal(t, "8192", getx(t, part, "user.tensorfs.nbytes"))
-	require.Equal(t, "4096", getx(t, part, "user.tensorfs.ipc_offset"))
-	require.True(t, strings.HasPrefix(getx(t, whole, "user.tensorfs.ipc_handle"), "cuda:"))
+	require.NoError(t, setErr(whole, xattrs.Register, handle)(), "daemon log:\n%s", d.log.String())
+	setx(t, part, xattrs.Register, handle+"@4096+8192")
+	require.Equal(t, strconv.Itoa(size), getx(t, whole, xattrs.NBytes))
+	require.Equal(t, "cuda:0", getx(t, whole, xattrs.Device))
+	require.Equal(t, "8192", getx(t, part, xattrs.NBytes))
+	require.Equal(t, "4096", getx(t, part, xattrs.IPCOffset))
+	require.True(t, strings.HasPrefix(getx(t, whole, xattrs.IPCHandle), "cuda:"))
 	require.Equal(t, base.Bytes, d.stats().Live.Bytes, "registered memory is not tensorfs's")
 
 	got, err := os.ReadFile(whole)
@@ -94,7 +96,7 @@ func TestGPURegisterCUDA(t *testing.T) {
 	want := ownerBytes(0, size)
 	copy(want[4106:], "hello")
 
-	setx(t, whole, "user.tensorfs.copy_to", "b:/copy")
+	setx(t, whole, xattrs.CopyTo, "b:/copy")
 	got, err = os.ReadFile(b.path("copy"))
 	require.NoError(t, err)
 	require.Equal(t, want, got)

@@ -24,7 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorfs/tensorfs/gpu/cuda"
-	"github.com/tensorfs/tensorfs/transfer"
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 var gpuProbe struct {
@@ -76,32 +76,32 @@ func TestGPUTemplatesAndXattrs(t *testing.T) {
 	for i := range 8 {
 		p := filepath.Join(kv, fmt.Sprint(i))
 		require.NoError(t, os.WriteFile(p, nil, 0o644))
-		require.Equal(t, "cuda:0", getx(t, p, "user.tensorfs.device"))
-		require.Equal(t, "8192", getx(t, p, "user.tensorfs.nbytes"))
-		h := getx(t, p, "user.tensorfs.ipc_handle")
+		require.Equal(t, "cuda:0", getx(t, p, xattrs.Device))
+		require.Equal(t, "8192", getx(t, p, xattrs.NBytes))
+		h := getx(t, p, xattrs.IPCHandle)
 		require.True(t, strings.HasPrefix(h, "cuda:"), h)
 		require.Len(t, h, len("cuda:")+128, h)
 		if handle == "" {
 			handle = h
 		}
 		require.Equal(t, handle, h, "small tensors of one owner share an arena")
-		off, err := strconv.ParseInt(getx(t, p, "user.tensorfs.ipc_offset"), 10, 64)
+		off, err := strconv.ParseInt(getx(t, p, xattrs.IPCOffset), 10, 64)
 		require.NoError(t, err)
 		require.Zero(t, off%cuda.Align, "ipc_offset %d is aligned", off)
 		require.Less(t, off+8192, int64(cuda.ArenaSize+1), "inside the arena")
 		require.False(t, offs[off], "offset %d used twice", off)
 		offs[off] = true
-		mr := getx(t, p, "user.tensorfs.mr_id")
-		ipc := getx(t, p, "user.tensorfs.ipc_id")
+		mr := getx(t, p, xattrs.MRID)
+		ipc := getx(t, p, xattrs.IPCID)
 		require.False(t, mrs[mr] || ipcs[ipc], "mr_id %s / ipc_id %s reused", mr, ipc)
 		mrs[mr], ipcs[ipc] = true, true
 	}
 
 	big := d.path("big")
 	require.NoError(t, os.WriteFile(big, nil, 0o644))
-	setx(t, big, "user.tensorfs.shape", strconv.Itoa(4<<20+1))
-	require.Equal(t, "0", getx(t, big, "user.tensorfs.ipc_offset"))
-	require.NotEqual(t, handle, getx(t, big, "user.tensorfs.ipc_handle"))
+	setx(t, big, xattrs.Shape, strconv.Itoa(4<<20+1))
+	require.Equal(t, "0", getx(t, big, xattrs.IPCOffset))
+	require.NotEqual(t, handle, getx(t, big, xattrs.IPCHandle))
 	st, err := os.Stat(big)
 	require.NoError(t, err)
 	require.EqualValues(t, 4<<20+1, st.Size(), "the size is exact, the allocation rounded")
@@ -116,11 +116,11 @@ func TestGPUTemplatesAndXattrs(t *testing.T) {
 	// Host memory is served beside the GPUs.
 	hd := d.path("onhost")
 	require.NoError(t, os.Mkdir(hd, 0o755))
-	setx(t, hd, "user.tensorfs.device", "host")
-	setx(t, hd, "user.tensorfs.shape", "16")
+	setx(t, hd, xattrs.Device, "host")
+	setx(t, hd, xattrs.Shape, "16")
 	require.NoError(t, os.WriteFile(hd+"/t", nil, 0o644))
-	require.Equal(t, "host", getx(t, hd+"/t", "user.tensorfs.device"))
-	require.True(t, strings.HasPrefix(getx(t, hd+"/t", "user.tensorfs.ipc_handle"), "memfd:"))
+	require.Equal(t, "host", getx(t, hd+"/t", xattrs.Device))
+	require.True(t, strings.HasPrefix(getx(t, hd+"/t", xattrs.IPCHandle), "memfd:"))
 
 	require.NoError(t, os.RemoveAll(kv))
 	require.NoError(t, os.RemoveAll(hd))
@@ -142,7 +142,7 @@ func TestGPURoundTrips(t *testing.T) {
 			n, err := f.WriteAt(p, off)
 			require.NoError(t, err)
 			require.Equal(t, size, n)
-			require.Equal(t, "cuda:0", getx(t, name, "user.tensorfs.device"))
+			require.Equal(t, "cuda:0", getx(t, name, xattrs.Device))
 
 			got := make([]byte, off+int64(size))
 			n, err = f.ReadAt(got, 0)
@@ -174,13 +174,13 @@ func TestGPUTruncateKeepsBytes(t *testing.T) {
 	p := d.path("t")
 	data := gpuPattern(100<<10+3, 9)
 	require.NoError(t, os.WriteFile(p, data, 0o644))
-	mr1 := getx(t, p, "user.tensorfs.mr_id")
-	h1 := getx(t, p, "user.tensorfs.ipc_handle")
+	mr1 := getx(t, p, xattrs.MRID)
+	h1 := getx(t, p, xattrs.IPCHandle)
 
 	require.NoError(t, os.Truncate(p, 5<<20))
-	require.NotEqual(t, mr1, getx(t, p, "user.tensorfs.mr_id"))
-	require.NotEqual(t, h1, getx(t, p, "user.tensorfs.ipc_handle"), "5 MiB has an allocation of its own")
-	require.Equal(t, "1", getx(t, p, "user.tensorfs.generation"))
+	require.NotEqual(t, mr1, getx(t, p, xattrs.MRID))
+	require.NotEqual(t, h1, getx(t, p, xattrs.IPCHandle), "5 MiB has an allocation of its own")
+	require.Equal(t, "1", getx(t, p, xattrs.Generation))
 	got, err := os.ReadFile(p)
 	require.NoError(t, err)
 	require.Len(t, got, 5<<20)
@@ -193,7 +193,7 @@ func TestGPUTruncateKeepsBytes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, data[:10], got[:10])
 	require.Equal(t, make([]byte, 990), got[10:])
-	require.Equal(t, "1", getx(t, p, "user.tensorfs.generation"), "shrinking keeps the allocation")
+	require.Equal(t, "1", getx(t, p, xattrs.Generation), "shrinking keeps the allocation")
 
 	require.NoError(t, os.Remove(p))
 	d.requireClean()
@@ -241,11 +241,11 @@ func TestGPUOutOfMemory(t *testing.T) {
 	require.NoError(t, os.Truncate(d.path("a"), 5<<20)) // holds 6 MiB
 	require.NoError(t, os.WriteFile(d.path("b"), nil, 0o644))
 	require.ErrorIs(t, os.Truncate(d.path("b"), 4<<20), syscall.ENOSPC)
-	_, err := getxErr(d.path("b"), "user.tensorfs.mr_id")
+	_, err := getxErr(d.path("b"), xattrs.MRID)
 	require.ErrorIs(t, err, syscall.ENODATA, "the failed sizing left b unallocated")
 	require.NoError(t, os.Truncate(d.path("b"), 1000)) // an arena: 8 MiB held
 	require.NoError(t, os.WriteFile(d.path("c"), nil, 0o644))
-	require.ErrorIs(t, unix.Setxattr(d.path("c"), "user.tensorfs.shape", []byte("2097152"), 0), syscall.ENOSPC)
+	require.ErrorIs(t, unix.Setxattr(d.path("c"), xattrs.Shape, []byte("2097152"), 0), syscall.ENOSPC)
 	require.EqualValues(t, 8<<20, d.stats().Live.Bytes)
 	for _, n := range []string{"a", "b", "c"} {
 		require.NoError(t, os.Remove(d.path(n)))
@@ -262,12 +262,12 @@ func TestGPUSecondDevice(t *testing.T) {
 	d := startDaemon(t, "--device", "cuda:0")
 	dir := d.path("g1")
 	require.NoError(t, os.Mkdir(dir, 0o755))
-	setx(t, dir, "user.tensorfs.device", "cuda:1")
-	setx(t, dir, "user.tensorfs.dtype", "F32")
-	setx(t, dir, "user.tensorfs.shape", "1024,1024")
+	setx(t, dir, xattrs.Device, "cuda:1")
+	setx(t, dir, xattrs.DType, "F32")
+	setx(t, dir, xattrs.Shape, "1024,1024")
 	p := filepath.Join(dir, "w")
 	require.NoError(t, os.WriteFile(p, nil, 0o644))
-	require.Equal(t, "cuda:1", getx(t, p, "user.tensorfs.device"))
+	require.Equal(t, "cuda:1", getx(t, p, xattrs.Device))
 	data := gpuPattern(4<<20, 5)
 	require.NoError(t, os.WriteFile(p, data, 0o644))
 	got, err := os.ReadFile(p)
@@ -289,27 +289,27 @@ func TestGPUCopiesAcrossDevices(t *testing.T) {
 	for _, dev := range []string{"cuda:1", "host"} {
 		dir := a.path("on-" + strings.ReplaceAll(dev, ":", ""))
 		require.NoError(t, os.Mkdir(dir, 0o755))
-		setx(t, dir, "user.tensorfs.device", dev)
+		setx(t, dir, xattrs.Device, dev)
 	}
 	src := a.path("src")
 	data := gpuPattern(6<<20+123, 9) // spans several arenas' worth, odd size
 	require.NoError(t, os.WriteFile(src, data, 0o644))
-	require.Equal(t, "cuda:0", getx(t, src, "user.tensorfs.device"))
-	setx(t, src, "user.tensorfs.copy_to", "/on-cuda1/x")
-	setx(t, src, "user.tensorfs.copy_to", "/on-host/x")
+	require.Equal(t, "cuda:0", getx(t, src, xattrs.Device))
+	setx(t, src, xattrs.CopyTo, "/on-cuda1/x")
+	setx(t, src, xattrs.CopyTo, "/on-host/x")
 	require.NoError(t, os.WriteFile(a.path("back"), nil, 0o644))
-	setx(t, a.path("back"), "user.tensorfs.copy_from", "/on-cuda1/x")
-	setx(t, src, "user.tensorfs.copy_to", "b:/x")
+	setx(t, a.path("back"), xattrs.CopyFrom, "/on-cuda1/x")
+	setx(t, src, xattrs.CopyTo, "b:/x")
 	for p, dev := range map[string]string{
 		a.path("on-cuda1/x"): "cuda:1", a.path("on-host/x"): "host", a.path("back"): "cuda:0", b.path("x"): "cuda:0",
 	} {
-		require.Equal(t, dev, getx(t, p, "user.tensorfs.device"), p)
+		require.Equal(t, dev, getx(t, p, xattrs.Device), p)
 		got, err := os.ReadFile(p)
 		require.NoError(t, err)
 		require.True(t, bytes.Equal(data, got), "%s: bytes differ", p)
 	}
-	require.Equal(t, 3, a.stats().Copies["local"])
-	require.Equal(t, 1, a.stats().Copies["tcp"])
+	require.EqualValues(t, 3, a.stats().Copies.Local)
+	require.EqualValues(t, 1, a.stats().Copies.TCP)
 	for _, p := range []string{"src", "back", "on-cuda1", "on-host"} {
 		require.NoError(t, os.RemoveAll(a.path(p)))
 	}
@@ -359,11 +359,11 @@ func TestGPUPythonClient(t *testing.T) {
 		p := filepath.Join(dir, c.name)
 		require.NoError(t, os.WriteFile(p, nil, 0o644))
 		if c.device != "" {
-			setx(t, p, "user.tensorfs.device", c.device)
+			setx(t, p, xattrs.Device, c.device)
 		}
-		setx(t, p, "user.tensorfs.dtype", c.dtype)
-		setx(t, p, "user.tensorfs.shape", c.shape)
-		n, _ := strconv.Atoi(getx(t, p, "user.tensorfs.nbytes"))
+		setx(t, p, xattrs.DType, c.dtype)
+		setx(t, p, xattrs.Shape, c.shape)
+		n, _ := strconv.Atoi(getx(t, p, xattrs.NBytes))
 		require.NoError(t, os.WriteFile(p, gpuPattern(n, 11), 0o644))
 		out := run(p, "--check-file")
 		t.Logf("%s: %s", c.name, strings.TrimSpace(out))
@@ -415,7 +415,7 @@ func BenchmarkGPUCreateUnlink64K(b *testing.B) {
 			mnt := startDaemon(b, "--device", dev).mnt
 			dir := filepath.Join(mnt, "tmpl")
 			mustNo(b, os.Mkdir(dir, 0o755))
-			mustNo(b, unix.Setxattr(dir, "user.tensorfs.shape", []byte("65536"), 0))
+			mustNo(b, unix.Setxattr(dir, xattrs.Shape, []byte("65536"), 0))
 			name := filepath.Join(dir, "t")
 			for b.Loop() {
 				fd, err := unix.Open(name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
@@ -441,7 +441,7 @@ func BenchmarkGPUOverhead64K(b *testing.B) {
 	mnt := startDaemon(b, "--device", "cuda:0").mnt
 	dir := filepath.Join(mnt, "tmpl")
 	mustNo(b, os.Mkdir(dir, 0o755))
-	mustNo(b, unix.Setxattr(dir, "user.tensorfs.shape", []byte("65536"), 0))
+	mustNo(b, unix.Setxattr(dir, xattrs.Shape, []byte("65536"), 0))
 	const count = 4096
 	var ratio float64
 	for b.Loop() {
@@ -486,8 +486,8 @@ func BenchmarkGPURegister1G(b *testing.B) {
 			mustNo(b, err)
 			unix.Close(fd)
 			b.StartTimer()
-			mustNo(b, unix.Setxattr(name, "user.tensorfs.shape", []byte(strconv.Itoa(size)), 0))
-			if h, err := getxErr(name, "user.tensorfs.ipc_handle"); err != nil || !strings.HasPrefix(h, "cuda:") {
+			mustNo(b, unix.Setxattr(name, xattrs.Shape, []byte(strconv.Itoa(size)), 0))
+			if h, err := getxErr(name, xattrs.IPCHandle); err != nil || !strings.HasPrefix(h, "cuda:") {
 				b.Fatalf("ipc_handle %q: %v", h, err)
 			}
 			b.StopTimer()
@@ -578,22 +578,15 @@ func gpuWriteAll(b *testing.B, fd int, buf []byte) {
 	}
 }
 
-// benchStats reads the mount's stats document.
-// reportPhases reports the mean time by phase (transfer.PhaseReport: the
+// reportPhases reports the mean time by phase (xattrs.Phases: the
 // destination's prepare, data and commit, in µs) of the last n transfers
 // that the daemon mounted at mnt received (at most the 16 stats keeps), as
 // the metrics prepare-us, data-us and commit-us, and their mean took_us as
 // dst-us: where a copy's time goes.
 func reportPhases(b *testing.B, mnt string, n int) {
 	b.Helper()
-	type rec struct {
-		PhaseUS *transfer.PhaseReport `json:"phase_us"`
-		TookUS  int64                 `json:"took_us"`
-	}
-	var recs []rec
-	for _, raw := range benchStats(b, mnt).Transfers.Recent {
-		var r rec
-		mustNo(b, json.Unmarshal(raw, &r))
+	var recs []xattrs.Record
+	for _, r := range benchStats(b, mnt).Transfers.Recent {
 		if r.PhaseUS != nil {
 			recs = append(recs, r)
 		}
@@ -602,7 +595,7 @@ func reportPhases(b *testing.B, mnt string, n int) {
 	if len(recs) == 0 {
 		b.Fatalf("%s: no received transfer with phase times in stats", mnt)
 	}
-	var sum transfer.PhaseReport
+	var sum xattrs.Phases
 	var took int64
 	for _, r := range recs {
 		sum.Prepare += r.PhaseUS.Prepare
@@ -622,11 +615,7 @@ func reportPhases(b *testing.B, mnt string, n int) {
 func reportTook(b *testing.B, mnt string, n int, unit string) {
 	b.Helper()
 	var took []int64
-	for _, raw := range benchStats(b, mnt).Transfers.Recent {
-		var r struct {
-			TookUS int64 `json:"took_us"`
-		}
-		mustNo(b, json.Unmarshal(raw, &r))
+	for _, r := range benchStats(b, mnt).Transfers.Recent {
 		took = append(took, r.TookUS)
 	}
 	took = took[max(0, len(took)-n):]
@@ -640,11 +629,12 @@ func reportTook(b *testing.B, mnt string, n int, unit string) {
 	b.ReportMetric(float64(sum)/float64(len(took)), unit)
 }
 
-func benchStats(b *testing.B, mnt string) statsDoc {
+// benchStats reads the mount's stats document.
+func benchStats(b *testing.B, mnt string) xattrs.Stats {
 	b.Helper()
-	v, err := getxErr(mnt, "user.tensorfs.stats")
+	v, err := getxErr(mnt, xattrs.StatsName)
 	mustNo(b, err)
-	var s statsDoc
+	var s xattrs.Stats
 	mustNo(b, json.Unmarshal([]byte(v), &s))
 	return s
 }

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorfs/tensorfs/fs"
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // bin is the tensorfs binary under test: $TENSORFS_BIN, or built once here.
@@ -240,40 +241,25 @@ func (d *daemon) path(elem ...string) string {
 	return filepath.Join(append([]string{d.mnt}, elem...)...)
 }
 
-// liveStats is the "live" object of user.tensorfs.stats.
-type liveStats struct {
-	Tensors, Regions, Exports, Imports, Leases, Pins int
-	Bytes                                            int64
-}
-
-type statsDoc struct {
-	Live      liveStats      `json:"live"`
-	Copies    map[string]int `json:"copies"`
-	Transfers struct {
-		Active int               `json:"active"`
-		Recent []json.RawMessage `json:"recent"`
-	} `json:"transfers"`
-	Peers   map[string]any `json:"peers"`
-	Imports struct {
-		Hits, Misses int
-	} `json:"imports"`
-}
-
-// stats reads and decodes user.tensorfs.stats from the root.
-func (d *daemon) stats() statsDoc {
+// stats reads and decodes user.tensorfs.stats from the root, strictly: a
+// field the daemon writes that xattrs.Stats does not know fails the test, so
+// the shared types stay complete.
+func (d *daemon) stats() xattrs.Stats {
 	d.t.Helper()
-	v := getx(d.t, d.mnt, "user.tensorfs.stats")
-	var s statsDoc
-	require.NoError(d.t, json.Unmarshal([]byte(v), &s), v)
+	v := getx(d.t, d.mnt, xattrs.StatsName)
+	var s xattrs.Stats
+	dec := json.NewDecoder(strings.NewReader(v))
+	dec.DisallowUnknownFields()
+	require.NoError(d.t, dec.Decode(&s), v)
 	return s
 }
 
 // settledLive returns the live stats once no file handle is open any more:
 // FUSE RELEASE is asynchronous to close, so a baseline read right after a
 // write could still count the writer's lease.
-func (d *daemon) settledLive() liveStats {
+func (d *daemon) settledLive() xattrs.Live {
 	d.t.Helper()
-	var s statsDoc
+	var s xattrs.Stats
 	for start := time.Now(); time.Since(start) < 5*time.Second; time.Sleep(10 * time.Millisecond) {
 		if s = d.stats(); s.Live.Leases == 0 {
 			break
@@ -301,9 +287,9 @@ func (d *daemon) requireLog(substr string, msgAndArgs ...any) {
 // kernel sends after close(2) has returned, so a count read right after a
 // write and close may still include the writer's. Fails after 5 s with the
 // last count.
-func (d *daemon) requireLeases(n int, msgAndArgs ...any) statsDoc {
+func (d *daemon) requireLeases(n int, msgAndArgs ...any) xattrs.Stats {
 	d.t.Helper()
-	var s statsDoc
+	var s xattrs.Stats
 	for start := time.Now(); time.Since(start) < 5*time.Second; time.Sleep(5 * time.Millisecond) {
 		if s = d.stats(); s.Live.Leases == n {
 			return s
@@ -318,7 +304,7 @@ func (d *daemon) requireLeases(n int, msgAndArgs ...any) statsDoc {
 // back at its baseline.
 func (d *daemon) requireClean() {
 	d.t.Helper()
-	var s statsDoc
+	var s xattrs.Stats
 	var used uint64
 	fds := 0
 	ok := false
@@ -330,7 +316,7 @@ func (d *daemon) requireClean() {
 		fds = d.countFDs()
 		// Fewer fds than at the start is no leak (the CUDA driver closes
 		// some of its own; idle peer connections are reaped).
-		if s.Live == (liveStats{}) && used == 0 && fds <= d.fds {
+		if s.Live == (xattrs.Live{}) && used == 0 && fds <= d.fds {
 			ok = true
 			break
 		}
@@ -406,8 +392,8 @@ func setx(t testing.TB, path, name, value string) {
 func mkTemplateDir(t testing.TB, dir, dtype, shape string) {
 	t.Helper()
 	require.NoError(t, os.Mkdir(dir, 0o755))
-	setx(t, dir, "user.tensorfs.dtype", dtype)
-	setx(t, dir, "user.tensorfs.shape", shape)
+	setx(t, dir, xattrs.DType, dtype)
+	setx(t, dir, xattrs.Shape, shape)
 }
 
 // runCmd runs a command and returns its combined output.

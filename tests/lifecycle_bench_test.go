@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // BenchmarkRevocation measures a revocation round: the unlink of a 64 KiB
@@ -30,7 +32,7 @@ func BenchmarkRevocation(b *testing.B) {
 				b.StopTimer()
 				mustNo(b, os.WriteFile(src, data, 0o644))
 				for j := 0; j < n; j++ {
-					mustNo(b, unix.Setxattr(src, "user.tensorfs.copy_to", []byte(fmt.Sprintf("i%d:/t", j)), 0))
+					mustNo(b, unix.Setxattr(src, xattrs.CopyTo, []byte(fmt.Sprintf("i%d:/t", j)), 0))
 				}
 				if got := benchStats(b, a.mnt).Live.Leases; got != n {
 					b.Fatalf("%d leases on the source, want %d", got, n)
@@ -73,10 +75,10 @@ func BenchmarkImportCache(b *testing.B) {
 				b.StopTimer()
 				mustNo(b, os.WriteFile(src, data, 0o644))
 				if hit {
-					mustNo(b, unix.Setxattr(src, "user.tensorfs.copy_to", []byte("b:/t"), 0))
+					mustNo(b, unix.Setxattr(src, xattrs.CopyTo, []byte("b:/t"), 0))
 				}
 				b.StartTimer()
-				mustNo(b, unix.Setxattr(src, "user.tensorfs.copy_to", []byte("b:/t"), 0))
+				mustNo(b, unix.Setxattr(src, xattrs.CopyTo, []byte("b:/t"), 0))
 				b.StopTimer()
 				mustNo(b, unix.Unlink(src))
 				b.StartTimer()
@@ -84,7 +86,7 @@ func BenchmarkImportCache(b *testing.B) {
 			b.StopTimer()
 			after := benchStats(b, d.mnt).Imports
 			hits, misses := after.Hits-before.Hits, after.Misses-before.Misses
-			if hit && hits != b.N || !hit && misses != b.N {
+			if hit && hits != int64(b.N) || !hit && misses != int64(b.N) {
 				b.Fatalf("%s: %d hits, %d misses in %d copies", name, hits, misses, b.N)
 			}
 		})

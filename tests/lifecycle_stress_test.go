@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // TestIPCChurnThreeDaemons: three daemons of one host push and pull the
@@ -72,13 +74,13 @@ func TestIPCChurnThreeDaemons(t *testing.T) {
 				i := r.IntN(tensors)
 				var err error
 				if r.IntN(2) == 0 {
-					err = unix.Setxattr(ds[from].path("src", fmt.Sprintf("t%d", i)), "user.tensorfs.copy_to", fmt.Appendf(nil, "%s:/in/c%d_%d", to, w, i), 0)
+					err = unix.Setxattr(ds[from].path("src", fmt.Sprintf("t%d", i)), xattrs.CopyTo, fmt.Appendf(nil, "%s:/in/c%d_%d", to, w, i), 0)
 				} else {
 					p := ds[to].path("pull", fmt.Sprintf("p%d_%d", w, i))
 					if _, serr := os.Stat(p); serr != nil {
 						os.WriteFile(p, nil, 0o644)
 					}
-					err = unix.Setxattr(p, "user.tensorfs.copy_from", fmt.Appendf(nil, "%s:/src/t%d", from, i), 0)
+					err = unix.Setxattr(p, xattrs.CopyFrom, fmt.Appendf(nil, "%s:/src/t%d", from, i), 0)
 				}
 				if !okErr(err) {
 					errs <- fmt.Errorf("copy %s->%s t%d: %w", from, to, i, err)
@@ -180,12 +182,12 @@ func TestRevokeTreeOf1000(t *testing.T) {
 	plain := time.Since(start)
 
 	mk("tree")
-	setx(t, a.path("tree"), "user.tensorfs.copy_to", "b:/tree")
+	setx(t, a.path("tree"), xattrs.CopyTo, "b:/tree")
 	// One import per allocation: per tensor on host memory; a GPU backend
 	// carves these from shared arenas.
 	allocs := map[string]bool{}
 	for i := range 1000 {
-		allocs[getx(t, a.path("tree", fmt.Sprintf("t%04d", i)), "user.tensorfs.ipc_handle")] = true
+		allocs[getx(t, a.path("tree", fmt.Sprintf("t%04d", i)), xattrs.IPCHandle)] = true
 	}
 	require.Equal(t, len(allocs), b.stats().Live.Imports)
 	a.requireLeases(1000)
@@ -221,9 +223,9 @@ func TestKillDuringIPCCopy(t *testing.T) {
 			writeTensor(t, b.path("big"), []byte("old"))
 			// A cached import and a lease channel, so the kill also ends
 			// those.
-			setx(t, a.path("small"), "user.tensorfs.copy_to", "b:/small")
+			setx(t, a.path("small"), xattrs.CopyTo, "b:/small")
 			done := make(chan error, 1)
-			go func() { done <- unix.Setxattr(b.path("big"), "user.tensorfs.copy_from", []byte("a:/big"), 0) }()
+			go func() { done <- unix.Setxattr(b.path("big"), xattrs.CopyFrom, []byte("a:/big"), 0) }()
 			require.Eventually(t, func() bool { return a.stats().Live.Pins > 0 }, 10*time.Second, time.Millisecond)
 			if victim == "exporter" {
 				a.kill()
@@ -240,7 +242,7 @@ func TestKillDuringIPCCopy(t *testing.T) {
 				require.Eventually(t, func() bool { return b.stats().Live.Imports == 0 }, 5*time.Second, 10*time.Millisecond)
 				a = a.relaunch()
 				writeTensor(t, a.path("small"), fill(4096, 2))
-				setx(t, b.path("big"), "user.tensorfs.copy_from", "a:/small")
+				setx(t, b.path("big"), xattrs.CopyFrom, "a:/small")
 				requireContent(t, b.path("big"), fill(4096, 2))
 			} else {
 				b.kill()
@@ -251,7 +253,7 @@ func TestKillDuringIPCCopy(t *testing.T) {
 				}, 5*time.Second, 10*time.Millisecond, "the dead importer's pin and leases end")
 				b = b.relaunch()
 				writeTensor(t, b.path("x"), nil)
-				setx(t, b.path("x"), "user.tensorfs.copy_from", "a:/small")
+				setx(t, b.path("x"), xattrs.CopyFrom, "a:/small")
 				requireContent(t, b.path("x"), fill(4096, 1))
 			}
 			for _, d := range []*daemon{a, b} {

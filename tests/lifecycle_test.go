@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // The IPC lifecycle between daemons of one host (DESIGN.md "Registration
@@ -44,8 +46,8 @@ func TestImportNeverStale(t *testing.T) {
 	a, b := ds["a"], ds["b"]
 	one, two := fill(64<<10, 1), fill(64<<10, 2)
 	writeTensor(t, a.path("t"), one)
-	h1 := getx(t, a.path("t"), "user.tensorfs.ipc_handle")
-	setx(t, a.path("t"), "user.tensorfs.copy_to", "b:/x")
+	h1 := getx(t, a.path("t"), xattrs.IPCHandle)
+	setx(t, a.path("t"), xattrs.CopyTo, "b:/x")
 	requireContent(t, b.path("x"), one)
 	require.Equal(t, 1, b.stats().Live.Imports)
 
@@ -58,9 +60,9 @@ func TestImportNeverStale(t *testing.T) {
 	// memfd, so the handle (the "address") is the same; the allocation id
 	// is not.
 	writeTensor(t, a.path("t"), two)
-	h2 := getx(t, a.path("t"), "user.tensorfs.ipc_handle")
+	h2 := getx(t, a.path("t"), xattrs.IPCHandle)
 	t.Logf("handle before %s, after %s (same: %v)", h1, h2, h1 == h2)
-	setx(t, a.path("t"), "user.tensorfs.copy_to", "b:/x")
+	setx(t, a.path("t"), xattrs.CopyTo, "b:/x")
 	requireContent(t, b.path("x"), two)
 	sb := b.stats()
 	require.Equal(t, 2, sb.Imports.Misses, "%+v", sb.Imports)
@@ -69,9 +71,9 @@ func TestImportNeverStale(t *testing.T) {
 	// Resized past its allocation: a new allocation, the old one revoked
 	// (b drops it before the truncate returns); the next copy sees the new
 	// size and bytes.
-	gen := getx(t, a.path("t"), "user.tensorfs.generation")
+	gen := getx(t, a.path("t"), xattrs.Generation)
 	require.NoError(t, os.Truncate(a.path("t"), 3<<20))
-	require.NotEqual(t, gen, getx(t, a.path("t"), "user.tensorfs.generation"))
+	require.NotEqual(t, gen, getx(t, a.path("t"), xattrs.Generation))
 	require.Zero(t, b.stats().Live.Imports, "the old allocation's import was revoked")
 	f, err := os.OpenFile(a.path("t"), os.O_WRONLY, 0)
 	require.NoError(t, err)
@@ -79,9 +81,9 @@ func TestImportNeverStale(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
 	want := append(append(append([]byte{}, two...), make([]byte, 3<<20-len(two)-4)...), "tail"...)
-	setx(t, a.path("t"), "user.tensorfs.copy_to", "b:/x")
+	setx(t, a.path("t"), xattrs.CopyTo, "b:/x")
 	requireContent(t, b.path("x"), want)
-	require.Equal(t, 3, b.stats().Imports.Misses)
+	require.EqualValues(t, 3, b.stats().Imports.Misses)
 
 	require.NoError(t, os.Remove(a.path("t")))
 	require.NoError(t, os.Remove(b.path("x")))
@@ -97,9 +99,9 @@ func TestRevocationReachesEveryImporter(t *testing.T) {
 	a, b, c := ds["a"], ds["b"], ds["c"]
 	data := fill(1<<20, 3)
 	writeTensor(t, a.path("t"), data)
-	setx(t, a.path("t"), "user.tensorfs.copy_to", "b:/t")
+	setx(t, a.path("t"), xattrs.CopyTo, "b:/t")
 	writeTensor(t, c.path("t"), nil)
-	setx(t, c.path("t"), "user.tensorfs.copy_from", "a:/t")
+	setx(t, c.path("t"), xattrs.CopyFrom, "a:/t")
 	requireContent(t, b.path("t"), data)
 	requireContent(t, c.path("t"), data)
 	a.requireLeases(2, "one lease per importer")
@@ -123,7 +125,7 @@ func TestKilledImporterLeasesEnd(t *testing.T) {
 	ds := sameHost(t, []string{"a", "b"}, "--revoke-timeout", "20s")
 	a, b := ds["a"], ds["b"]
 	writeTensor(t, a.path("t"), fill(256<<10, 5))
-	setx(t, a.path("t"), "user.tensorfs.copy_to", "b:/t")
+	setx(t, a.path("t"), xattrs.CopyTo, "b:/t")
 	a.requireLeases(1, "b's import")
 	b.kill()
 	require.Eventually(t, func() bool { return a.stats().Live.Leases == 0 }, 5*time.Second, 10*time.Millisecond,
@@ -143,7 +145,7 @@ func TestKilledExporterImportsDropped(t *testing.T) {
 	ds := sameHost(t, []string{"a", "b"})
 	a, b := ds["a"], ds["b"]
 	writeTensor(t, a.path("t"), fill(256<<10, 6))
-	setx(t, a.path("t"), "user.tensorfs.copy_to", "b:/t")
+	setx(t, a.path("t"), xattrs.CopyTo, "b:/t")
 	require.Equal(t, 1, b.stats().Live.Imports)
 	a.kill()
 	require.Eventually(t, func() bool { return b.stats().Live.Imports == 0 }, 5*time.Second, 10*time.Millisecond,
@@ -151,7 +153,7 @@ func TestKilledExporterImportsDropped(t *testing.T) {
 
 	a2 := a.relaunch()
 	writeTensor(t, a2.path("t"), fill(256<<10, 7))
-	setx(t, a2.path("t"), "user.tensorfs.copy_to", "b:/t")
+	setx(t, a2.path("t"), xattrs.CopyTo, "b:/t")
 	requireContent(t, b.path("t"), fill(256<<10, 7))
 	sb := b.stats()
 	require.Equal(t, 2, sb.Imports.Misses, "%+v", sb.Imports)
@@ -168,7 +170,7 @@ func TestSilentImporterBoundedRevoke(t *testing.T) {
 	ds := sameHost(t, []string{"a", "b"}, "--revoke-timeout", "1s")
 	a, b := ds["a"], ds["b"]
 	writeTensor(t, a.path("t"), fill(64<<10, 8))
-	setx(t, a.path("t"), "user.tensorfs.copy_to", "b:/t")
+	setx(t, a.path("t"), xattrs.CopyTo, "b:/t")
 	require.NoError(t, b.cmd.Process.Signal(syscall.SIGSTOP))
 	start := time.Now()
 	require.NoError(t, os.Remove(a.path("t")))
@@ -223,7 +225,7 @@ func TestResizeDuringImport(t *testing.T) {
 	} else {
 		requireContent(t, b.path("big"), []byte("old"))
 	}
-	setx(t, b.path("big"), "user.tensorfs.copy_from", "a:/big")
+	setx(t, b.path("big"), xattrs.CopyFrom, "a:/big")
 	st, err := os.Stat(b.path("big"))
 	require.NoError(t, err)
 	require.Equal(t, int64(2*n), st.Size())
@@ -241,7 +243,7 @@ func TestUnlinkWhileMapped(t *testing.T) {
 	writeTensor(t, d.path("t"), fill(1<<20, 9))
 	f, err := os.Open(d.path("t"))
 	require.NoError(t, err)
-	h := getx(t, d.path("t"), "user.tensorfs.ipc_handle")
+	h := getx(t, d.path("t"), xattrs.IPCHandle)
 	path, ok := strings.CutPrefix(h, "memfd:")
 	require.True(t, ok, h)
 	mf, err := os.Open(path)
@@ -269,7 +271,7 @@ func TestUnlinkWhileMapped(t *testing.T) {
 func pullWhilePinned(t *testing.T, a *daemon, dst, src string) chan error {
 	t.Helper()
 	done := make(chan error, 1)
-	go func() { done <- unix.Setxattr(dst, "user.tensorfs.copy_from", []byte(src), 0) }()
+	go func() { done <- unix.Setxattr(dst, xattrs.CopyFrom, []byte(src), 0) }()
 	require.Eventually(t, func() bool { return a.stats().Live.Pins > 0 || len(done) > 0 }, 10*time.Second, time.Millisecond)
 	if len(done) > 0 {
 		t.Log("the copy ended before its pin was seen")
@@ -320,7 +322,7 @@ func TestCopyCommitNotStuckBehindSourceLock(t *testing.T) {
 	copied := make(chan error, 1)
 	start := time.Now()
 	go func() {
-		err := unix.Setxattr(src, "user.tensorfs.copy_to", []byte("/dir/dst"), 0)
+		err := unix.Setxattr(src, xattrs.CopyTo, []byte("/dir/dst"), 0)
 		t.Logf("copy_to returned after %v", time.Since(start))
 		copied <- err
 	}()

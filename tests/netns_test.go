@@ -2,7 +2,6 @@ package tests
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // Two "hosts" on one kernel: a network namespace each, joined by a veth pair
@@ -159,28 +160,6 @@ func netnsPeers(t *testing.T, p *netnsPair, secret string) (a, b *daemon) {
 	return a, b
 }
 
-// recentRecords decodes stats' transfers.recent.
-func recentRecords(t *testing.T, s statsDoc) []transferRecord {
-	t.Helper()
-	var rs []transferRecord
-	for _, raw := range s.Transfers.Recent {
-		var r transferRecord
-		require.NoError(t, json.Unmarshal(raw, &r), string(raw))
-		rs = append(rs, r)
-	}
-	return rs
-}
-
-type transferRecord struct {
-	Src        string `json:"src"`
-	Dst        string `json:"dst"`
-	Path       string `json:"path"`
-	BytesDone  int64  `json:"bytes_done"`
-	BytesTotal int64  `json:"bytes_total"`
-	Tensors    int64  `json:"tensors"`
-	Error      string `json:"error"`
-}
-
 // TestNetnsPeers: two daemons on two "hosts" (network namespaces joined by a
 // veth) copy over TCP: a file and a tree pushed, a file and a tree pulled;
 // both count the copies under tcp and list them with path "tcp"; a third
@@ -222,12 +201,12 @@ func TestNetnsPeers(t *testing.T) {
 	data := fill(64*32*2, 11)
 	require.NoError(t, os.WriteFile(a.path("kv/blk"), data, 0o644))
 	require.NoError(t, os.Mkdir(b.path("kv"), 0o755))
-	setx(t, a.path("kv/blk"), "user.tensorfs.copy_to", "b:/kv/blk")
+	setx(t, a.path("kv/blk"), xattrs.CopyTo, "b:/kv/blk")
 	got, err := os.ReadFile(b.path("kv/blk"))
 	require.NoError(t, err)
 	require.Equal(t, data, got)
-	require.Equal(t, "BF16", getx(t, b.path("kv/blk"), "user.tensorfs.dtype"))
-	require.Equal(t, "64,32", getx(t, b.path("kv/blk"), "user.tensorfs.shape"))
+	require.Equal(t, "BF16", getx(t, b.path("kv/blk"), xattrs.DType))
+	require.Equal(t, "64,32", getx(t, b.path("kv/blk"), xattrs.Shape))
 
 	// Push a tree of 60 tensors of several sizes in nested directories.
 	require.NoError(t, os.Mkdir(a.path("tree"), 0o755))
@@ -239,7 +218,7 @@ func TestNetnsPeers(t *testing.T) {
 		require.NoError(t, os.MkdirAll(filepath.Dir(a.path("tree", rel)), 0o755))
 		require.NoError(t, os.WriteFile(a.path("tree", rel), content, 0o644))
 	}
-	setx(t, a.path("tree"), "user.tensorfs.copy_to", "b:/tree")
+	setx(t, a.path("tree"), xattrs.CopyTo, "b:/tree")
 	n := 0
 	require.NoError(t, filepath.Walk(b.path("tree"), func(path string, fi os.FileInfo, err error) error {
 		if err == nil && !fi.IsDir() {
@@ -259,12 +238,12 @@ func TestNetnsPeers(t *testing.T) {
 	pulled := fill(300000, 77)
 	require.NoError(t, os.WriteFile(b.path("kv/from-b"), pulled, 0o644))
 	require.NoError(t, os.WriteFile(a.path("pulled"), []byte("old bytes"), 0o644))
-	setx(t, a.path("pulled"), "user.tensorfs.copy_from", "b:/kv/from-b")
+	setx(t, a.path("pulled"), xattrs.CopyFrom, "b:/kv/from-b")
 	got, err = os.ReadFile(a.path("pulled"))
 	require.NoError(t, err)
 	require.Equal(t, pulled, got)
 	require.NoError(t, os.Mkdir(a.path("back"), 0o755))
-	setx(t, a.path("back"), "user.tensorfs.copy_from", "b:/tree")
+	setx(t, a.path("back"), xattrs.CopyFrom, "b:/tree")
 	for _, i := range []int{0, 7, 31, 59} {
 		rel, content := treeFile(i)
 		got, err := os.ReadFile(a.path("back", rel))
@@ -276,11 +255,11 @@ func TestNetnsPeers(t *testing.T) {
 	// every transfer they list went over TCP and succeeded.
 	for _, d := range []*daemon{a, b} {
 		s := d.stats()
-		require.Equal(t, 4, s.Copies["tcp"], "%s: %v", d.mnt, s.Copies)
-		require.Zero(t, s.Copies["ipc"], "%v", s.Copies)
-		require.Zero(t, s.Copies["local"], "%v", s.Copies)
+		require.EqualValues(t, 4, s.Copies.TCP, "%s: %v", d.mnt, s.Copies)
+		require.Zero(t, s.Copies.IPC, "%v", s.Copies)
+		require.Zero(t, s.Copies.Local, "%v", s.Copies)
 		require.Zero(t, s.Transfers.Active)
-		rs := recentRecords(t, s)
+		rs := s.Transfers.Recent
 		require.Len(t, rs, 4, "%+v", rs)
 		for _, r := range rs {
 			require.Equal(t, "tcp", r.Path, "%+v", r)
@@ -293,13 +272,13 @@ func TestNetnsPeers(t *testing.T) {
 	c := startNetnsDaemon(t, p.nsA, "--name", "c", "--secret-file", secretFile(t, "a wrong secret, long enough too"),
 		"--peer", fmt.Sprintf("b=%s:%d", netnsAddrB, netnsPort), "--host-id", "netns-host-c", "--timeout", "5s")
 	require.NoError(t, os.WriteFile(c.path("t"), fill(100, 1), 0o644))
-	err = unix.Setxattr(c.path("t"), "user.tensorfs.copy_to", []byte("b:/intruder"), 0)
+	err = unix.Setxattr(c.path("t"), xattrs.CopyTo, []byte("b:/intruder"), 0)
 	require.ErrorIs(t, err, syscall.EACCES)
 	_, err = os.Stat(b.path("intruder"))
 	require.ErrorIs(t, err, syscall.ENOENT, "nothing arrived")
 	require.Eventually(t, func() bool { return strings.Contains(c.log.String(), "failed to prove the shared secret") },
 		5*time.Second, 10*time.Millisecond, "c's log says why:\n%s", c.log.String())
-	require.Equal(t, 4, b.stats().Copies["tcp"])
+	require.EqualValues(t, 4, b.stats().Copies.TCP)
 	require.NoError(t, os.Remove(c.path("t")))
 	c.requireClean()
 
@@ -324,16 +303,16 @@ func TestNetnsPeerKilledMidPush(t *testing.T) {
 	require.EqualValues(t, size, base.Bytes)
 
 	done := make(chan error, 1)
-	go func() { done <- unix.Setxattr(a.path("big"), "user.tensorfs.copy_to", []byte("b:/big"), 0) }()
+	go func() { done <- unix.Setxattr(a.path("big"), xattrs.CopyTo, []byte("b:/big"), 0) }()
 	// Kill b once bytes are moving (and before they are all through).
 	moving := false
 	for deadline := time.Now().Add(10 * time.Second); !moving && time.Now().Before(deadline); {
 		select {
 		case err := <-done:
-			t.Fatalf("the 256 MiB push ended (%v) before it could be interrupted: %+v", err, recentRecords(t, a.stats()))
+			t.Fatalf("the 256 MiB push ended (%v) before it could be interrupted: %+v", err, a.stats().Transfers.Recent)
 		default:
 		}
-		for _, r := range recentRecords(t, a.stats()) {
+		for _, r := range a.stats().Transfers.Recent {
 			if r.Dst == "b:/big" && r.BytesTotal == size && r.BytesDone > 0 && r.BytesDone < size {
 				require.Equal(t, "tcp", r.Path)
 				moving = true
@@ -341,7 +320,7 @@ func TestNetnsPeerKilledMidPush(t *testing.T) {
 			}
 		}
 	}
-	require.True(t, moving, "the push never started moving bytes: %+v", recentRecords(t, a.stats()))
+	require.True(t, moving, "the push never started moving bytes: %+v", a.stats().Transfers.Recent)
 	b.kill()
 	killed := time.Now()
 	select {
@@ -353,15 +332,15 @@ func TestNetnsPeerKilledMidPush(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return a.stats().Live == base && a.stats().Transfers.Active == 0 },
 		5*time.Second, 20*time.Millisecond, "a's stats back to its baseline %+v: %+v", base, a.stats().Live)
-	var failed []transferRecord
-	for _, r := range recentRecords(t, a.stats()) {
+	var failed []xattrs.Record
+	for _, r := range a.stats().Transfers.Recent {
 		if r.Dst == "b:/big" {
 			failed = append(failed, r)
 		}
 	}
 	require.Len(t, failed, 1)
 	require.NotEmpty(t, failed[0].Error, "the failed push's record says why: %+v", failed[0])
-	require.Zero(t, a.stats().Copies["tcp"])
+	require.Zero(t, a.stats().Copies.TCP)
 
 	require.NoError(t, os.Remove(a.path("big")))
 	a.requireClean()

@@ -43,6 +43,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorfs/tensorfs/transfer"
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 const (
@@ -389,7 +390,7 @@ type peerBenchDaemon = daemon
 // are n: memory of unlinked or replaced tensors goes back asynchronously.
 func (d *peerBenchDaemon) waitLiveBytes(n int64) {
 	d.t.Helper()
-	var s statsDoc
+	var s xattrs.Stats
 	for start := time.Now(); time.Since(start) < 10*time.Second; time.Sleep(5 * time.Millisecond) {
 		if s = d.stats(); s.Live.Bytes == n {
 			return
@@ -403,12 +404,12 @@ func (d *peerBenchDaemon) waitLiveBytes(n int64) {
 func (d *peerBenchDaemon) requireTCPCopies(n int) {
 	d.t.Helper()
 	s := d.stats()
-	if s.Copies["tcp"] != n || s.Copies["local"] != 0 || s.Copies["ipc"] != 0 {
+	if s.Copies.TCP != int64(n) || s.Copies.Local != 0 || s.Copies.IPC != 0 {
 		d.t.Fatalf("copies %v, want %d over tcp and no other", s.Copies, n)
 	}
 	for _, r := range s.Transfers.Recent {
-		if !strings.Contains(string(r), `"path":"tcp"`) || !strings.Contains(string(r), `"error":""`) {
-			d.t.Fatalf("a transfer that is not a successful TCP one: %s", r)
+		if r.Path != "tcp" || r.Error != "" {
+			d.t.Fatalf("a transfer that is not a successful TCP one: %+v", r)
 		}
 	}
 }
@@ -465,8 +466,8 @@ func peerBenchStart(b *testing.B, flags ...string) *peerBenchDaemon {
 // peerBenchCopyTo sets user.tensorfs.copy_to on p; it returns when the copy
 // is complete.
 func peerBenchCopyTo(b *testing.B, p, target string) {
-	if err := unix.Setxattr(p, "user.tensorfs.copy_to", []byte(target), 0); err != nil {
-		b.Fatalf("setxattr %s user.tensorfs.copy_to=%q: %v", p, target, err)
+	if err := unix.Setxattr(p, xattrs.CopyTo, []byte(target), 0); err != nil {
+		b.Fatalf("setxattr %s %s=%q: %v", p, xattrs.CopyTo, target, err)
 	}
 }
 
@@ -474,8 +475,8 @@ func peerBenchCopyTo(b *testing.B, p, target string) {
 func peerBenchTemplateDir(b *testing.B, dir, dtype, shape string) {
 	b.Helper()
 	mustNo(b, os.Mkdir(dir, 0o755))
-	mustNo(b, unix.Setxattr(dir, "user.tensorfs.dtype", []byte(dtype), 0))
-	mustNo(b, unix.Setxattr(dir, "user.tensorfs.shape", []byte(shape), 0))
+	mustNo(b, unix.Setxattr(dir, xattrs.DType, []byte(dtype), 0))
+	mustNo(b, unix.Setxattr(dir, xattrs.Shape, []byte(shape), 0))
 }
 
 // peerBenchWriteFile creates p sized to len(data) (ftruncate, so the tensor

@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // freePort returns a loopback TCP port that was free a moment ago, below the
@@ -102,14 +104,14 @@ func TestPeerCopies(t *testing.T) {
 	require.NoError(t, os.Mkdir(b.path("kv"), 0o755))
 
 	// Push a file, then again over an existing destination of another size.
-	setx(t, a.path("kv/blk"), "user.tensorfs.copy_to", "b:/kv/blk")
+	setx(t, a.path("kv/blk"), xattrs.CopyTo, "b:/kv/blk")
 	got, err := os.ReadFile(b.path("kv/blk"))
 	require.NoError(t, err)
 	require.Equal(t, data, got)
-	require.Equal(t, "BF16", getx(t, b.path("kv/blk"), "user.tensorfs.dtype"))
-	require.Equal(t, "16,8", getx(t, b.path("kv/blk"), "user.tensorfs.shape"))
+	require.Equal(t, "BF16", getx(t, b.path("kv/blk"), xattrs.DType))
+	require.Equal(t, "16,8", getx(t, b.path("kv/blk"), xattrs.Shape))
 	require.NoError(t, os.WriteFile(b.path("kv/other"), make([]byte, 1000), 0o644))
-	setx(t, a.path("kv/blk"), "user.tensorfs.copy_to", "b:/kv/other")
+	setx(t, a.path("kv/blk"), xattrs.CopyTo, "b:/kv/other")
 	got, err = os.ReadFile(b.path("kv/other"))
 	require.NoError(t, err)
 	require.Equal(t, data, got, "replaced whatever its size")
@@ -119,7 +121,7 @@ func TestPeerCopies(t *testing.T) {
 	require.NoError(t, os.WriteFile(a.path("pulled"), []byte("old"), 0o644))
 	f, err := os.Open(a.path("pulled")) // an open reader keeps working
 	require.NoError(t, err)
-	setx(t, a.path("pulled"), "user.tensorfs.copy_from", "b:/kv/new")
+	setx(t, a.path("pulled"), xattrs.CopyFrom, "b:/kv/new")
 	got, err = os.ReadFile(a.path("pulled"))
 	require.NoError(t, err)
 	require.Equal(t, fill(64, 9), got)
@@ -132,7 +134,7 @@ func TestPeerCopies(t *testing.T) {
 		os.Mkdir(sub, 0o755)
 		require.NoError(t, os.WriteFile(filepath.Join(sub, fmt.Sprintf("t%03d", i)), fill(64, byte(i)), 0o644))
 	}
-	setx(t, a.path("tree"), "user.tensorfs.copy_to", "b:/tree")
+	setx(t, a.path("tree"), xattrs.CopyTo, "b:/tree")
 	for _, i := range []int{0, 1, 517, 999} {
 		got, err := os.ReadFile(b.path("tree", fmt.Sprintf("l%d", i%10), fmt.Sprintf("t%03d", i)))
 		require.NoError(t, err)
@@ -147,15 +149,15 @@ func TestPeerCopies(t *testing.T) {
 	})
 	require.Equal(t, 1000, n)
 	require.NoError(t, os.Mkdir(a.path("back"), 0o755))
-	setx(t, a.path("back"), "user.tensorfs.copy_from", "b:/tree")
+	setx(t, a.path("back"), xattrs.CopyFrom, "b:/tree")
 	got, err = os.ReadFile(a.path("back/l7/t517"))
 	require.NoError(t, err)
 	require.Equal(t, fill(64, byte(517%256)), got)
 
 	sa, sb := a.stats(), b.stats()
 	// a: two file pushes, a file pull, a tree push, a tree pull; b served them.
-	require.Equal(t, 5, sa.Copies["tcp"], "%v", sa.Copies)
-	require.Equal(t, 5, sb.Copies["tcp"], "%v", sb.Copies)
+	require.EqualValues(t, 5, sa.Copies.TCP, "%v", sa.Copies)
+	require.EqualValues(t, 5, sb.Copies.TCP, "%v", sb.Copies)
 	require.Zero(t, sa.Transfers.Active)
 
 	for _, d := range []*daemon{a, b} {
@@ -174,7 +176,7 @@ func TestPeerArrivalNotifies(t *testing.T) {
 	require.NoError(t, os.WriteFile(a.path("t"), fill(4096, 1), 0o644))
 	require.NoError(t, os.Mkdir(b.path("in"), 0o755))
 	events := watchDir(t, b.path("in"), unix.IN_MOVED_TO)
-	setx(t, a.path("t"), "user.tensorfs.copy_to", "b:/in/arrived")
+	setx(t, a.path("t"), xattrs.CopyTo, "b:/in/arrived")
 	names := movedTo(events(5 * time.Second))
 	require.Equal(t, []string{"arrived"}, names)
 	require.NoError(t, os.Remove(a.path("t")))
@@ -190,29 +192,29 @@ func TestLocalCopies(t *testing.T) {
 	d := startDaemon(t)
 	mkTemplateDir(t, d.path("w"), "I32", "8")
 	require.NoError(t, os.WriteFile(d.path("w/x"), fill(32, 5), 0o644))
-	setx(t, d.path("w/x"), "user.tensorfs.copy_to", "/w/y")
+	setx(t, d.path("w/x"), xattrs.CopyTo, "/w/y")
 	got, err := os.ReadFile(d.path("w/y"))
 	require.NoError(t, err)
 	require.Equal(t, fill(32, 5), got)
 	require.NoError(t, os.WriteFile(d.path("z"), nil, 0o644))
-	setx(t, d.path("z"), "user.tensorfs.copy_from", "/w/x")
+	setx(t, d.path("z"), xattrs.CopyFrom, "/w/x")
 	got, err = os.ReadFile(d.path("z"))
 	require.NoError(t, err)
 	require.Equal(t, fill(32, 5), got)
-	require.Equal(t, "I32", getx(t, d.path("z"), "user.tensorfs.dtype"))
-	setx(t, d.path("w"), "user.tensorfs.copy_to", "/w2")
+	require.Equal(t, "I32", getx(t, d.path("z"), xattrs.DType))
+	setx(t, d.path("w"), xattrs.CopyTo, "/w2")
 	got, err = os.ReadFile(d.path("w2/y"))
 	require.NoError(t, err)
 	require.Equal(t, fill(32, 5), got)
 
 	set := func(p, name, v string) error { return unix.Setxattr(p, name, []byte(v), 0) }
-	require.ErrorIs(t, set(d.path("w/x"), "user.tensorfs.copy_to", "/w/x"), syscall.EINVAL)
-	require.ErrorIs(t, set(d.path("w/x"), "user.tensorfs.copy_from", "/w/x"), syscall.EINVAL)
-	require.ErrorIs(t, set(d.path("w"), "user.tensorfs.copy_to", "/w/sub"), syscall.EINVAL)
-	require.ErrorIs(t, set(d.path("w/x"), "user.tensorfs.copy_to", "/w2"), syscall.EISDIR)
-	require.ErrorIs(t, set(d.path("w/x"), "user.tensorfs.copy_to", "/missing/x"), syscall.ENOENT)
-	require.ErrorIs(t, set(d.path("z"), "user.tensorfs.copy_from", "/missing"), syscall.ENOENT)
-	require.Equal(t, 3, d.stats().Copies["local"])
+	require.ErrorIs(t, set(d.path("w/x"), xattrs.CopyTo, "/w/x"), syscall.EINVAL)
+	require.ErrorIs(t, set(d.path("w/x"), xattrs.CopyFrom, "/w/x"), syscall.EINVAL)
+	require.ErrorIs(t, set(d.path("w"), xattrs.CopyTo, "/w/sub"), syscall.EINVAL)
+	require.ErrorIs(t, set(d.path("w/x"), xattrs.CopyTo, "/w2"), syscall.EISDIR)
+	require.ErrorIs(t, set(d.path("w/x"), xattrs.CopyTo, "/missing/x"), syscall.ENOENT)
+	require.ErrorIs(t, set(d.path("z"), xattrs.CopyFrom, "/missing"), syscall.ENOENT)
+	require.EqualValues(t, 3, d.stats().Copies.Local)
 	for _, p := range []string{"w", "w2", "z"} {
 		require.NoError(t, os.RemoveAll(d.path(p)))
 	}
@@ -227,7 +229,7 @@ func TestPeerRefusals(t *testing.T) {
 	a := startDaemon(t, "--name", "a", "--secret-file", secretFile(t, "a wrong secret, also long enough"),
 		"--peer", fmt.Sprintf("b=127.0.0.1:%d", pb), "--peer", fmt.Sprintf("down=127.0.0.1:%d", freePort(t)), "--timeout", "2s")
 	require.NoError(t, os.WriteFile(a.path("t"), fill(100, 1), 0o644))
-	set := func(v string) error { return unix.Setxattr(a.path("t"), "user.tensorfs.copy_to", []byte(v), 0) }
+	set := func(v string) error { return unix.Setxattr(a.path("t"), xattrs.CopyTo, []byte(v), 0) }
 	require.ErrorIs(t, set("b:/t"), syscall.EACCES)
 	require.ErrorIs(t, set("nobody:/t"), syscall.ENOENT)
 	require.ErrorIs(t, set("down:/t"), syscall.ECONNREFUSED)
@@ -283,16 +285,16 @@ func TestPeerKilledMidCopy(t *testing.T) {
 			start := time.Now()
 			go func() {
 				if victim == "destination" {
-					done <- unix.Setxattr(a.path("big"), "user.tensorfs.copy_to", []byte("b:/big"), 0)
+					done <- unix.Setxattr(a.path("big"), xattrs.CopyTo, []byte("b:/big"), 0)
 				} else {
-					done <- unix.Setxattr(a.path("keep"), "user.tensorfs.copy_from", []byte("b:/big"), 0)
+					done <- unix.Setxattr(a.path("keep"), xattrs.CopyFrom, []byte("b:/big"), 0)
 				}
 			}()
 			// Kill b once bytes are moving.
 			require.Eventually(t, func() bool {
 				s := a.stats()
 				for _, r := range s.Transfers.Recent {
-					if strings.Contains(string(r), `"bytes_done":0,`) {
+					if r.BytesDone == 0 {
 						return false
 					}
 				}
@@ -339,7 +341,7 @@ func TestBatch(t *testing.T) {
 		lines = append(lines, fmt.Sprintf("/kv/%d %s:/batch/%d", i, peer, i))
 	}
 	lines = append(lines, "/kv/0 /local0")
-	setx(t, a.mnt, "user.tensorfs.batch", strings.Join(lines, "\n"))
+	setx(t, a.mnt, xattrs.Batch, strings.Join(lines, "\n"))
 	for i := 0; i < 20; i++ {
 		peer := ds["b"]
 		if i%2 == 1 {
@@ -352,7 +354,7 @@ func TestBatch(t *testing.T) {
 	got, err := os.ReadFile(a.path("local0"))
 	require.NoError(t, err)
 	require.Equal(t, fill(100, 0), got)
-	require.Equal(t, 2, a.stats().Copies["tcp"], "one transfer per peer")
+	require.EqualValues(t, 2, a.stats().Copies.TCP, "one transfer per peer")
 	os.RemoveAll(a.path("kv"))
 	os.Remove(a.path("local0"))
 	for _, n := range []string{"b", "c"} {
@@ -373,14 +375,14 @@ func TestPeerIPCSameHost(t *testing.T) {
 	b := startDaemon(t, append([]string{"--name", "b", "--listen", fmt.Sprintf("127.0.0.1:%d", pb), "--peer", fmt.Sprintf("a=127.0.0.1:%d", pa)}, common...)...)
 	data := fill(3<<20+17, 4)
 	require.NoError(t, os.WriteFile(a.path("t"), data, 0o644))
-	setx(t, a.path("t"), "user.tensorfs.copy_to", "b:/t")
+	setx(t, a.path("t"), xattrs.CopyTo, "b:/t")
 	got, err := os.ReadFile(b.path("t"))
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(data, got))
 
 	require.NoError(t, os.WriteFile(b.path("u"), fill(5000, 8), 0o644))
 	require.NoError(t, os.WriteFile(a.path("u"), nil, 0o644))
-	setx(t, a.path("u"), "user.tensorfs.copy_from", "b:/u")
+	setx(t, a.path("u"), xattrs.CopyFrom, "b:/u")
 	got, err = os.ReadFile(a.path("u"))
 	require.NoError(t, err)
 	require.Equal(t, fill(5000, 8), got)
@@ -389,30 +391,30 @@ func TestPeerIPCSameHost(t *testing.T) {
 	for i := 0; i < 50; i++ {
 		require.NoError(t, os.WriteFile(a.path("tree", fmt.Sprint(i)), fill(128, byte(i)), 0o644))
 	}
-	setx(t, a.path("tree"), "user.tensorfs.copy_to", "b:/tree")
+	setx(t, a.path("tree"), xattrs.CopyTo, "b:/tree")
 	got, err = os.ReadFile(b.path("tree/42"))
 	require.NoError(t, err)
 	require.Equal(t, fill(128, 42), got)
 
 	// Leases are exact once the writers' handles are released (after close).
 	sa, sb := a.requireLeases(51, "b's imports of t and the 50 tree tensors"), b.requireLeases(1, "a's import of u")
-	require.Equal(t, 3, sa.Copies["ipc"], "%v", sa.Copies)
-	require.Zero(t, sa.Copies["tcp"], "%v", sa.Copies)
-	require.Equal(t, 3, sb.Copies["ipc"], "%v", sb.Copies)
+	require.EqualValues(t, 3, sa.Copies.IPC, "%v", sa.Copies)
+	require.Zero(t, sa.Copies.TCP, "%v", sa.Copies)
+	require.EqualValues(t, 3, sb.Copies.IPC, "%v", sb.Copies)
 	require.Zero(t, sa.Live.Pins, "pins end with the copy")
-	for _, st := range []statsDoc{sa, sb} {
+	for _, st := range []xattrs.Stats{sa, sb} {
 		require.Zero(t, st.Transfers.Active, "every transfer record ended")
 		for _, r := range st.Transfers.Recent {
-			require.Contains(t, string(r), `"path":"ipc"`, "no record of another path: %s", r)
+			require.Equal(t, "ipc", r.Path, "no record of another path: %+v", r)
 		}
 	}
 	// Imports stay cached, leased by their exporter, one import per
 	// allocation (on host memory one per tensor; a GPU backend carves small
 	// tensors from shared arenas): b holds those of t and the 50 tree
 	// tensors of a, a holds u's of b. Leases are per export (tensor).
-	allocs := map[string]bool{getx(t, a.path("t"), "user.tensorfs.ipc_handle"): true}
+	allocs := map[string]bool{getx(t, a.path("t"), xattrs.IPCHandle): true}
 	for i := 0; i < 50; i++ {
-		allocs[getx(t, a.path("tree", fmt.Sprint(i)), "user.tensorfs.ipc_handle")] = true
+		allocs[getx(t, a.path("tree", fmt.Sprint(i)), xattrs.IPCHandle)] = true
 	}
 	require.Equal(t, len(allocs), sb.Live.Imports, "%+v", sb.Live)
 	require.Equal(t, 1, sa.Live.Imports, "%+v", sa.Live)
@@ -427,7 +429,7 @@ func TestPeerIPCSameHost(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
 	copy(data[100:], "fresh")
-	setx(t, a.path("t"), "user.tensorfs.copy_to", "b:/t2")
+	setx(t, a.path("t"), xattrs.CopyTo, "b:/t2")
 	got, err = os.ReadFile(b.path("t2"))
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(data, got))
@@ -462,10 +464,10 @@ func TestPeerSourceUnlinkedDuringCopy(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
 	done := make(chan error, 1)
-	go func() { done <- unix.Setxattr(src, "user.tensorfs.copy_to", []byte("b:/big"), 0) }()
+	go func() { done <- unix.Setxattr(src, xattrs.CopyTo, []byte("b:/big"), 0) }()
 	require.Eventually(t, func() bool {
 		for _, r := range a.stats().Transfers.Recent {
-			if strings.Contains(string(r), `"dst":"b:/big"`) && !strings.Contains(string(r), `"bytes_done":0,`) {
+			if r.Dst == "b:/big" && r.BytesDone != 0 {
 				return true
 			}
 		}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // asUser runs a command as uid (and gid) uid and returns its combined
@@ -66,33 +68,33 @@ func TestPermissions(t *testing.T) {
 	require.NoError(t, os.WriteFile(secret, []byte("k"), 0o600))
 	require.NoError(t, os.WriteFile(shared, []byte("k"), 0o644))
 
-	out, err = asNobody("getfattr", "--only-values", "-n", "user.tensorfs.ipc_handle", shared)
+	out, err = asNobody("getfattr", "--only-values", "-n", xattrs.IPCHandle, shared)
 	require.NoError(t, err, out)
 	require.Contains(t, out, "memfd:/proc/")
-	out, err = asNobody("getfattr", "--only-values", "-n", "user.tensorfs.ipc_handle", secret)
+	out, err = asNobody("getfattr", "--only-values", "-n", xattrs.IPCHandle, secret)
 	require.Error(t, err)
 	require.Contains(t, out, "Permission denied")
 	out, err = asNobody("cat", secret)
 	require.Error(t, err, out)
 
 	// Writing an xattr (an action, a dtype) needs write permission.
-	out, err = asNobody("setfattr", "-n", "user.tensorfs.dtype", "-v", "I8", shared)
+	out, err = asNobody("setfattr", "-n", xattrs.DType, "-v", "I8", shared)
 	require.Error(t, err)
 	require.Contains(t, out, "Permission denied")
-	require.Equal(t, "U8", getx(t, shared, "user.tensorfs.dtype"))
-	out, err = asNobody("setfattr", "-n", "user.tensorfs.shape", "-v", "4", d.mnt)
+	require.Equal(t, "U8", getx(t, shared, xattrs.DType))
+	out, err = asNobody("setfattr", "-n", xattrs.Shape, "-v", "4", d.mnt)
 	require.Error(t, err, "the root directory is 0755 root: %s", out)
 	out, err = asNobody("touch", d.path("intruder"))
 	require.Error(t, err, out)
 
 	// chmod and chown are kept and enforced.
 	require.NoError(t, os.Chmod(secret, 0o644))
-	out, err = asNobody("getfattr", "--only-values", "-n", "user.tensorfs.ipc_handle", secret)
+	out, err = asNobody("getfattr", "--only-values", "-n", xattrs.IPCHandle, secret)
 	require.NoError(t, err, out)
 	require.NoError(t, os.Chown(shared, 65534, 65534))
-	out, err = asNobody("setfattr", "-n", "user.tensorfs.dtype", "-v", "I8", shared)
+	out, err = asNobody("setfattr", "-n", xattrs.DType, "-v", "I8", shared)
 	require.NoError(t, err, out)
-	require.Equal(t, "I8", getx(t, shared, "user.tensorfs.dtype"))
+	require.Equal(t, "I8", getx(t, shared, xattrs.DType))
 	var st unix.Stat_t
 	require.NoError(t, unix.Stat(shared, &st))
 	require.EqualValues(t, 65534, st.Uid)

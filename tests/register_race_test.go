@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // TestRegisterRaces: register races open, read, unlink, recreation and
@@ -56,7 +58,7 @@ func TestRegisterRaces(t *testing.T) {
 			if i%2 == 1 {
 				v += "@4096+8192"
 			}
-			return unix.Setxattr(p, "user.tensorfs.register", []byte(v), 0)
+			return unix.Setxattr(p, xattrs.Register, []byte(v), 0)
 		})
 		loop("read", func(int) error {
 			got, err := os.ReadFile(p)
@@ -79,9 +81,9 @@ func TestRegisterRaces(t *testing.T) {
 		})
 		loop("copy", func(i int) error {
 			if i%2 == 0 {
-				return unix.Setxattr(p, "user.tensorfs.copy_to", fmt.Appendf(nil, "/out/c%d", k), 0)
+				return unix.Setxattr(p, xattrs.CopyTo, fmt.Appendf(nil, "/out/c%d", k), 0)
 			}
-			return unix.Setxattr(p, "user.tensorfs.copy_to", fmt.Appendf(nil, "b:/c%d", k), 0)
+			return unix.Setxattr(p, xattrs.CopyTo, fmt.Appendf(nil, "b:/c%d", k), 0)
 		})
 	}
 	wg.Wait()
@@ -90,12 +92,12 @@ func TestRegisterRaces(t *testing.T) {
 		t.Error(err)
 	}
 	// A file that outlives its owner keeps the memory (the daemon's own fd).
-	setx(t, files[0], "user.tensorfs.register", o.handle(-1))
+	setx(t, files[0], xattrs.Register, o.handle(-1))
 	o.close()
 	got, err := os.ReadFile(files[0])
 	require.NoError(t, err)
 	require.Equal(t, want, got)
-	setx(t, files[0], "user.tensorfs.copy_to", "b:/after")
+	setx(t, files[0], xattrs.CopyTo, "b:/after")
 	got, err = os.ReadFile(b.path("after"))
 	require.NoError(t, err)
 	require.Equal(t, want, got)

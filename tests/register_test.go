@@ -15,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // ownerScript is the process that owns the memory: it creates a memfd of
@@ -179,18 +181,18 @@ func TestRegisterMemfd(t *testing.T) {
 	whole, part := d.path("whole"), d.path("part")
 	mkEmpty(t, whole)
 	mkEmpty(t, part)
-	setx(t, whole, "user.tensorfs.register", o.handle(-1))
-	setx(t, part, "user.tensorfs.register", o.handle(-1)+"@4096+8192")
+	setx(t, whole, xattrs.Register, o.handle(-1))
+	setx(t, part, xattrs.Register, o.handle(-1)+"@4096+8192")
 
-	require.Equal(t, strconv.Itoa(size), getx(t, whole, "user.tensorfs.nbytes"))
-	require.Equal(t, "U8", getx(t, whole, "user.tensorfs.dtype"))
-	require.Equal(t, strconv.Itoa(size), getx(t, whole, "user.tensorfs.shape"))
-	require.Equal(t, "8192", getx(t, part, "user.tensorfs.nbytes"))
-	require.Equal(t, "4096", getx(t, part, "user.tensorfs.ipc_offset"))
-	require.Equal(t, "0", getx(t, whole, "user.tensorfs.ipc_offset"))
-	require.NotEqual(t, getx(t, whole, "user.tensorfs.mr_id"), getx(t, part, "user.tensorfs.mr_id"))
-	require.NotEqual(t, getx(t, whole, "user.tensorfs.ipc_id"), getx(t, part, "user.tensorfs.ipc_id"))
-	h := getx(t, whole, "user.tensorfs.ipc_handle")
+	require.Equal(t, strconv.Itoa(size), getx(t, whole, xattrs.NBytes))
+	require.Equal(t, "U8", getx(t, whole, xattrs.DType))
+	require.Equal(t, strconv.Itoa(size), getx(t, whole, xattrs.Shape))
+	require.Equal(t, "8192", getx(t, part, xattrs.NBytes))
+	require.Equal(t, "4096", getx(t, part, xattrs.IPCOffset))
+	require.Equal(t, "0", getx(t, whole, xattrs.IPCOffset))
+	require.NotEqual(t, getx(t, whole, xattrs.MRID), getx(t, part, xattrs.MRID))
+	require.NotEqual(t, getx(t, whole, xattrs.IPCID), getx(t, part, xattrs.IPCID))
+	h := getx(t, whole, xattrs.IPCHandle)
 	require.True(t, strings.HasPrefix(h, fmt.Sprintf("memfd:/proc/%d/fd/", d.cmd.Process.Pid)), "the daemon's own fd: %s", h)
 	st, err := os.Stat(whole)
 	require.NoError(t, err)
@@ -221,18 +223,18 @@ func TestRegisterMemfd(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorIs(t, unix.Fallocate(int(fa.Fd()), 0, 0, 9000), syscall.EPERM)
 	require.NoError(t, fa.Close())
-	setx(t, part, "user.tensorfs.shape", "64,128") // a reshape keeping nbytes
-	setx(t, part, "user.tensorfs.dtype", "F32")
-	require.Equal(t, "64,32", getx(t, part, "user.tensorfs.shape"))
+	setx(t, part, xattrs.Shape, "64,128") // a reshape keeping nbytes
+	setx(t, part, xattrs.DType, "F32")
+	require.Equal(t, "64,32", getx(t, part, xattrs.Shape))
 	want := ownerBytes(0, size)
 	copy(want[4106:], "hello")
 
 	// A local copy and a peer copy are the daemon's own memory.
-	setx(t, whole, "user.tensorfs.copy_to", "/copy")
+	setx(t, whole, xattrs.CopyTo, "/copy")
 	got, err = os.ReadFile(d.path("copy"))
 	require.NoError(t, err)
 	require.Equal(t, want, got)
-	setx(t, whole, "user.tensorfs.copy_to", "b:/copy")
+	setx(t, whole, xattrs.CopyTo, "b:/copy")
 	got, err = os.ReadFile(b.path("copy"))
 	require.NoError(t, err)
 	require.Equal(t, want, got)
@@ -256,7 +258,7 @@ func TestRegisterBadInput(t *testing.T) {
 	p := d.path("t")
 	mkEmpty(t, p)
 	base := d.settledLive()
-	reg := func(v string) func() error { return setErr(p, "user.tensorfs.register", v) }
+	reg := func(v string) func() error { return setErr(p, xattrs.Register, v) }
 	for _, bad := range []string{"", "x", "memfd:", "memfd:/proc/x/fd/3", "memfd:/proc/1/fd/", "memfd:/proc/1/fd/3/", "memfd:/tmp/a",
 		"memfd:proc/1/fd/3", "memfd:/proc/-1/fd/3", "memfd:/proc/+1/fd/3", "nvme:1", "cuda:00",
 		o.handle(-1) + "@", o.handle(-1) + "@1", o.handle(-1) + "@1+0", o.handle(-1) + "@-1+5", o.handle(-1) + "@a+b", o.handle(-1) + "@1+2+3",
@@ -272,22 +274,22 @@ func TestRegisterBadInput(t *testing.T) {
 	require.Equal(t, "ok", o.do(fmt.Sprintf("close %d", mfd)))
 	requireErrnoNoChange(t, p, syscall.ENOENT, "a missing fd", reg(o.handle(999)))
 	requireErrnoNoChange(t, p, syscall.ENOENT, "a missing pid", reg("memfd:/proc/999999999/fd/3"))
-	requireErrnoNoChange(t, d.mnt, syscall.EINVAL, "on a directory", setErr(d.mnt, "user.tensorfs.register", o.handle(-1)))
+	requireErrnoNoChange(t, d.mnt, syscall.EINVAL, "on a directory", setErr(d.mnt, xattrs.Register, o.handle(-1)))
 
 	// An allocated tensor is replaced only when nothing has it open.
 	f, err := os.Open(other)
 	require.NoError(t, err)
-	requireErrnoNoChange(t, other, syscall.EBUSY, "an open handle", setErr(other, "user.tensorfs.register", o.handle(-1)))
+	requireErrnoNoChange(t, other, syscall.EBUSY, "an open handle", setErr(other, xattrs.Register, o.handle(-1)))
 	require.NoError(t, f.Close())
 	d.settledLive()
-	mr := getx(t, other, "user.tensorfs.mr_id")
-	setx(t, other, "user.tensorfs.register", o.handle(-1)+"@0+16")
-	require.Equal(t, "1", getx(t, other, "user.tensorfs.generation"))
-	require.NotEqual(t, mr, getx(t, other, "user.tensorfs.mr_id"))
+	mr := getx(t, other, xattrs.MRID)
+	setx(t, other, xattrs.Register, o.handle(-1)+"@0+16")
+	require.Equal(t, "1", getx(t, other, xattrs.Generation))
+	require.NotEqual(t, mr, getx(t, other, xattrs.MRID))
 	got, err := os.ReadFile(other)
 	require.NoError(t, err)
 	require.Equal(t, ownerBytes(0, 16), got)
-	_, err = getxErr(p, "user.tensorfs.register")
+	_, err = getxErr(p, xattrs.Register)
 	require.ErrorIs(t, err, syscall.ENODATA, "register is write-only")
 
 	require.NoError(t, os.Remove(other))
@@ -311,14 +313,14 @@ func TestRegisterPermission(t *testing.T) {
 	require.NoError(t, os.Chmod(p, 0o666))
 
 	before := snapshot(t, p)
-	out, err := asNobody("setfattr", "-n", "user.tensorfs.register", "-v", rootOwner.handle(-1), p)
+	out, err := asNobody("setfattr", "-n", xattrs.Register, "-v", rootOwner.handle(-1), p)
 	require.Error(t, err)
 	require.Contains(t, out, "Permission denied")
 	require.Equal(t, before, snapshot(t, p), "a refused register changes nothing")
 
-	out, err = asNobody("setfattr", "-n", "user.tensorfs.register", "-v", theirs.handle(-1), p)
+	out, err = asNobody("setfattr", "-n", xattrs.Register, "-v", theirs.handle(-1), p)
 	require.NoError(t, err, out)
-	require.Equal(t, "4096", getx(t, p, "user.tensorfs.nbytes"))
+	require.Equal(t, "4096", getx(t, p, xattrs.NBytes))
 	got, err := os.ReadFile(p)
 	require.NoError(t, err)
 	require.Equal(t, ownerBytes(0, 4096), got)
@@ -326,7 +328,7 @@ func TestRegisterPermission(t *testing.T) {
 	// Root may register anything.
 	q := d.path("root")
 	mkEmpty(t, q)
-	setx(t, q, "user.tensorfs.register", theirs.handle(-1)+"@0+100")
+	setx(t, q, xattrs.Register, theirs.handle(-1)+"@0+100")
 	require.NoError(t, os.Remove(p))
 	require.NoError(t, os.Remove(q))
 	d.requireClean()
@@ -340,7 +342,7 @@ func TestRegisterShrunk(t *testing.T) {
 	o := startOwner(t, 65536, nil)
 	p := d.path("t")
 	mkEmpty(t, p)
-	setx(t, p, "user.tensorfs.register", o.handle(-1))
+	setx(t, p, xattrs.Register, o.handle(-1))
 	require.Equal(t, "ok", o.do("shrink 100"))
 	_, err := os.ReadFile(p)
 	require.ErrorIs(t, err, syscall.EIO)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tensorfs/tensorfs/dtype"
 	"github.com/tensorfs/tensorfs/safetensors"
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 const stMetadataXattr = "user.safetensors.metadata"
@@ -135,9 +136,9 @@ func stCheckImported(t *testing.T, dir string, raw []byte) {
 	for _, ts := range h.Tensors {
 		want = append(want, ts.Name)
 		p := filepath.Join(dir, filepath.FromSlash(ts.Name))
-		require.Equal(t, string(ts.DType), getx(t, p, "user.tensorfs.dtype"), ts.Name)
-		require.Equal(t, ts.Shape.String(), getx(t, p, "user.tensorfs.shape"), ts.Name)
-		require.Equal(t, ts.Size(), mustAtoi(t, getx(t, p, "user.tensorfs.nbytes")), ts.Name)
+		require.Equal(t, string(ts.DType), getx(t, p, xattrs.DType), ts.Name)
+		require.Equal(t, ts.Shape.String(), getx(t, p, xattrs.Shape), ts.Name)
+		require.Equal(t, ts.Size(), mustAtoi(t, getx(t, p, xattrs.NBytes)), ts.Name)
 		got, err := os.ReadFile(p)
 		require.NoError(t, err)
 		require.True(t, bytes.Equal(stData(raw, h, ts), got), "bytes of %s", ts.Name)
@@ -240,7 +241,7 @@ func stRoundTrip(t *testing.T, d *daemon, src string, raw []byte, dir string) {
 		b, err := os.ReadFile(filepath.Join(again, p))
 		require.NoError(t, err)
 		require.True(t, bytes.Equal(a, b), ts.Name)
-		require.Equal(t, getx(t, filepath.Join(dir, p), "user.tensorfs.shape"), getx(t, filepath.Join(again, p), "user.tensorfs.shape"))
+		require.Equal(t, getx(t, filepath.Join(dir, p), xattrs.Shape), getx(t, filepath.Join(again, p), xattrs.Shape))
 	}
 	require.NoError(t, os.RemoveAll(dir))
 	require.NoError(t, os.RemoveAll(again))
@@ -467,12 +468,12 @@ func TestSafetensorsExportSizeMismatch(t *testing.T) {
 	good, bad := filepath.Join(src, "good"), filepath.Join(src, "bad")
 	require.NoError(t, os.WriteFile(good, make([]byte, 16), 0o644))
 	require.NoError(t, os.WriteFile(bad, make([]byte, 10), 0o644))
-	if err := syscall.Setxattr(good, "user.tensorfs.dtype", []byte("F32"), 0); errors.Is(err, syscall.ENOTSUP) {
+	if err := syscall.Setxattr(good, xattrs.DType, []byte("F32"), 0); errors.Is(err, syscall.ENOTSUP) {
 		t.Skipf("the local filesystem under %s has no user xattrs", src)
 	}
 	for _, p := range []string{good, bad} {
-		setx(t, p, "user.tensorfs.dtype", "F32")
-		setx(t, p, "user.tensorfs.shape", "2,2")
+		setx(t, p, xattrs.DType, "F32")
+		setx(t, p, xattrs.Shape, "2,2")
 	}
 	for _, out := range []string{d.path("out.safetensors"), filepath.Join(t.TempDir(), "out.safetensors")} {
 		_, stderr, code := stRun(t, "export", src, out)

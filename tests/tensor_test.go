@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // TestTemplateCreate: a file created in a templated directory is allocated and
@@ -19,7 +21,7 @@ func TestTemplateCreate(t *testing.T) {
 	d := startDaemon(t, "--device", "host") // checks memfd handles and exact bytes
 	kv := d.path("kv")
 	mkTemplateDir(t, kv, "bfloat16", "16,8,128")
-	require.Equal(t, "BF16", getx(t, kv, "user.tensorfs.dtype"), "torch spelling stored canonically")
+	require.Equal(t, "BF16", getx(t, kv, xattrs.DType), "torch spelling stored canonically")
 
 	f, err := os.Create(kv + "/b0")
 	require.NoError(t, err)
@@ -27,17 +29,17 @@ func TestTemplateCreate(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 16*8*128*2, st.Size())
 	p := kv + "/b0"
-	require.Equal(t, "BF16", getx(t, p, "user.tensorfs.dtype"))
-	require.Equal(t, "16,8,128", getx(t, p, "user.tensorfs.shape"))
-	require.Equal(t, "host", getx(t, p, "user.tensorfs.device"))
-	require.Equal(t, "32768", getx(t, p, "user.tensorfs.nbytes"))
-	require.Equal(t, "0", getx(t, p, "user.tensorfs.generation"))
-	require.Equal(t, "0", getx(t, p, "user.tensorfs.ipc_offset"))
-	mr1, err := strconv.ParseUint(getx(t, p, "user.tensorfs.mr_id"), 10, 64)
+	require.Equal(t, "BF16", getx(t, p, xattrs.DType))
+	require.Equal(t, "16,8,128", getx(t, p, xattrs.Shape))
+	require.Equal(t, "host", getx(t, p, xattrs.Device))
+	require.Equal(t, "32768", getx(t, p, xattrs.NBytes))
+	require.Equal(t, "0", getx(t, p, xattrs.Generation))
+	require.Equal(t, "0", getx(t, p, xattrs.IPCOffset))
+	mr1, err := strconv.ParseUint(getx(t, p, xattrs.MRID), 10, 64)
 	require.NoError(t, err)
-	_, err = strconv.ParseUint(getx(t, p, "user.tensorfs.ipc_id"), 10, 64)
+	_, err = strconv.ParseUint(getx(t, p, xattrs.IPCID), 10, 64)
 	require.NoError(t, err)
-	h := getx(t, p, "user.tensorfs.ipc_handle")
+	h := getx(t, p, xattrs.IPCHandle)
 	require.True(t, strings.HasPrefix(h, "memfd:/proc/"), h)
 
 	// The handle maps the same memory: a write through the file shows there.
@@ -51,16 +53,16 @@ func TestTemplateCreate(t *testing.T) {
 	setx(t, p, "user.model", "llama-3-8b")
 	names := listx(t, p)
 	for _, n := range []string{"dtype", "shape", "device", "nbytes", "generation", "mr_id", "ipc_id", "ipc_handle", "ipc_offset"} {
-		require.Contains(t, names, "user.tensorfs."+n)
+		require.Contains(t, names, xattrs.Prefix+n)
 	}
 	require.Contains(t, names, "user.model")
 	require.Equal(t, "llama-3-8b", getx(t, p, "user.model"))
 
 	// mkdir copies the template; a second file gets a new, never-reused id.
 	require.NoError(t, os.Mkdir(kv+"/sub", 0o755))
-	require.Equal(t, "16,8,128", getx(t, kv+"/sub", "user.tensorfs.shape"))
+	require.Equal(t, "16,8,128", getx(t, kv+"/sub", xattrs.Shape))
 	require.NoError(t, os.WriteFile(kv+"/sub/b1", nil, 0o644))
-	mr2, _ := strconv.ParseUint(getx(t, kv+"/sub/b1", "user.tensorfs.mr_id"), 10, 64)
+	mr2, _ := strconv.ParseUint(getx(t, kv+"/sub/b1", xattrs.MRID), 10, 64)
 	require.Greater(t, mr2, mr1)
 
 	s := d.requireLeases(1, "the open file is a lease (b1's writer has closed)")
@@ -92,29 +94,29 @@ func TestFirstSizingAllocates(t *testing.T) {
 			return unix.Fallocate(int(f.Fd()), 0, 0, 1000)
 		},
 		"write": func(p string) error { return os.WriteFile(p, make([]byte, 1000), 0) },
-		"shape": func(p string) error { return unix.Setxattr(p, "user.tensorfs.shape", []byte("1000"), 0) },
+		"shape": func(p string) error { return unix.Setxattr(p, xattrs.Shape, []byte("1000"), 0) },
 	}
 	for name, size := range sizings {
 		p := d.path(name)
 		require.NoError(t, os.WriteFile(p, nil, 0o644))
-		_, err := getxErr(p, "user.tensorfs.mr_id")
+		_, err := getxErr(p, xattrs.MRID)
 		require.ErrorIs(t, err, syscall.ENODATA, "%s: no mr_id before sizing", name)
-		require.Equal(t, "0", getx(t, p, "user.tensorfs.nbytes"))
+		require.Equal(t, "0", getx(t, p, xattrs.NBytes))
 		require.NoError(t, size(p), name)
 		st, err := os.Stat(p)
 		require.NoError(t, err)
 		require.EqualValues(t, 1000, st.Size(), name)
-		require.Equal(t, "1000", getx(t, p, "user.tensorfs.nbytes"), name)
-		require.Equal(t, "U8", getx(t, p, "user.tensorfs.dtype"), name)
-		require.Equal(t, "1000", getx(t, p, "user.tensorfs.shape"), name)
-		getx(t, p, "user.tensorfs.mr_id")
+		require.Equal(t, "1000", getx(t, p, xattrs.NBytes), name)
+		require.Equal(t, "U8", getx(t, p, xattrs.DType), name)
+		require.Equal(t, "1000", getx(t, p, xattrs.Shape), name)
+		getx(t, p, xattrs.MRID)
 		require.NoError(t, os.Remove(p))
 	}
 	// dtype before shape: F32 [10, 4] is 160 bytes.
 	p := d.path("f32")
 	require.NoError(t, os.WriteFile(p, nil, 0o644))
-	setx(t, p, "user.tensorfs.dtype", "float32")
-	setx(t, p, "user.tensorfs.shape", "10,4")
+	setx(t, p, xattrs.DType, "float32")
+	setx(t, p, xattrs.Shape, "10,4")
 	st, err := os.Stat(p)
 	require.NoError(t, err)
 	require.EqualValues(t, 160, st.Size(), "stat right after the xattr shows the new size")
@@ -129,14 +131,14 @@ func TestResizeIDs(t *testing.T) {
 	d := startDaemon(t)
 	p := d.path("t")
 	require.NoError(t, os.WriteFile(p, []byte("0123456789"), 0o644))
-	mr0 := getx(t, p, "user.tensorfs.mr_id")
-	ipc0 := getx(t, p, "user.tensorfs.ipc_id")
+	mr0 := getx(t, p, xattrs.MRID)
+	ipc0 := getx(t, p, xattrs.IPCID)
 	require.NoError(t, os.Truncate(p, 4))
-	require.Equal(t, mr0, getx(t, p, "user.tensorfs.mr_id"))
+	require.Equal(t, mr0, getx(t, p, xattrs.MRID))
 	require.NoError(t, os.Truncate(p, 4096))
-	require.NotEqual(t, mr0, getx(t, p, "user.tensorfs.mr_id"))
-	require.NotEqual(t, ipc0, getx(t, p, "user.tensorfs.ipc_id"))
-	require.Equal(t, "1", getx(t, p, "user.tensorfs.generation"))
+	require.NotEqual(t, mr0, getx(t, p, xattrs.MRID))
+	require.NotEqual(t, ipc0, getx(t, p, xattrs.IPCID))
+	require.Equal(t, "1", getx(t, p, xattrs.Generation))
 	data, err := os.ReadFile(p)
 	require.NoError(t, err)
 	require.Equal(t, append([]byte("0123"), make([]byte, 4092)...), data, "kept bytes, zeros after")
@@ -151,7 +153,7 @@ func TestResizeIDs(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.NoError(t, f.Close())
-	gen, _ := strconv.Atoi(getx(t, d.path("log"), "user.tensorfs.generation"))
+	gen, _ := strconv.Atoi(getx(t, d.path("log"), xattrs.Generation))
 	require.LessOrEqual(t, gen, 8, "appends must over-allocate geometrically")
 	st, err := os.Stat(d.path("log"))
 	require.NoError(t, err)

@@ -28,12 +28,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorfs/tensorfs/transfer"
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 const (
-	xattrCopyTo   = "user.tensorfs.copy_to"
-	xattrCopyFrom = "user.tensorfs.copy_from"
-	xattrStats    = "user.tensorfs.stats"
 	// cpFSType is the filesystem type /proc/self/mounts shows for tensorfs.
 	cpFSType = "fuse.tensorfs"
 	// cpPoll is how often progress is read from stats while a copy runs.
@@ -185,7 +183,7 @@ func runCp(src, dst string, opt cpOptions, w io.Writer) error {
 		if !s.exists {
 			return fail(syscall.ENOENT, "SRC %s does not exist", src)
 		}
-		job.mnt, job.target, job.attr = s.mnt, s.local, xattrCopyTo
+		job.mnt, job.target, job.attr = s.mnt, s.local, xattrs.CopyTo
 		job.srcs = []string{s.rel}
 		if d.peer == "" {
 			job.value = d.rel
@@ -195,7 +193,7 @@ func runCp(src, dst string, opt cpOptions, w io.Writer) error {
 			job.dsts = []string{d.peer + ":" + d.rel, d.rel}
 		}
 	default:
-		job.mnt, job.target, job.attr, job.value = d.mnt, d.local, xattrCopyFrom, src
+		job.mnt, job.target, job.attr, job.value = d.mnt, d.local, xattrs.CopyFrom, src
 		job.srcs = []string{s.peer + ":" + s.rel, s.rel}
 		job.dsts = []string{d.rel}
 		if !d.exists {
@@ -245,7 +243,7 @@ wait:
 				bar.Clear()
 			}
 			fmt.Fprintf(w, "tensorfs: cp %s %s: %v: cp stops watching, but the copy goes on in the daemon, which completes or fails it on its own (see %s on %s)\n",
-				src, dst, sig, xattrStats, job.mnt)
+				src, dst, sig, xattrs.StatsName, job.mnt)
 			os.Exit(128 + int(sig.(syscall.Signal)))
 		}
 	}
@@ -430,12 +428,12 @@ func (m *cpMonitor) baseline() {
 
 // recent reads transfers.recent, robustly: stats changes while copies run,
 // so its length may change between the size probe and the read.
-func (m *cpMonitor) recent() ([]transfer.RecordReport, bool) {
-	v, ok, err := getxattrString(func(b []byte) (int, error) { return unix.Getxattr(m.mnt, xattrStats, b) })
+func (m *cpMonitor) recent() ([]xattrs.Record, bool) {
+	v, ok, err := getxattrString(func(b []byte) (int, error) { return unix.Getxattr(m.mnt, xattrs.StatsName, b) })
 	if err != nil || !ok {
 		return nil, false
 	}
-	var st transfer.Stats
+	var st xattrs.Stats
 	if json.Unmarshal([]byte(v), &st) != nil {
 		return nil, false
 	}
@@ -445,7 +443,7 @@ func (m *cpMonitor) recent() ([]transfer.RecordReport, bool) {
 // latest returns this copy's record, nil when there is none (yet); with
 // sized, only one whose bytes_total is known (a pull learns it from the
 // peer).
-func (m *cpMonitor) latest(sized bool) *transfer.RecordReport {
+func (m *cpMonitor) latest(sized bool) *xattrs.Record {
 	if !m.ok {
 		return nil
 	}
@@ -457,8 +455,8 @@ func (m *cpMonitor) latest(sized bool) *transfer.RecordReport {
 }
 
 // pick is latest's choice among the records recs.
-func (m *cpMonitor) pick(recs []transfer.RecordReport, sized bool) *transfer.RecordReport {
-	var best *transfer.RecordReport
+func (m *cpMonitor) pick(recs []xattrs.Record, sized bool) *xattrs.Record {
+	var best *xattrs.Record
 	for i := range recs {
 		r := &recs[i]
 		if r.ID > m.maxID && r.PID == m.pid && contains(m.srcs, r.Src) && contains(m.dsts, r.Dst) &&
@@ -480,7 +478,7 @@ func contains(list []string, s string) bool {
 
 // drawProgress shows rec on bar, creating the bar at the first record with a
 // known size (until then there is nothing to draw a fraction of).
-func drawProgress(bar *progressbar.ProgressBar, rec *transfer.RecordReport, w io.Writer) *progressbar.ProgressBar {
+func drawProgress(bar *progressbar.ProgressBar, rec *xattrs.Record, w io.Writer) *progressbar.ProgressBar {
 	if rec == nil {
 		return bar
 	}
@@ -511,7 +509,7 @@ func plural(n int64, noun string) string {
 // cpSummary is the line printed after a copy: its record's counts, or, when
 // stats had no record of it (pushed out of the list by many concurrent
 // copies), the local side's file size for a single tensor.
-func cpSummary(src, dst string, rec *transfer.RecordReport, s, d *cpEnd, elapsed time.Duration) string {
+func cpSummary(src, dst string, rec *xattrs.Record, s, d *cpEnd, elapsed time.Duration) string {
 	var tensors, nbytes int64 = -1, -1
 	if rec != nil {
 		tensors, nbytes = rec.Tensors, rec.BytesDone
@@ -526,7 +524,7 @@ func cpSummary(src, dst string, rec *transfer.RecordReport, s, d *cpEnd, elapsed
 	}
 	secs := elapsed.Seconds()
 	if nbytes < 0 {
-		return fmt.Sprintf("copied %s to %s in %.2f s (no record of it in %s to count bytes)", src, dst, secs, xattrStats)
+		return fmt.Sprintf("copied %s to %s in %.2f s (no record of it in %s to count bytes)", src, dst, secs, xattrs.StatsName)
 	}
 	rate := ""
 	if nbytes > 0 && secs > 0 {

@@ -5,7 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tensorfs/tensorfs/transfer"
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // cp follows its own record: newer than the baseline, asked for by its own
@@ -14,10 +14,10 @@ import (
 // processes, and older copies by this one, are not it.
 func TestCpPicksItsOwnRecord(t *testing.T) {
 	m := &cpMonitor{srcs: []string{"/kv/x"}, dsts: []string{"b:/kv/x", "/kv/x"}, pid: 100, maxID: 7}
-	rec := func(id uint64, pid int, src, dst string, total int64) transfer.RecordReport {
-		return transfer.RecordReport{ID: id, PID: pid, Src: src, Dst: dst, BytesTotal: total}
+	rec := func(id uint64, pid int, src, dst string, total int64) xattrs.Record {
+		return xattrs.Record{ID: id, PID: pid, Src: src, Dst: dst, BytesTotal: total}
 	}
-	recs := []transfer.RecordReport{
+	recs := []xattrs.Record{
 		rec(6, 100, "/kv/x", "b:/kv/x", 10), // before the baseline
 		rec(8, 200, "/kv/x", "b:/kv/x", 10), // another process, same src and dst
 		rec(9, 100, "/kv/x", "b:/kv/y", 10), // another dst

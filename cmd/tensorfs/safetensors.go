@@ -29,11 +29,10 @@ import (
 
 	"github.com/tensorfs/tensorfs/dtype"
 	"github.com/tensorfs/tensorfs/safetensors"
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 const (
-	xattrDType = "user.tensorfs.dtype"
-	xattrShape = "user.tensorfs.shape"
 	// xattrSTMetadata holds a file's __metadata__ as a JSON object on the
 	// imported directory. It is an ordinary user attribute, not a tensorfs
 	// one, so it survives any copy tool that keeps xattrs.
@@ -291,10 +290,10 @@ func prepareImportDir(dir string) error {
 	if len(names) > 0 {
 		return fmt.Errorf("refusing to import into %s: it is not empty (it holds %q); import into a new or empty directory", dir, names[0])
 	}
-	if v, ok, err := getxattrString(func(b []byte) (int, error) { return unix.Getxattr(dir, xattrShape, b) }); err != nil {
-		return fmt.Errorf("reading %s of %s: %w", xattrShape, dir, err)
+	if v, ok, err := getxattrString(func(b []byte) (int, error) { return unix.Getxattr(dir, xattrs.Shape, b) }); err != nil {
+		return fmt.Errorf("reading %s of %s: %w", xattrs.Shape, dir, err)
 	} else if ok {
-		return fmt.Errorf("refusing to import into %s: it has a shape template (%s=%q) that would size every file created in it; remove it (setfattr -x %s %s) or import into a new directory", dir, xattrShape, v, xattrShape, dir)
+		return fmt.Errorf("refusing to import into %s: it has a shape template (%s=%q) that would size every file created in it; remove it (setfattr -x %s %s) or import into a new directory", dir, xattrs.Shape, v, xattrs.Shape, dir)
 	}
 	return nil
 }
@@ -303,7 +302,7 @@ func prepareImportDir(dir string) error {
 // from its parent: with one, every file created in it would be allocated at
 // the template's size before import could set its own dtype and shape.
 func stripShapeTemplate(dir string) error {
-	if err := unix.Removexattr(dir, xattrShape); err != nil && !errors.Is(err, unix.ENODATA) {
+	if err := unix.Removexattr(dir, xattrs.Shape); err != nil && !errors.Is(err, unix.ENODATA) {
 		return fmt.Errorf("removing the inherited shape template of %s: %w", dir, err)
 	}
 	return nil
@@ -342,12 +341,12 @@ func importTensor(ctx context.Context, src io.ReaderAt, dataOffset int64, t safe
 		}
 	}()
 	fd := int(out.Fd())
-	if err := unix.Fsetxattr(fd, xattrDType, []byte(t.DType), 0); err != nil {
-		return fmt.Errorf("setting %s=%s: %w", xattrDType, t.DType, err)
+	if err := unix.Fsetxattr(fd, xattrs.DType, []byte(t.DType), 0); err != nil {
+		return fmt.Errorf("setting %s=%s: %w", xattrs.DType, t.DType, err)
 	}
 	shape := t.Shape.String()
-	if err := unix.Fsetxattr(fd, xattrShape, []byte(shape), 0); err != nil {
-		return fmt.Errorf("setting %s=%q (allocating %s bytes): %w", xattrShape, shape, humanize.Comma(t.Size()), err)
+	if err := unix.Fsetxattr(fd, xattrs.Shape, []byte(shape), 0); err != nil {
+		return fmt.Errorf("setting %s=%q (allocating %s bytes): %w", xattrs.Shape, shape, humanize.Comma(t.Size()), err)
 	}
 	fi, err := out.Stat()
 	if err != nil {
@@ -501,24 +500,24 @@ func describeTensorFile(path string) (safetensors.Tensor, error) {
 		return t, err
 	}
 	fd := int(f.Fd())
-	ds, hasDType, err := getxattrString(func(b []byte) (int, error) { return unix.Fgetxattr(fd, xattrDType, b) })
+	ds, hasDType, err := getxattrString(func(b []byte) (int, error) { return unix.Fgetxattr(fd, xattrs.DType, b) })
 	if err != nil {
-		return t, fmt.Errorf("%s: reading %s: %w", path, xattrDType, err)
+		return t, fmt.Errorf("%s: reading %s: %w", path, xattrs.DType, err)
 	}
-	ss, hasShape, err := getxattrString(func(b []byte) (int, error) { return unix.Fgetxattr(fd, xattrShape, b) })
+	ss, hasShape, err := getxattrString(func(b []byte) (int, error) { return unix.Fgetxattr(fd, xattrs.Shape, b) })
 	if err != nil {
-		return t, fmt.Errorf("%s: reading %s: %w", path, xattrShape, err)
+		return t, fmt.Errorf("%s: reading %s: %w", path, xattrs.Shape, err)
 	}
 	t.DType = "U8"
 	if hasDType {
 		if t.DType, err = dtype.Parse(ds); err != nil {
-			return t, fmt.Errorf("%s: %s: %w", path, xattrDType, err)
+			return t, fmt.Errorf("%s: %s: %w", path, xattrs.DType, err)
 		}
 	}
 	size := fi.Size()
 	if hasShape {
 		if t.Shape, err = dtype.ParseShape(ss); err != nil {
-			return t, fmt.Errorf("%s: %s: %w", path, xattrShape, err)
+			return t, fmt.Errorf("%s: %s: %w", path, xattrs.Shape, err)
 		}
 	} else {
 		bits := int64(t.DType.Bits())

@@ -1,0 +1,126 @@
+package xattrs
+
+// Stats is the JSON document read from StatsName on the root: what lives
+// now, then the peer service's completed copies, its transfers and its
+// configured peers (zeros and empty collections when the node has no peer
+// service). The daemon fills Live from its tensor store and the rest from
+// its peer service (package transfer's Stats).
+type Stats struct {
+	// Live counts what exists now; all 0 when nothing is allocated,
+	// imported or in flight.
+	Live Live `json:"live"`
+	// Copies counts completed copies by the path they took.
+	Copies Copies `json:"copies"`
+	// Transfers are the copies in flight and the latest ones.
+	Transfers Transfers `json:"transfers"`
+	// Peers are the configured peers, by name.
+	Peers map[string]Peer `json:"peers"`
+	// Imports counts lookups in the import cache of other daemons' (same
+	// host) allocations opened for IPC copies.
+	Imports ImportCache `json:"imports"`
+}
+
+// Live is the "live" object of Stats: counts of what the daemon holds now.
+type Live struct {
+	// Tensors is the number of tensors not yet released.
+	Tensors int `json:"tensors"`
+	// Regions is the number of memory regions not yet released.
+	Regions int `json:"regions"`
+	// Exports is the number of IPC exports not yet revoked.
+	Exports int `json:"exports"`
+	// Imports is the number of other daemons' allocations this node holds
+	// open now.
+	Imports int `json:"imports"`
+	// Leases is the number of leases held on this daemon's exports (one
+	// per open file handle or importer).
+	Leases int `json:"leases"`
+	// Pins is the number of pins held on memory regions (by copies in
+	// flight).
+	Pins int `json:"pins"`
+	// Bytes is the device memory held, on all devices, in bytes
+	// (registered memory tensorfs did not allocate is not counted).
+	Bytes int64 `json:"bytes"`
+}
+
+// Copies is the "copies" object of Stats: completed copies by path.
+type Copies struct {
+	// Local counts copies inside one mount.
+	Local int64 `json:"local"`
+	// IPC counts copies between daemons of one host, through an IPC
+	// import of the source's allocation.
+	IPC int64 `json:"ipc"`
+	// TCP counts copies over the network to or from a peer.
+	TCP int64 `json:"tcp"`
+}
+
+// Transfers is the "transfers" object of Stats.
+type Transfers struct {
+	// Active is the number of transfers running now.
+	Active int64 `json:"active"`
+	// Recent are the latest transfers, running or finished, oldest first
+	// (the daemon keeps the last 16).
+	Recent []Record `json:"recent"`
+}
+
+// Record is one transfer in Transfers.Recent: progress while it runs, the
+// outcome after.
+type Record struct {
+	// ID is the record's number in this daemon, from 1, never reused: a
+	// program follows a transfer by it.
+	ID uint64 `json:"id"`
+	// PID is the process that asked for the copy (through the mount), 0
+	// for a transfer a peer asked for (omitted when 0).
+	PID int `json:"pid,omitempty"`
+	// Src and Dst are the copy's source and destination as the daemon
+	// names them: a path in this mount, or a peer path "NAME:/path".
+	Src string `json:"src"`
+	Dst string `json:"dst"`
+	// Path is the way the copy took: "local", "ipc" or "tcp".
+	Path string `json:"path"`
+	// BytesDone is how many bytes have moved so far.
+	BytesDone int64 `json:"bytes_done"`
+	// BytesTotal is the bytes the transfer moves in all, 0 while unknown
+	// (a pull learns it from the peer).
+	BytesTotal int64 `json:"bytes_total"`
+	// Tensors is how many tensors the transfer carries.
+	Tensors int64 `json:"tensors"`
+	// Error is the failure's text, "" while running and on success.
+	Error string `json:"error"`
+	// Streams is how many TCP streams carry the data (1 for local and IPC
+	// copies).
+	Streams int64 `json:"streams"`
+	// PhaseUS is, on the node that received the tensors, the copy's time
+	// by phase; nil (absent) on the sending side.
+	PhaseUS *Phases `json:"phase_us,omitempty"`
+	// TookUS is how long the transfer took on this node, from its start
+	// to its end (success or failure), in microseconds; 0 (absent) while
+	// it runs, so a non-zero TookUS means the record is final.
+	TookUS int64 `json:"took_us,omitempty"`
+}
+
+// Phases is a received transfer's time by phase, in microseconds.
+type Phases struct {
+	// Prepare is the time spent allocating and registering the
+	// destination's temporaries.
+	Prepare int64 `json:"prepare"`
+	// Data is the time spent moving the bytes.
+	Data int64 `json:"data"`
+	// Commit is the time spent renaming the temporaries into place.
+	Commit int64 `json:"commit"`
+}
+
+// Peer is one configured peer in Stats.Peers.
+type Peer struct {
+	// Addr is the peer's address, host:port, as configured (--peer).
+	Addr string `json:"addr"`
+}
+
+// ImportCache is the "imports" object of Stats: lookups in the import
+// cache. A hit reuses an open import; a miss opens one (a CUDA IPC open
+// costs about 9.4 ms on an H200).
+type ImportCache struct {
+	// Hits counts lookups that reused an open import.
+	Hits int64 `json:"hits"`
+	// Misses counts lookups that opened an import.
+	Misses int64 `json:"misses"`
+}

@@ -1,0 +1,65 @@
+package xattrs_test
+
+// This test imports the producers of the stats document (tensor, transfer);
+// the xattrs package itself imports neither.
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/tensorfs/tensorfs/tensor"
+	"github.com/tensorfs/tensorfs/transfer"
+	"github.com/tensorfs/tensorfs/xattrs"
+)
+
+// TestStatsMatchesProducers: the document the daemon builds (fs.Stats: the
+// store's tensor.Stats as "live" beside the peer service's transfer.Stats),
+// with every field set, decodes strictly (no unknown field) into
+// xattrs.Stats and encodes back to the same JSON.
+func TestStatsMatchesProducers(t *testing.T) {
+	var peer transfer.Stats
+	peer.Copies.Local, peer.Copies.IPC, peer.Copies.TCP = 1, 2, 3
+	peer.Transfers.Active = 4
+	peer.Transfers.Recent = []transfer.RecordReport{
+		{ID: 5, PID: 6, Src: "/a", Dst: "b:/a", Path: "tcp", BytesDone: 7, BytesTotal: 8, Tensors: 9, Error: "e",
+			Streams: 10, PhaseUS: &transfer.PhaseReport{Prepare: 11, Data: 12, Commit: 13}, TookUS: 14},
+		{ID: 15, Src: "/c", Dst: "/d", Path: "local"},
+	}
+	peer.Peers = map[string]transfer.PeerReport{"b": {Addr: "10.0.0.2:7000"}}
+	peer.Imports.Hits, peer.Imports.Misses = 16, 17
+	doc := struct {
+		Live tensor.Stats `json:"live"`
+		transfer.Stats
+	}{tensor.Stats{Tensors: 1, Regions: 2, Exports: 3, Imports: 4, Leases: 5, Pins: 6, Bytes: 7}, peer}
+	want, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var got xattrs.Stats
+	dec := json.NewDecoder(bytes.NewReader(want))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&got); err != nil {
+		t.Fatalf("the daemon's document does not decode into xattrs.Stats: %v\n%s", err, want)
+	}
+	again, err := json.Marshal(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(again, want) {
+		t.Fatalf("xattrs.Stats loses or changes fields:\n got %s\nwant %s", again, want)
+	}
+}
+
+// TestNames: every attribute name is in the user.tensorfs. namespace.
+func TestNames(t *testing.T) {
+	for _, n := range []string{xattrs.DType, xattrs.Shape, xattrs.Device, xattrs.MRID, xattrs.IPCID, xattrs.IPCHandle,
+		xattrs.IPCOffset, xattrs.NBytes, xattrs.Generation, xattrs.RKey, xattrs.CopyTo, xattrs.CopyFrom, xattrs.Batch,
+		xattrs.Register, xattrs.StatsName} {
+		if !strings.HasPrefix(n, xattrs.Prefix) || len(n) == len(xattrs.Prefix) {
+			t.Errorf("%q is not a name under %q", n, xattrs.Prefix)
+		}
+	}
+}
