@@ -13,6 +13,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tensorfs/tensorfs/fs"
+	"github.com/tensorfs/tensorfs/mountpoint"
+	"github.com/tensorfs/tensorfs/namespace"
 	"github.com/tensorfs/tensorfs/tensor"
 	"github.com/tensorfs/tensorfs/transfer"
 )
@@ -110,8 +112,8 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 		return err
 	}
 	root := fs.NewRoot(store)
-	peerCfg.Importers = fs.Importers(store)
-	peerCfg.ImportFile = fs.ImportFile(store)
+	peerCfg.Importers = namespace.Importers(store)
+	peerCfg.ImportFile = namespace.ImportFile(store)
 	peers, err := transfer.New(peerCfg, root.Local())
 	if err != nil {
 		store.Close()
@@ -174,7 +176,7 @@ func newUnmountCmd() *cobra.Command {
 		Short: "Unmount a tensor filesystem (the daemon then frees everything and exits 0)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !fs.IsMounted(args[0]) {
+			if !mountpoint.IsMounted(args[0]) {
 				return fmt.Errorf("unmount %s: not a tensorfs mount", args[0])
 			}
 			err := syscall.Unmount(args[0], 0)
