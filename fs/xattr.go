@@ -20,14 +20,6 @@ const (
 	xattrReplace = 2
 )
 
-// actions are the write-only attributes that start an operation.
-var actions = map[string]struct{ file, dir, rootOnly bool }{
-	"copy_to":   {file: true, dir: true},
-	"copy_from": {file: true, dir: true},
-	"register":  {file: true},
-	"batch":     {dir: true, rootOnly: true},
-}
-
 // fileAttrs are the readable tensorfs attributes of a tensor file, in listing
 // order.
 var fileAttrs = []string{"dtype", "shape", "device", "nbytes", "generation", "mr_id", "ipc_id", "ipc_handle", "ipc_offset"}
@@ -113,13 +105,13 @@ func (f *File) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	case "device":
 		err = f.t.SetDevice(val)
 	case "copy_to":
-		return actionErrno("copy_to", f.fsys.tree.CopyTo(copyCtx(ctx), f.ns, val, true))
+		return toErrno("copy_to", f.fsys.tree.CopyTo(copyCtx(ctx), f.ns, val, true))
 	case "copy_from":
-		return actionErrno("copy_from", f.fsys.tree.CopyFrom(copyCtx(ctx), f.ns, val))
+		return toErrno("copy_from", f.fsys.tree.CopyFrom(copyCtx(ctx), f.ns, val))
 	case "register":
 		err = f.fsys.tree.Register(caller(ctx), f.t, val)
 	default:
-		return actionOrReadOnly(name, true, false)
+		return readOnlyOrInvalid(name)
 	}
 	if err != nil {
 		return toErrno("setxattr "+attr, err)
@@ -128,16 +120,11 @@ func (f *File) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	return 0
 }
 
-// actionOrReadOnly answers a set of a tensorfs attribute that is neither
-// dtype, shape nor device.
-func actionOrReadOnly(name string, isFile, isRoot bool) syscall.Errno {
-	if a, ok := actions[name]; ok {
-		if isFile && !a.file || !isFile && !a.dir || a.rootOnly && !isRoot {
-			return syscall.EINVAL
-		}
-		// Every action a node kind accepts is handled by its Setxattr.
-		return syscall.EINVAL
-	}
+// readOnlyOrInvalid answers a set of a tensorfs attribute that the node's
+// Setxattr does not handle: EPERM for a read-only one, else EINVAL (an
+// unknown name, or an action this kind of node does not take: batch on a
+// file or below the root, register on a directory).
+func readOnlyOrInvalid(name string) syscall.Errno {
 	if readOnly[name] {
 		return syscall.EPERM
 	}
@@ -211,15 +198,15 @@ func (d *Dir) Setxattr(ctx context.Context, attr string, data []byte, flags uint
 	}
 	switch {
 	case name == "copy_to":
-		return actionErrno("copy_to", d.fsys.tree.CopyTo(copyCtx(ctx), d.d, string(data), true))
+		return toErrno("copy_to", d.fsys.tree.CopyTo(copyCtx(ctx), d.d, string(data), true))
 	case name == "copy_from":
-		return actionErrno("copy_from", d.fsys.tree.CopyFrom(copyCtx(ctx), d.d, string(data)))
+		return toErrno("copy_from", d.fsys.tree.CopyFrom(copyCtx(ctx), d.d, string(data)))
 	case name == "batch" && d.isRoot():
-		return actionErrno("batch", d.fsys.tree.Batch(copyCtx(ctx), string(data)))
+		return toErrno("batch", d.fsys.tree.Batch(copyCtx(ctx), string(data)))
 	case name == "dtype" || name == "shape" || name == "device":
 		return toErrno("setxattr "+attr, d.d.SetTemplateAttr(name, string(data)))
 	}
-	return actionOrReadOnly(name, false, d.isRoot())
+	return readOnlyOrInvalid(name)
 }
 
 // Listxattr implements gofs.NodeListxattrer.

@@ -77,8 +77,10 @@ func tgidProc(tid int) int {
 // see arrivals); batch turns it off, since the kernel holds the root's lock.
 // value is [PEER:]PATH. Errors: *transfer.Error with the errno of the
 // failure (EINVAL for a copy onto itself or into its own subtree, ENOENT
-// for an unknown peer, EISDIR, ...), or a domain error.
-func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool) error {
+// for an unknown peer, EISDIR, ...; a domain error gets its errno), never
+// ESTALE (see copyErr), or an error of no known errno.
+func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool) (err error) {
+	defer func() { err = copyErr(err) }()
 	peer, dst, err := f.parseTarget(value)
 	if err != nil {
 		return err
@@ -127,7 +129,8 @@ func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool
 // a directory tree), replacing the data of files in place (the kernel holds
 // dst's lock for this call). Errors as for CopyTo; ENOENT when dst has no
 // name any more.
-func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) error {
+func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error) {
+	defer func() { err = copyErr(err) }()
 	peer, src, err := f.parseTarget(value)
 	if err != nil {
 		return err
@@ -262,7 +265,8 @@ func (f *Tree) parseBatch(value string) (batchPlan, error) {
 // Batch runs the copies of a batch xattr: one "SRC DST" per line. Pushes of
 // local tensors to one peer go as one pipelined transfer; the rest run in
 // order. It stops at the first failure and returns it (errors as CopyTo's).
-func (f *Tree) Batch(ctx context.Context, value string) error {
+func (f *Tree) Batch(ctx context.Context, value string) (err error) {
+	defer func() { err = copyErr(err) }()
 	b, err := f.parseBatch(value)
 	if err != nil {
 		return err
