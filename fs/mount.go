@@ -31,13 +31,37 @@ type Options struct {
 	FSName string
 }
 
-// NewRoot returns the root directory of a tensor tree over store. Give it a
-// peer service with SetPeers, then Mount it.
-func NewRoot(store *tensor.Store) *Dir {
-	f := &FS{tree: namespace.New(store)}
+// Config is what NewRoot builds a tensor tree from.
+type Config struct {
+	// Store holds the tree's tensors and their devices (required); the
+	// caller closes it after the mount has ended.
+	Store *tensor.Store
+	// Peers, when set, builds the peer service over the tree's namespace
+	// (the transfer.Local a peer's copies read and write; the service
+	// cannot exist before it, hence a constructor): copies to and from
+	// other nodes go through it and its counters fill the stats document.
+	// NewRoot returns its error. Nil: a node without peers (a copy naming
+	// a peer fails with ENOENT).
+	Peers func(transfer.Local) (*transfer.Service, error)
+}
+
+// NewRoot returns the root directory of a new, empty tensor tree (mode
+// 0755, owned by root) over c.Store, with the peer service c.Peers builds;
+// Mount it next. The service, if any, is the caller's to Start and Close:
+// Peers returns it too. Errors: those of c.Peers.
+func NewRoot(c Config) (*Dir, *transfer.Service, error) {
+	f := &FS{tree: namespace.New(c.Store)}
 	f.root = f.dirNode(f.tree.Root())
 	f.tree.Root().Front(func() namespace.Frontend { return f.root })
-	return f.root
+	var peers *transfer.Service
+	if c.Peers != nil {
+		var err error
+		if peers, err = c.Peers(f.tree); err != nil {
+			return nil, nil, err
+		}
+		f.tree.SetPeers(peers)
+	}
+	return f.root, peers, nil
 }
 
 // Mount mounts the tensor tree of root (see NewRoot) at dir and returns the server once the
@@ -94,11 +118,3 @@ var ErrMounted = mountpoint.ErrMounted
 // CleanStale is mountpoint.CleanStale: it lazily unmounts a dead daemon's
 // mount at dir and refuses (ErrMounted) a live one.
 func CleanStale(dir string) error { return mountpoint.CleanStale(dir) }
-
-// Local returns the tree's namespace for the peer service (the tensors a
-// peer reads and writes).
-func (d *Dir) Local() transfer.Local { return d.fsys.tree }
-
-// SetPeers gives the tree its peer service: remote copies go through it, and
-// its counters fill the stats document. Call it before mounting.
-func (d *Dir) SetPeers(s *transfer.Service) { d.fsys.tree.SetPeers(s) }

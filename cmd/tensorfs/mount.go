@@ -111,15 +111,16 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	if err != nil {
 		return err
 	}
-	root := fs.NewRoot(store)
 	peerCfg.Importers = namespace.Importers(store)
 	peerCfg.ImportFile = namespace.ImportFile(store)
-	peers, err := transfer.New(peerCfg, root.Local())
+	root, peers, err := fs.NewRoot(fs.Config{
+		Store: store,
+		Peers: func(local transfer.Local) (*transfer.Service, error) { return transfer.New(peerCfg, local) },
+	})
 	if err != nil {
 		store.Close()
 		return err
 	}
-	root.SetPeers(peers)
 	// The listener is up before the mount appears: a mounted node is ready.
 	if err := peers.Start(); err != nil {
 		store.Close()
