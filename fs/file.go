@@ -8,18 +8,25 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/tensorfs/tensorfs/namespace"
 	"github.com/tensorfs/tensorfs/tensor"
 )
 
-// File is a tensor file: its content is the tensor's device memory.
+// File is a tensor file, the FUSE node of a namespace.File: its content is
+// the tensor's device memory.
 type File struct {
 	gofs.Inode
 	fsys *FS
+	ns   *namespace.File
+	t    *tensor.Tensor // ns's
 	meta
-	t *tensor.Tensor
 }
 
-func (f *File) nodeMeta() *meta { return &f.meta }
+// Invalidate implements namespace.Frontend: the kernel drops the
+// attributes it caches for f (see Dir.Invalidate).
+func (f *File) Invalidate() {
+	f.NotifyContent(-1, 0)
+}
 
 // handle is an open file: it keeps the tensor alive after unlink and holds the
 // opener's lease on the tensor's IPC export.
@@ -70,7 +77,7 @@ func (f *File) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 	if err != nil {
 		return 0, toErrno("write", err)
 	}
-	f.meta.touch()
+	f.meta.Touch()
 	return uint32(n), 0
 }
 

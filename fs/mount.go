@@ -1,19 +1,18 @@
 package fs
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"log"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/tensorfs/tensorfs/mountpoint"
+	"github.com/tensorfs/tensorfs/namespace"
 	"github.com/tensorfs/tensorfs/tensor"
+	"github.com/tensorfs/tensorfs/transfer"
 )
 
 // MaxWrite is the largest FUSE read/write request, in bytes: just under 1 MiB,
@@ -32,13 +31,37 @@ type Options struct {
 	FSName string
 }
 
-// NewRoot returns the root directory of a tensor tree over store. Give it a
-// peer service with SetPeers, then Mount it.
-func NewRoot(store *tensor.Store) *Dir {
-	f := &FS{store: store}
-	f.root = &Dir{fsys: f}
-	f.root.meta.init(context.Background(), 0o755)
-	return f.root
+// Config is what NewRoot builds a tensor tree from.
+type Config struct {
+	// Store holds the tree's tensors and their devices (required); the
+	// caller closes it after the mount has ended.
+	Store *tensor.Store
+	// Peers, when set, builds the peer service over the tree's namespace
+	// (the transfer.Local a peer's copies read and write; the service
+	// cannot exist before it, hence a constructor): copies to and from
+	// other nodes go through it and its counters fill the stats document.
+	// NewRoot returns its error. Nil: a node without peers (a copy naming
+	// a peer fails with ENOENT).
+	Peers func(transfer.Local) (*transfer.Service, error)
+}
+
+// NewRoot returns the root directory of a new, empty tensor tree (mode
+// 0755, owned by root) over c.Store, with the peer service c.Peers builds;
+// Mount it next. The service, if any, is the caller's to Start and Close:
+// Peers returns it too. Errors: those of c.Peers.
+func NewRoot(c Config) (*Dir, *transfer.Service, error) {
+	f := &FS{tree: namespace.New(c.Store)}
+	f.root = f.dirNode(f.tree.Root())
+	f.tree.Root().Front(func() namespace.Frontend { return f.root })
+	var peers *transfer.Service
+	if c.Peers != nil {
+		var err error
+		if peers, err = c.Peers(f.tree); err != nil {
+			return nil, nil, err
+		}
+		f.tree.SetPeers(peers)
+	}
+	return f.root, peers, nil
 }
 
 // Mount mounts the tensor tree of root (see NewRoot) at dir and returns the server once the
@@ -55,7 +78,7 @@ func Mount(dir string, root *Dir, o Options) (*fuse.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	root.fsys.mnt = abs
+	root.fsys.tree.SetMount(abs, placer{mnt: abs})
 	zero := time.Duration(0)
 	name := o.FSName
 	if name == "" {
@@ -88,30 +111,10 @@ func Mount(dir string, root *Dir, o Options) (*fuse.Server, error) {
 	return srv, nil
 }
 
-// ErrMounted: the mountpoint is already served by a live tensorfs daemon.
-var ErrMounted = errors.New("already mounted by a live tensorfs daemon")
+// ErrMounted: the mountpoint is already served by a live tensorfs daemon
+// (mountpoint.ErrMounted).
+var ErrMounted = mountpoint.ErrMounted
 
-// CleanStale lazily unmounts dir when it is a dead FUSE mount (a killed
-// daemon's: stat fails with ENOTCONN) and returns nil; it leaves an ordinary
-// directory alone, and refuses (ErrMounted) a live tensorfs mount, whose
-// daemon still holds tensors that taking over the mountpoint would strand.
-func CleanStale(dir string) error {
-	err := statTimeout(dir, 3*time.Second)
-	if err == errHung {
-		log.Printf("%s: a mount that does not answer; aborting its FUSE connection", dir)
-		abortConnection(dir)
-		err = syscall.ENOTCONN
-	}
-	if err == syscall.ENOTCONN || err == syscall.ECONNABORTED {
-		log.Printf("%s: cleaning up a stale mount left by a dead daemon", dir)
-		if syscall.Unmount(dir, syscall.MNT_DETACH) != nil {
-			// Not root: ask fusermount3, which may unmount our own mounts.
-			_ = runQuiet("fusermount3", "-u", "-z", dir)
-		}
-		return nil
-	}
-	if err == nil && isMountpoint(dir) {
-		return fmt.Errorf("%s: %w (unmount it first: tensorfs unmount %s)", dir, ErrMounted, dir)
-	}
-	return nil
-}
+// CleanStale is mountpoint.CleanStale: it lazily unmounts a dead daemon's
+// mount at dir and refuses (ErrMounted) a live one.
+func CleanStale(dir string) error { return mountpoint.CleanStale(dir) }

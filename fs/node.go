@@ -1,107 +1,135 @@
-// Package fs is tensorfs's FUSE frontend: a go-fuse node tree of directories and
-// tensor files over the FUSE-free tensor store. It translates FUSE operations to
-// tensor.Store / tensor.Tensor calls and domain errors to errnos (errno.go), and
-// keeps only what is filesystem-specific: names, modes, owners, times, ordinary
-// user xattrs and directory templates.
+// Package fs is tensorfs's FUSE frontend: a go-fuse node tree over the
+// FUSE-free namespace (package namespace) and tensor store. Each node wraps
+// a namespace entry (made on first use: Lookup, Readdir, Create, Mkdir) and
+// translates FUSE operations to namespace and tensor calls and their errors
+// to errnos (errno.go). It keeps only what is FUSE-specific: attributes and
+// xattrs as the kernel sees them, callers from the request context, and the
+// placement of a copy's tensors by a rename through the mount (place.go).
+// Locks: see the namespace package's lock order; a node method holds no
+// lock of its own while it calls the namespace.
 package fs
 
 import (
 	"context"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
-	"github.com/tensorfs/tensorfs/tensor"
-	"github.com/tensorfs/tensorfs/transfer"
+	"github.com/tensorfs/tensorfs/namespace"
 )
 
 // NameMax is the longest file name in bytes; longer ones are ENAMETOOLONG.
-const NameMax = 255
+const NameMax = namespace.NameMax
 
 // blockSize is the unit statfs and st_blocks report, in bytes.
 const blockSize = 4096
 
 // FS is the state every node of one mount shares.
 type FS struct {
-	store *tensor.Store
-	root  *Dir
-	// peers is the peer service (copies to other nodes, stats of copies).
-	peers *transfer.Service
-	// mnt is the mountpoint, for renames through the mount that inotify
-	// watchers see; "" until mounted.
-	mnt    string
-	tmpSeq atomic.Uint64
+	tree *namespace.Tree
+	root *Dir
 }
 
-// meta is what every node carries besides its content: permissions, owner,
-// times and ordinary user xattrs.
-type meta struct {
-	mu                  sync.Mutex
-	mode                uint32 // permission bits only
-	uid, gid            uint32
-	atime, mtime, ctime time.Time
-	xattrs              map[string][]byte // ordinary "user." attributes (not user.tensorfs.)
-}
+// meta is a namespace node's metadata, with the FUSE conversions.
+type meta struct{ *namespace.Meta }
 
-// init sets a new node's metadata: mode, the caller's owner, times of now.
-func (m *meta) init(ctx context.Context, mode uint32) {
-	now := time.Now()
-	m.mode, m.atime, m.mtime, m.ctime = mode&07777, now, now, now
+// callerOwner is the uid and gid of the FUSE request of ctx (0, 0 without
+// one).
+func callerOwner(ctx context.Context) (uid, gid uint32) {
 	if c, ok := fuse.FromContext(ctx); ok {
-		m.uid, m.gid = c.Uid, c.Gid
+		return c.Uid, c.Gid
 	}
+	return 0, 0
 }
 
-// fill copies the metadata into a FUSE attribute; m.mu is not held.
-func (m *meta) fill(a *fuse.Attr) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	a.Mode = m.mode
-	a.Uid, a.Gid = m.uid, m.gid
-	a.SetTimes(&m.atime, &m.mtime, &m.ctime)
+// caller is the namespace's view of the FUSE request's caller; nil without
+// one.
+func caller(ctx context.Context) *namespace.Caller {
+	if c, ok := fuse.FromContext(ctx); ok {
+		return &namespace.Caller{UID: c.Uid, GID: c.Gid, PID: c.Pid}
+	}
+	return nil
+}
+
+// copyCtx is the context of a copy asked for by the FUSE request of ctx
+// (see namespace.CopyContext).
+func copyCtx(ctx context.Context) context.Context {
+	if c, ok := fuse.FromContext(ctx); ok {
+		return namespace.CopyContext(int(c.Pid))
+	}
+	return namespace.CopyContext(0)
+}
+
+// fill copies the metadata into a FUSE attribute; its lock is not held.
+func (m meta) fill(a *fuse.Attr) {
+	m.Lock()
+	defer m.Unlock()
+	a.Mode = m.Mode
+	a.Uid, a.Gid = m.UID, m.GID
+	a.SetTimes(&m.Atime, &m.Mtime, &m.Ctime)
 	a.Blksize = blockSize
-}
-
-// touch marks a content change (write, truncate).
-func (m *meta) touch() {
-	now := time.Now()
-	m.mu.Lock()
-	m.mtime, m.ctime = now, now
-	m.mu.Unlock()
 }
 
 // setattr applies mode, owner and time changes from a SETATTR request. The
 // kernel (default_permissions) has checked the caller may make them.
-func (m *meta) setattr(in *fuse.SetAttrIn) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	now := time.Now()
+func (m meta) setattr(in *fuse.SetAttrIn) {
+	m.Lock()
+	defer m.Unlock()
 	if mode, ok := in.GetMode(); ok {
-		m.mode = mode & 07777
+		m.Mode = mode & 07777
 	}
 	if uid, ok := in.GetUID(); ok {
-		m.uid = uid
+		m.UID = uid
 	}
 	if gid, ok := in.GetGID(); ok {
-		m.gid = gid
+		m.GID = gid
 	}
 	if t, ok := in.GetATime(); ok {
-		m.atime = t
+		m.Atime = t
 	}
 	if t, ok := in.GetMTime(); ok {
-		m.mtime = t
+		m.Mtime = t
 	}
-	m.ctime = now
+	m.Ctime = time.Now()
+}
+
+// inode returns the go-fuse inode of namespace node n: its node wrapper's,
+// made (a persistent inode, under parent) the first time the kernel is
+// told of n.
+func (f *FS) inode(ctx context.Context, parent *gofs.Inode, n namespace.Node) *gofs.Inode {
+	fr := n.Front(func() namespace.Frontend {
+		switch x := n.(type) {
+		case *namespace.Dir:
+			d := f.dirNode(x)
+			parent.NewPersistentInode(ctx, d, gofs.StableAttr{Mode: syscall.S_IFDIR})
+			return d
+		case *namespace.File:
+			fl := f.fileNode(x)
+			parent.NewPersistentInode(ctx, fl, gofs.StableAttr{Mode: syscall.S_IFREG})
+			return fl
+		}
+		return nil
+	})
+	return fr.(gofs.InodeEmbedder).EmbeddedInode()
+}
+
+// dirNode wraps a namespace directory (not yet given an inode).
+func (f *FS) dirNode(d *namespace.Dir) *Dir {
+	return &Dir{fsys: f, d: d, meta: meta{d.Meta()}}
+}
+
+// fileNode wraps a namespace file (not yet given an inode).
+func (f *FS) fileNode(x *namespace.File) *File {
+	return &File{fsys: f, ns: x, t: x.Tensor(), meta: meta{x.Meta()}}
 }
 
 // statfs reports the default device: total is its capacity for tensorfs, used
 // the bytes tensorfs holds there.
 func (f *FS) statfs(out *fuse.StatfsOut) syscall.Errno {
-	mi := f.store.DefaultDevice().MemInfo()
+	store := f.tree.Store()
+	mi := store.DefaultDevice().MemInfo()
 	total := uint64(mi.Total) / blockSize
 	used := (uint64(mi.Used) + blockSize - 1) / blockSize
 	free := uint64(0)
@@ -111,22 +139,11 @@ func (f *FS) statfs(out *fuse.StatfsOut) syscall.Errno {
 	out.Blocks, out.Bfree, out.Bavail = total, free, free
 	out.Bsize, out.Frsize = blockSize, blockSize
 	out.NameLen = NameMax
-	st := f.store.Stats()
+	st := store.Stats()
 	out.Files = uint64(st.Tensors) + free
 	out.Ffree = free
 	return 0
 }
 
 // checkName enforces NameMax.
-func checkName(name string) syscall.Errno {
-	if len(name) > NameMax {
-		return syscall.ENAMETOOLONG
-	}
-	return 0
-}
-
-// embedder is what both node kinds share for tree operations.
-type embedder interface {
-	gofs.InodeEmbedder
-	nodeMeta() *meta
-}
+func checkName(name string) syscall.Errno { return namespace.CheckName(name) }

@@ -7,6 +7,8 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/tensorfs/tensorfs/namespace"
 )
 
 // newFile makes a tensor file named name, allocated and registered at once
@@ -20,19 +22,21 @@ func (d *Dir) newFile(ctx context.Context, name string, mode uint32, flags uint3
 	if mode&syscall.S_IFMT != 0 && mode&syscall.S_IFMT != syscall.S_IFREG {
 		return nil, nil, 0, syscall.EPERM
 	}
-	if d.child(name) != nil {
+	if d.d.Child(name) != nil {
 		return nil, nil, 0, syscall.EEXIST
 	}
-	tmpl := d.template()
-	if c, ok := fuse.FromContext(ctx); ok {
-		tmpl.Owner = c.Uid
+	tmpl := d.d.Template()
+	uid, gid := callerOwner(ctx)
+	if _, ok := fuse.FromContext(ctx); ok {
+		tmpl.Owner = uid
 	}
-	t, err := d.fsys.store.New(tmpl)
+	t, err := d.fsys.tree.Store().New(tmpl)
 	if err != nil {
 		return nil, nil, 0, toErrno(fmt.Sprintf("create %s", name), err)
 	}
-	f := &File{fsys: d.fsys, t: t}
-	f.meta.init(ctx, mode)
+	nf := namespace.NewFile(t, mode, uid, gid)
+	in := d.fsys.inode(ctx, &d.Inode, nf)
+	f := in.Operations().(*File)
 	var fh gofs.FileHandle
 	var fuseFlags uint32
 	if open {
@@ -42,20 +46,15 @@ func (d *Dir) newFile(ctx context.Context, name string, mode uint32, flags uint3
 			return nil, nil, 0, errno
 		}
 	}
-	in := d.NewPersistentInode(ctx, f, gofs.StableAttr{Mode: syscall.S_IFREG})
-	d.mu.Lock()
-	if d.entries[name] != nil {
+	if err := d.d.Add(name, nf); err != nil {
 		// Lost a race with another create of the name: the kernel holds the
 		// directory lock for creates, so this is a safety net only.
-		d.mu.Unlock()
 		if fh != nil {
 			fh.(*handle).h.Close()
 		}
 		t.Unlink()
-		return nil, nil, 0, syscall.EEXIST
+		return nil, nil, 0, toErrno("create "+name, err)
 	}
-	d.setEntry(name, in)
-	d.mu.Unlock()
 	var a fuse.AttrOut
 	f.Getattr(ctx, fh, &a)
 	out.Attr = a.Attr

@@ -20,7 +20,7 @@ func (f *File) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 		if err := f.t.Truncate(int64(sz)); err != nil {
 			return toErrno("truncate", err)
 		}
-		f.meta.touch()
+		f.meta.Touch()
 	}
 	if uid, ok := in.GetUID(); ok {
 		f.t.SetOwner(uid) // its memory is now uid's (see Tensor.SetOwner)
@@ -45,6 +45,6 @@ func (f *File) Allocate(ctx context.Context, fh gofs.FileHandle, off uint64, siz
 	if err := f.t.Allocate(int64(off), int64(size), mode&fallocKeepSize != 0); err != nil {
 		return toErrno("fallocate", err)
 	}
-	f.meta.touch()
+	f.meta.Touch()
 	return 0
 }

@@ -5,8 +5,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-
-	"github.com/tensorfs/tensorfs/dtype"
 )
 
 // XattrPrefix is the namespace of tensorfs's own extended attributes.
@@ -21,14 +19,6 @@ const (
 	xattrCreate  = 1
 	xattrReplace = 2
 )
-
-// actions are the write-only attributes that start an operation.
-var actions = map[string]struct{ file, dir, rootOnly bool }{
-	"copy_to":   {file: true, dir: true},
-	"copy_from": {file: true, dir: true},
-	"register":  {file: true},
-	"batch":     {dir: true, rootOnly: true},
-}
 
 // fileAttrs are the readable tensorfs attributes of a tensor file, in listing
 // order.
@@ -115,31 +105,26 @@ func (f *File) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	case "device":
 		err = f.t.SetDevice(val)
 	case "copy_to":
-		return actionErrno("copy_to", f.fsys.copyTo(copyCtx(ctx), f, val, true))
+		return toErrno("copy_to", f.fsys.tree.CopyTo(copyCtx(ctx), f.ns, val, true))
 	case "copy_from":
-		return actionErrno("copy_from", f.fsys.copyFrom(copyCtx(ctx), f, val))
+		return toErrno("copy_from", f.fsys.tree.CopyFrom(copyCtx(ctx), f.ns, val))
 	case "register":
-		err = f.fsys.register(ctx, f.t, val)
+		err = f.fsys.tree.Register(caller(ctx), f.t, val)
 	default:
-		return actionOrReadOnly(name, true, false)
+		return readOnlyOrInvalid(name)
 	}
 	if err != nil {
 		return toErrno("setxattr "+attr, err)
 	}
-	f.meta.touch()
+	f.meta.Touch()
 	return 0
 }
 
-// actionOrReadOnly answers a set of a tensorfs attribute that is neither
-// dtype, shape nor device.
-func actionOrReadOnly(name string, isFile, isRoot bool) syscall.Errno {
-	if a, ok := actions[name]; ok {
-		if isFile && !a.file || !isFile && !a.dir || a.rootOnly && !isRoot {
-			return syscall.EINVAL
-		}
-		// Every action a node kind accepts is handled by its Setxattr.
-		return syscall.EINVAL
-	}
+// readOnlyOrInvalid answers a set of a tensorfs attribute that the node's
+// Setxattr does not handle: EPERM for a read-only one, else EINVAL (an
+// unknown name, or an action this kind of node does not take: batch on a
+// file or below the root, register on a directory).
+func readOnlyOrInvalid(name string) syscall.Errno {
 	if readOnly[name] {
 		return syscall.EPERM
 	}
@@ -169,7 +154,7 @@ func (f *File) Removexattr(ctx context.Context, attr string) syscall.Errno {
 
 // dirAttr returns a directory's tensorfs attribute or ENODATA.
 func (d *Dir) dirAttr(name string) ([]byte, syscall.Errno) {
-	t := d.template()
+	t := d.d.Template()
 	switch name {
 	case "dtype":
 		if t.DType != "" {
@@ -185,7 +170,7 @@ func (d *Dir) dirAttr(name string) ([]byte, syscall.Errno) {
 		}
 	case "stats":
 		if d.isRoot() {
-			return d.fsys.statsJSON(), 0
+			return d.fsys.tree.StatsJSON(), 0
 		}
 	}
 	return nil, syscall.ENODATA
@@ -213,41 +198,15 @@ func (d *Dir) Setxattr(ctx context.Context, attr string, data []byte, flags uint
 	}
 	switch {
 	case name == "copy_to":
-		return actionErrno("copy_to", d.fsys.copyTo(copyCtx(ctx), d, string(data), true))
+		return toErrno("copy_to", d.fsys.tree.CopyTo(copyCtx(ctx), d.d, string(data), true))
 	case name == "copy_from":
-		return actionErrno("copy_from", d.fsys.copyFrom(copyCtx(ctx), d, string(data)))
+		return toErrno("copy_from", d.fsys.tree.CopyFrom(copyCtx(ctx), d.d, string(data)))
 	case name == "batch" && d.isRoot():
-		return actionErrno("batch", d.fsys.batch(copyCtx(ctx), string(data)))
+		return toErrno("batch", d.fsys.tree.Batch(copyCtx(ctx), string(data)))
+	case name == "dtype" || name == "shape" || name == "device":
+		return toErrno("setxattr "+attr, d.d.SetTemplateAttr(name, string(data)))
 	}
-	d.tmplMu.Lock()
-	defer d.tmplMu.Unlock()
-	t := d.tmpl
-	var err error
-	switch name {
-	case "dtype":
-		t.DType, err = dtype.Parse(string(data))
-	case "shape":
-		t.Shape, err = dtype.ParseShape(string(data))
-	case "device":
-		var dev interface{ Name() string }
-		if dev, err = d.fsys.store.Device(string(data)); err == nil {
-			t.Device = dev.Name()
-		}
-	default:
-		return actionOrReadOnly(name, false, d.isRoot())
-	}
-	if err == nil && t.Shape != nil {
-		dt := t.DType
-		if dt == "" {
-			dt = "U8"
-		}
-		_, err = dtype.NBytes(dt, t.Shape)
-	}
-	if err != nil {
-		return toErrno("setxattr "+attr, err)
-	}
-	d.tmpl = t
-	return 0
+	return readOnlyOrInvalid(name)
 }
 
 // Listxattr implements gofs.NodeListxattrer.
@@ -268,29 +227,15 @@ func (d *Dir) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if !ok {
 		return d.meta.removeUser(attr)
 	}
-	d.tmplMu.Lock()
-	defer d.tmplMu.Unlock()
-	switch {
-	case name == "dtype" && d.tmpl.DType != "":
-		d.tmpl.DType = ""
-	case name == "shape" && d.tmpl.Shape != nil:
-		d.tmpl.Shape = nil
-	case name == "device" && d.tmpl.Device != "":
-		d.tmpl.Device = ""
-	case name == "dtype" || name == "shape" || name == "device":
-		return syscall.ENODATA
-	default:
-		return syscall.EPERM
-	}
-	return 0
+	return toErrno("removexattr "+attr, d.d.RemoveTemplateAttr(name))
 }
 
 // getUser reads an ordinary attribute. Other namespaces (security., trusted.,
 // system.) hold nothing here: ENODATA.
-func (m *meta) getUser(attr string, dest []byte) (uint32, syscall.Errno) {
-	m.mu.Lock()
-	v, ok := m.xattrs[attr]
-	m.mu.Unlock()
+func (m meta) getUser(attr string, dest []byte) (uint32, syscall.Errno) {
+	m.Lock()
+	v, ok := m.Xattrs[attr]
+	m.Unlock()
 	if !ok {
 		return 0, syscall.ENODATA
 	}
@@ -299,44 +244,45 @@ func (m *meta) getUser(attr string, dest []byte) (uint32, syscall.Errno) {
 
 // setUser stores an ordinary user.* attribute, honouring XATTR_CREATE and
 // XATTR_REPLACE; other namespaces are EOPNOTSUPP.
-func (m *meta) setUser(attr string, data []byte, flags uint32) syscall.Errno {
+func (m meta) setUser(attr string, data []byte, flags uint32) syscall.Errno {
 	if !strings.HasPrefix(attr, "user.") {
 		return syscall.EOPNOTSUPP
 	}
 	if len(data) > maxUserXattr {
 		return syscall.E2BIG
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	_, exists := m.xattrs[attr]
+	m.Lock()
+	defer m.Unlock()
+	_, exists := m.Xattrs[attr]
 	if flags&xattrCreate != 0 && exists {
 		return syscall.EEXIST
 	}
 	if flags&xattrReplace != 0 && !exists {
 		return syscall.ENODATA
 	}
-	if m.xattrs == nil {
-		m.xattrs = map[string][]byte{}
+	if m.Xattrs == nil {
+		m.Xattrs = map[string][]byte{}
 	}
-	m.xattrs[attr] = append([]byte(nil), data...)
+	m.Xattrs[attr] = append([]byte(nil), data...)
 	return 0
 }
 
-func (m *meta) removeUser(attr string) syscall.Errno {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if _, ok := m.xattrs[attr]; !ok {
+// removeUser removes an ordinary attribute; ENODATA when it is not set.
+func (m meta) removeUser(attr string) syscall.Errno {
+	m.Lock()
+	defer m.Unlock()
+	if _, ok := m.Xattrs[attr]; !ok {
 		return syscall.ENODATA
 	}
-	delete(m.xattrs, attr)
+	delete(m.Xattrs, attr)
 	return 0
 }
 
 // listUser appends the ordinary attribute names, NUL-terminated, to b.
-func (m *meta) listUser(b []byte) []byte {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for n := range m.xattrs {
+func (m meta) listUser(b []byte) []byte {
+	m.Lock()
+	defer m.Unlock()
+	for n := range m.Xattrs {
 		b = append(append(b, n...), 0)
 	}
 	return b

@@ -13,6 +13,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tensorfs/tensorfs/fs"
+	"github.com/tensorfs/tensorfs/mountpoint"
+	"github.com/tensorfs/tensorfs/namespace"
 	"github.com/tensorfs/tensorfs/tensor"
 	"github.com/tensorfs/tensorfs/transfer"
 )
@@ -109,15 +111,16 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	if err != nil {
 		return err
 	}
-	root := fs.NewRoot(store)
-	peerCfg.Importers = fs.Importers(store)
-	peerCfg.ImportFile = fs.ImportFile(store)
-	peers, err := transfer.New(peerCfg, root.Local())
+	peerCfg.Importers = namespace.Importers(store)
+	peerCfg.ImportFile = namespace.ImportFile(store)
+	root, peers, err := fs.NewRoot(fs.Config{
+		Store: store,
+		Peers: func(local transfer.Local) (*transfer.Service, error) { return transfer.New(peerCfg, local) },
+	})
 	if err != nil {
 		store.Close()
 		return err
 	}
-	root.SetPeers(peers)
 	// The listener is up before the mount appears: a mounted node is ready.
 	if err := peers.Start(); err != nil {
 		store.Close()
@@ -174,7 +177,7 @@ func newUnmountCmd() *cobra.Command {
 		Short: "Unmount a tensor filesystem (the daemon then frees everything and exits 0)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !fs.IsMounted(args[0]) {
+			if !mountpoint.IsMounted(args[0]) {
 				return fmt.Errorf("unmount %s: not a tensorfs mount", args[0])
 			}
 			err := syscall.Unmount(args[0], 0)

@@ -1,12 +1,8 @@
-package fs
+package namespace
 
 import (
 	"fmt"
-	"sort"
-	"strings"
 	"syscall"
-
-	gofs "github.com/hanwen/go-fuse/v2/fs"
 
 	"github.com/tensorfs/tensorfs/dtype"
 	"github.com/tensorfs/tensorfs/tensor"
@@ -27,58 +23,6 @@ const (
 // errf returns a transfer.Error with an errno, for copies.
 func errf(errno syscall.Errno, format string, args ...any) error {
 	return &transfer.Error{Errno: errno, Msg: fmt.Sprintf(format, args...)}
-}
-
-// resolve finds the node at a cleaned mount-relative path.
-func (f *FS) resolve(p string) (gofs.InodeEmbedder, error) {
-	var cur gofs.InodeEmbedder = f.root
-	if p == "/" {
-		return cur, nil
-	}
-	for _, c := range strings.Split(p[1:], "/") {
-		d, ok := cur.(*Dir)
-		if !ok {
-			return nil, errf(syscall.ENOTDIR, "%s: a component is not a directory", p)
-		}
-		in := d.child(c)
-		if in == nil {
-			return nil, errf(syscall.ENOENT, "%s: no such file or directory", p)
-		}
-		cur = in.Operations()
-	}
-	return cur, nil
-}
-
-// fileRef is one tensor file found under a directory.
-type fileRef struct {
-	rel string
-	f   *File
-}
-
-// walk lists the tensor files under d (sorted, temporaries skipped).
-func (d *Dir) walk(prefix string, out []fileRef) []fileRef {
-	d.mu.Lock()
-	names := make([]string, 0, len(d.entries))
-	for n := range d.entries {
-		if !strings.HasPrefix(n, tmpPrefix) {
-			names = append(names, n)
-		}
-	}
-	kids := make(map[string]gofs.InodeEmbedder, len(names))
-	for _, n := range names {
-		kids[n] = d.entries[n].Operations()
-	}
-	d.mu.Unlock()
-	sort.Strings(names)
-	for _, n := range names {
-		switch c := kids[n].(type) {
-		case *File:
-			out = append(out, fileRef{rel: prefix + n, f: c})
-		case *Dir:
-			out = c.walk(prefix+n+"/", out)
-		}
-	}
-	return out
 }
 
 // metaOf describes a tensor for a copy.
@@ -102,11 +46,16 @@ type fileSource struct {
 	meta transfer.Meta
 }
 
+// Meta implements transfer.Source.
 func (s *fileSource) Meta() transfer.Meta { return s.meta }
+
+// ReadAt implements transfer.Source.
 func (s *fileSource) ReadAt(p []byte, off int64) (int, error) {
 	n, err := s.t.ReadAt(p, off)
 	return n, copyErr(err)
 }
+
+// Close implements transfer.Source: the tensor thaws and may be released.
 func (s *fileSource) Close() {
 	s.thaw()
 	s.h.Close()
@@ -126,6 +75,7 @@ func (s *fileSource) Export(holder string, accept func(string) bool, keep bool) 
 	return d, p.Release, p.Lease, true
 }
 
+// openSource opens f's tensor for a copy that names it rel.
 func openSource(f *File, rel string) (*fileSource, error) {
 	h, err := f.t.Open("copy")
 	if err != nil {
@@ -138,7 +88,7 @@ func openSource(f *File, rel string) (*fileSource, error) {
 }
 
 // sources opens the tensors of a node: one for a file, all below a directory.
-func sources(n gofs.InodeEmbedder) ([]transfer.Source, bool, error) {
+func sources(n Node) ([]transfer.Source, bool, error) {
 	var refs []fileRef
 	isDir := false
 	switch x := n.(type) {
@@ -163,8 +113,8 @@ func sources(n gofs.InodeEmbedder) ([]transfer.Source, bool, error) {
 }
 
 // Get implements transfer.Local.
-func (f *FS) Get(p string) ([]transfer.Source, bool, error) {
-	n, err := f.resolve(p)
+func (f *Tree) Get(p string) ([]transfer.Source, bool, error) {
+	n, err := f.Resolve(p)
 	if err != nil {
 		return nil, false, err
 	}
@@ -174,7 +124,7 @@ func (f *FS) Get(p string) ([]transfer.Source, bool, error) {
 // Put implements transfer.Local: temporaries in the destination directories,
 // renamed into place through the mount at Commit (so inotify watchers see
 // IN_MOVED_TO).
-func (f *FS) Put(p string, isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
+func (f *Tree) Put(p string, isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
 	return f.prepare(p, isDir, metas, nil, true)
 }
 

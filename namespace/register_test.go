@@ -1,4 +1,4 @@
-package fs
+package namespace
 
 import (
 	"os"
@@ -6,7 +6,6 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
@@ -32,22 +31,22 @@ func TestOpenMemfdPermission(t *testing.T) {
 	require.NoError(t, err)
 	defer unix.Close(fd)
 	pid := os.Getpid()
-	me := &fuse.Caller{Owner: fuse.Owner{Uid: 4242, Gid: 4242}, Pid: uint32(unix.Gettid())}
+	me := &Caller{UID: 4242, GID: 4242, PID: uint32(unix.Gettid())}
 	f, err := openMemfd(me, pid, fd)
 	require.NoError(t, err, "the caller's own thread group, whatever the uids")
 	f.Close()
 
-	stranger := &fuse.Caller{Owner: fuse.Owner{Uid: 4242, Gid: 4242}, Pid: 1}
+	stranger := &Caller{UID: 4242, GID: 4242, PID: 1}
 	_, err = openMemfd(stranger, pid, fd)
 	require.ErrorIs(t, err, syscall.EACCES, "uid 4242 on a process of uid %d", os.Getuid())
 
-	same := &fuse.Caller{Owner: fuse.Owner{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}, Pid: 1}
+	same := &Caller{UID: uint32(os.Getuid()), GID: uint32(os.Getgid()), PID: 1}
 	if os.Getuid() != 0 {
 		f, err = openMemfd(same, pid, fd)
 		require.NoError(t, err, "a process of the caller's uid")
 		f.Close()
 	}
-	root := &fuse.Caller{Pid: 1}
+	root := &Caller{PID: 1}
 	f, err = openMemfd(root, pid, fd)
 	require.NoError(t, err)
 	f.Close()

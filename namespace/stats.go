@@ -1,4 +1,4 @@
-package fs
+package namespace
 
 import (
 	"encoding/json"
@@ -18,14 +18,14 @@ type Stats struct {
 // statsPad is the granularity the stats document is padded to, in bytes.
 const statsPad = 256
 
-// statsJSON renders the stats document followed by a newline and padded with
+// StatsJSON renders the stats document followed by a newline and padded with
 // spaces (JSON whitespace, so parsers accept it) to a multiple of statsPad.
 // Clients read xattrs in two calls (a size probe, then the read); a value
 // whose length changed in between would fail the read with ERANGE (seen under
 // load), so the length changes only when the document crosses a statsPad
 // boundary. The newline comes first so a terminal shows the JSON on its own
 // line.
-func (f *FS) statsJSON() []byte {
+func (f *Tree) StatsJSON() []byte {
 	live := f.store.Stats()
 	live.Imports = f.peers.Imports()
 	b, _ := json.Marshal(Stats{Live: live, Stats: f.peers.Stats()})

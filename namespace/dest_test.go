@@ -1,4 +1,4 @@
-package fs
+package namespace
 
 import (
 	"bytes"
@@ -7,7 +7,6 @@ import (
 	"syscall"
 	"testing"
 
-	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tensorfs/tensorfs/gpu"
@@ -15,19 +14,17 @@ import (
 	"github.com/tensorfs/tensorfs/transfer"
 )
 
-// unmountedFS is a tensor tree on host memory with go-fuse's node bridge but
-// no mount: copies into it put tensors in place inside the daemon (there is
-// no mount to rename through).
-func unmountedFS(t *testing.T) *FS {
+// unmountedFS is a tensor tree on host memory with no mount: copies into it
+// put tensors in place inside the daemon (there is no mount to rename
+// through).
+func unmountedFS(t *testing.T) *Tree {
 	t.Helper()
 	h, err := gpu.NewHost(256 << 20)
 	require.NoError(t, err)
 	store, err := tensor.NewStore(tensor.Config{Devices: []gpu.Device{h}})
 	require.NoError(t, err)
-	root := NewRoot(store)
-	gofs.NewNodeFS(root, &gofs.Options{})
 	t.Cleanup(store.Close)
-	return root.fsys
+	return New(store)
 }
 
 func u8(rel string, n int) transfer.Meta {
@@ -57,9 +54,9 @@ func fillItems(t *testing.T, d *dest, seed byte) {
 	}
 }
 
-func readAll(t *testing.T, f *FS, p string) []byte {
+func readAll(t *testing.T, f *Tree, p string) []byte {
 	t.Helper()
-	n, err := f.resolve(p)
+	n, err := f.Resolve(p)
 	require.NoError(t, err)
 	file, ok := n.(*File)
 	require.True(t, ok, "%s is not a file", p)
@@ -77,7 +74,7 @@ func TestStagedDirectory(t *testing.T) {
 	f := unmountedFS(t)
 	home, err := f.mkdirAll("/home")
 	require.NoError(t, err)
-	home.meta.uid, home.meta.gid = 1000, 1001
+	home.meta.UID, home.meta.GID = 1000, 1001
 	metas := []transfer.Meta{u8("a", 16), u8("sub/deep/b", 32)}
 	_, err = f.prepare("/home/missing/new", true, metas, nil, false)
 	require.ErrorIs(t, err, syscall.ENOENT, "the destination's parent must exist")
@@ -92,16 +89,16 @@ func TestStagedDirectory(t *testing.T) {
 	require.Equal(t, 2, n)
 	require.Equal(t, []string{"new"}, names(home))
 	for _, p := range []string{"/home/new", "/home/new/sub", "/home/new/sub/deep"} {
-		node, err := f.resolve(p)
+		node, err := f.Resolve(p)
 		require.NoError(t, err)
-		m := node.(*Dir).nodeMeta()
-		require.Equal(t, [3]uint32{1000, 1001, 0o755}, [3]uint32{m.uid, m.gid, m.mode}, p)
+		m := node.(*Dir).Meta()
+		require.Equal(t, [3]uint32{1000, 1001, 0o755}, [3]uint32{m.UID, m.GID, m.Mode}, p)
 	}
 	for i, p := range []string{"/home/new/a", "/home/new/sub/deep/b"} {
-		node, err := f.resolve(p)
+		node, err := f.Resolve(p)
 		require.NoError(t, err)
-		m := node.(*File).nodeMeta()
-		require.Equal(t, [3]uint32{1000, 1001, copyMode}, [3]uint32{m.uid, m.gid, m.mode}, p)
+		m := node.(*File).Meta()
+		require.Equal(t, [3]uint32{1000, 1001, copyMode}, [3]uint32{m.UID, m.GID, m.Mode}, p)
 		b := readAll(t, f, p)
 		require.Equal(t, 7+byte(i), b[0])
 	}

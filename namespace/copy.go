@@ -1,4 +1,4 @@
-package fs
+package namespace
 
 import (
 	"context"
@@ -7,56 +7,15 @@ import (
 	"strings"
 	"syscall"
 
-	gofs "github.com/hanwen/go-fuse/v2/fs"
-	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorfs/tensorfs/transfer"
 )
 
-// Local returns the node's tensor namespace for the peer service.
-func (d *Dir) Local() transfer.Local { return d.fsys }
-
-// SetPeers gives the tree its peer service: remote copies go through it, and
-// its counters fill the stats document. Call it before mounting.
-func (d *Dir) SetPeers(s *transfer.Service) { d.fsys.peers = s }
-
-// pathOf finds the mount-relative path of node n by searching the tree (copies
-// are rare next to lookups, so nodes keep no parent pointers); "" when n has
-// no name any more.
-func (f *FS) pathOf(n gofs.InodeEmbedder) string {
-	if n == gofs.InodeEmbedder(f.root) {
-		return "/"
-	}
-	var find func(d *Dir, prefix string) string
-	find = func(d *Dir, prefix string) string {
-		d.mu.Lock()
-		kids := make(map[string]gofs.InodeEmbedder, len(d.entries))
-		for name, in := range d.entries {
-			kids[name] = in.Operations()
-		}
-		d.mu.Unlock()
-		for name, k := range kids {
-			if k == n {
-				return prefix + "/" + name
-			}
-		}
-		for name, k := range kids {
-			if sub, ok := k.(*Dir); ok {
-				if p := find(sub, prefix+"/"+name); p != "" {
-					return p
-				}
-			}
-		}
-		return ""
-	}
-	return find(f.root, "")
-}
-
 // parseTarget parses a copy's peer path: peer "" (or this node's own name)
 // means this mount; a path under this mount's own mountpoint is taken as
 // mount-relative.
-func (f *FS) parseTarget(v string) (peer, p string, err error) {
+func (f *Tree) parseTarget(v string) (peer, p string, err error) {
 	v = strings.TrimSpace(v)
 	if f.mnt != "" && strings.HasPrefix(v, f.mnt+"/") {
 		v = v[len(f.mnt):]
@@ -68,41 +27,15 @@ func (f *FS) parseTarget(v string) (peer, p string, err error) {
 	return peer, p, err
 }
 
-// within reports whether node n is dir or lies below it.
-func (f *FS) within(p string, dir *Dir) bool {
-	cur := gofs.InodeEmbedder(f.root)
-	if cur == gofs.InodeEmbedder(dir) {
-		return true
+// CopyContext is the context of a copy asked for by a request of thread
+// tid (0: unknown): not the request's own (a copy runs to completion or
+// failure, whatever happens to the request), but carrying its caller's
+// process id, looked up when the copy's record wants it.
+func CopyContext(tid int) context.Context {
+	if tid == 0 {
+		return context.Background()
 	}
-	if p == "/" {
-		return false
-	}
-	for _, c := range strings.Split(p[1:], "/") {
-		d, ok := cur.(*Dir)
-		if !ok {
-			return false
-		}
-		in := d.child(c)
-		if in == nil {
-			return false
-		}
-		cur = in.Operations()
-		if cur == gofs.InodeEmbedder(dir) {
-			return true
-		}
-	}
-	return false
-}
-
-// copyCtx is the context of a copy asked for by the FUSE request of ctx: not
-// the request's own (a copy runs to completion or failure, whatever happens
-// to the request), but carrying its caller's pid for the copy's records.
-func copyCtx(ctx context.Context) context.Context {
-	if c, ok := fuse.FromContext(ctx); ok {
-		tid := int(c.Pid)
-		return transfer.WithCallerLookup(context.Background(), func() int { return tgid(tid) })
-	}
-	return context.Background()
+	return transfer.WithCallerLookup(context.Background(), func() int { return tgid(tid) })
 }
 
 // tgid is the process of thread tid: FUSE names the calling thread, and a
@@ -136,13 +69,18 @@ func tgidProc(tid int) int {
 	return tid
 }
 
-// copyTo pushes node src (a file, or a directory tree) to a peer path. It
+// CopyTo pushes node src (a file, or a directory tree) to a peer path. It
 // ignores the request's cancellation (FUSE interrupts): a copy runs to
 // completion or failure.
 //
 // viaMount lets the final renames go through the mount (so inotify watchers
 // see arrivals); batch turns it off, since the kernel holds the root's lock.
-func (f *FS) copyTo(ctx context.Context, src gofs.InodeEmbedder, value string, viaMount bool) error {
+// value is [PEER:]PATH. Errors: *transfer.Error with the errno of the
+// failure (EINVAL for a copy onto itself or into its own subtree, ENOENT
+// for an unknown peer, EISDIR, ...; a domain error gets its errno), never
+// ESTALE (see copyErr), or an error of no known errno.
+func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool) (err error) {
+	defer func() { err = copyErr(err) }()
 	peer, dst, err := f.parseTarget(value)
 	if err != nil {
 		return err
@@ -156,7 +94,7 @@ func (f *FS) copyTo(ctx context.Context, src gofs.InodeEmbedder, value string, v
 			s.Close()
 		}
 	}()
-	label := f.pathOf(src)
+	label := f.Path(src)
 	if peer != "" {
 		if f.peers == nil {
 			return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
@@ -167,14 +105,14 @@ func (f *FS) copyTo(ctx context.Context, src gofs.InodeEmbedder, value string, v
 	}
 	// Inside this mount: refuse a copy onto itself or into its own subtree
 	// (the kernel holds src's lock for this call; a rename over it would hang).
-	if target, err := f.resolve(dst); err == nil && target == src {
+	if target, err := f.Resolve(dst); err == nil && target == src {
 		return errf(syscall.EINVAL, "copy of %s onto itself", dst)
 	}
 	if d, ok := src.(*Dir); ok && f.within(dst, d) {
 		return errf(syscall.EINVAL, "copy of directory %s into its own subtree %s", label, dst)
 	}
 	if !isDir {
-		if target, err := f.resolve(dst); err == nil {
+		if target, err := f.Resolve(dst); err == nil {
 			if _, isD := target.(*Dir); isD {
 				return errf(syscall.EISDIR, "%s is a directory (name the target file)", dst)
 			}
@@ -187,13 +125,17 @@ func (f *FS) copyTo(ctx context.Context, src gofs.InodeEmbedder, value string, v
 	return err
 }
 
-// copyFrom pulls a peer path into node dst (a file, or a directory tree).
-func (f *FS) copyFrom(ctx context.Context, dst gofs.InodeEmbedder, value string) error {
+// CopyFrom pulls a peer path (value: [PEER:]PATH) into node dst (a file, or
+// a directory tree), replacing the data of files in place (the kernel holds
+// dst's lock for this call). Errors as for CopyTo; ENOENT when dst has no
+// name any more.
+func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error) {
+	defer func() { err = copyErr(err) }()
 	peer, src, err := f.parseTarget(value)
 	if err != nil {
 		return err
 	}
-	dstPath := f.pathOf(dst)
+	dstPath := f.Path(dst)
 	if dstPath == "" {
 		return errf(syscall.ENOENT, "copy_from into an unlinked file")
 	}
@@ -215,7 +157,7 @@ func (f *FS) copyFrom(ctx context.Context, dst gofs.InodeEmbedder, value string)
 		logCopy(peer+":"+src, dstPath, n, err)
 		return err
 	}
-	srcNode, err := f.resolve(src)
+	srcNode, err := f.Resolve(src)
 	if err != nil {
 		return err
 	}
@@ -243,7 +185,7 @@ func (f *FS) copyFrom(ctx context.Context, dst gofs.InodeEmbedder, value string)
 }
 
 // localCopy copies tensors of this daemon device to device into dst.
-func (f *FS) localCopy(ctx context.Context, label, dst string, srcs []transfer.Source, isDir bool, prepare func(bool, []transfer.Meta) (transfer.Dest, error)) (int, error) {
+func (f *Tree) localCopy(ctx context.Context, label, dst string, srcs []transfer.Source, isDir bool, prepare func(bool, []transfer.Meta) (transfer.Dest, error)) (int, error) {
 	metas := make([]transfer.Meta, len(srcs))
 	var total int64
 	for i, s := range srcs {
@@ -276,14 +218,21 @@ func (f *FS) localCopy(ctx context.Context, label, dst string, srcs []transfer.S
 	return n, err
 }
 
-// batch runs the copies of a batch xattr: one "SRC DST" per line. Pushes of
-// local tensors to one peer go as one pipelined transfer; the rest run in
-// order. It stops at the first failure.
-func (f *FS) batch(ctx context.Context, value string) error {
-	type push struct{ src, dst string }
-	pushes := map[string][]push{}
-	var order []string
-	var others [][2]string
+// batchPlan is a batch xattr's copies: pushes of local tensors by peer (in
+// the order the peers first appear), and the other lines in order.
+type batchPlan struct {
+	order  []string
+	pushes map[string][]batchPush
+	others [][2]string
+}
+
+// batchPush is one local tensor of a batch sent to a peer.
+type batchPush struct{ src, dst string }
+
+// parseBatch parses a batch value: one "SRC DST" per line, blank lines and
+// # comments skipped. Errors: EINVAL for a malformed line or path.
+func (f *Tree) parseBatch(value string) (batchPlan, error) {
+	b := batchPlan{pushes: map[string][]batchPush{}}
 	for i, line := range strings.Split(value, "\n") {
 		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
@@ -291,62 +240,43 @@ func (f *FS) batch(ctx context.Context, value string) error {
 		}
 		fields := strings.Fields(line)
 		if len(fields) != 2 {
-			return errf(syscall.EINVAL, "batch line %d: want SRC DST, got %q", i+1, line)
+			return b, errf(syscall.EINVAL, "batch line %d: want SRC DST, got %q", i+1, line)
 		}
 		sp, spath, err := f.parseTarget(fields[0])
 		if err != nil {
-			return err
+			return b, err
 		}
 		dp, dpath, err := f.parseTarget(fields[1])
 		if err != nil {
-			return err
+			return b, err
 		}
 		if sp == "" && dp != "" {
-			if _, ok := pushes[dp]; !ok {
-				order = append(order, dp)
+			if _, ok := b.pushes[dp]; !ok {
+				b.order = append(b.order, dp)
 			}
-			pushes[dp] = append(pushes[dp], push{spath, dpath})
+			b.pushes[dp] = append(b.pushes[dp], batchPush{spath, dpath})
 			continue
 		}
-		others = append(others, [2]string{fields[0], fields[1]})
+		b.others = append(b.others, [2]string{fields[0], fields[1]})
 	}
-	for _, peer := range order {
-		var srcs []transfer.Source
-		closeAll := func() {
-			for _, s := range srcs {
-				s.Close()
-			}
-		}
-		for _, p := range pushes[peer] {
-			n, err := f.resolve(p.src)
-			if err != nil {
-				closeAll()
-				return err
-			}
-			file, ok := n.(*File)
-			if !ok {
-				closeAll()
-				return errf(syscall.EISDIR, "batch: %s is a directory (batch lines name tensors)", p.src)
-			}
-			s, err := openSource(file, strings.TrimPrefix(p.dst, "/"))
-			if err != nil {
-				closeAll()
-				return err
-			}
-			srcs = append(srcs, s)
-		}
-		if f.peers == nil {
-			closeAll()
-			return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
-		}
-		n, err := f.peers.Send(ctx, peer, "/", srcs, true, "batch")
-		closeAll()
-		logCopy("batch", peer+":/", n, err)
-		if err != nil {
+	return b, nil
+}
+
+// Batch runs the copies of a batch xattr: one "SRC DST" per line. Pushes of
+// local tensors to one peer go as one pipelined transfer; the rest run in
+// order. It stops at the first failure and returns it (errors as CopyTo's).
+func (f *Tree) Batch(ctx context.Context, value string) (err error) {
+	defer func() { err = copyErr(err) }()
+	b, err := f.parseBatch(value)
+	if err != nil {
+		return err
+	}
+	for _, peer := range b.order {
+		if err := f.pushBatch(ctx, peer, b.pushes[peer]); err != nil {
 			return err
 		}
 	}
-	for _, o := range others {
+	for _, o := range b.others {
 		sp, spath, _ := f.parseTarget(o[0])
 		if sp != "" {
 			// A pull into this mount: into the destination's parent dir.
@@ -359,26 +289,57 @@ func (f *FS) batch(ctx context.Context, value string) error {
 			}
 			continue
 		}
-		n, err := f.resolve(spath)
+		n, err := f.Resolve(spath)
 		if err != nil {
 			return err
 		}
-		if err := f.copyTo(ctx, n, o[1], false); err != nil {
+		if err := f.CopyTo(ctx, n, o[1], false); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// pushBatch sends a batch's local tensors to peer as one transfer.
+func (f *Tree) pushBatch(ctx context.Context, peer string, pushes []batchPush) error {
+	var srcs []transfer.Source
+	defer func() {
+		for _, s := range srcs {
+			s.Close()
+		}
+	}()
+	for _, p := range pushes {
+		n, err := f.Resolve(p.src)
+		if err != nil {
+			return err
+		}
+		file, ok := n.(*File)
+		if !ok {
+			return errf(syscall.EISDIR, "batch: %s is a directory (batch lines name tensors)", p.src)
+		}
+		s, err := openSource(file, strings.TrimPrefix(p.dst, "/"))
+		if err != nil {
+			return err
+		}
+		srcs = append(srcs, s)
+	}
+	if f.peers == nil {
+		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
+	}
+	n, err := f.peers.Send(ctx, peer, "/", srcs, true, "batch")
+	logCopy("batch", peer+":/", n, err)
+	return err
+}
+
 // pullTo copies peer:src to dst in this mount (a batch line). It renames into
 // place inside the daemon: the kernel holds the root's lock for the batch.
-func (f *FS) pullTo(ctx context.Context, peer, src, dst string) error {
+func (f *Tree) pullTo(ctx context.Context, peer, src, dst string) error {
 	if f.peers == nil {
 		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
 	}
 	n, err := f.peers.Receive(ctx, peer, src, dst, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
 		if !isDir {
-			if t, err := f.resolve(dst); err == nil {
+			if t, err := f.Resolve(dst); err == nil {
 				if _, isD := t.(*Dir); isD {
 					return nil, errf(syscall.EISDIR, "%s is a directory", dst)
 				}
@@ -390,6 +351,8 @@ func (f *FS) pullTo(ctx context.Context, peer, src, dst string) error {
 	return err
 }
 
+// logCopy logs a copy's outcome: its error, or how many tensors it put in
+// place.
 func logCopy(src, dst string, n int, err error) {
 	if err != nil {
 		log.Printf("copy %s -> %s: %v", src, dst, err)

@@ -1,20 +1,26 @@
-package fs
+package namespace
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"syscall"
 
-	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorfs/tensorfs/gpu"
 	"github.com/tensorfs/tensorfs/tensor"
 )
+
+// Caller is the process a request comes from, as FUSE names it: the
+// calling thread's id and its uid and gid.
+type Caller struct {
+	UID, GID uint32
+	// PID is the calling thread's id (FUSE's pid).
+	PID uint32
+}
 
 // registration is a parsed register value: KIND:REF[@OFFSET+LENGTH].
 type registration struct {
@@ -59,7 +65,7 @@ func parseRegistration(v string) (registration, error) {
 	return r, nil
 }
 
-// register implements the register action on f: it imports the memory the
+// Register implements the register action on t: it imports the memory the
 // value names and makes it f's tensor. A memfd is opened only once the
 // requester's right to it is checked (see openMemfd); a CUDA IPC handle is a
 // capability (whoever holds it may map the allocation) and cannot be checked.
@@ -67,15 +73,18 @@ func parseRegistration(v string) (registration, error) {
 // It makes no syscall on the mount: /proc only, and the memfd's fd is read
 // with readlink (which does not touch the file it names) before anything is
 // opened, so an fd naming a file of this mount is refused, not opened.
-func (f *FS) register(ctx context.Context, t *tensor.Tensor, v string) error {
+//
+// c is the caller, nil when unknown (then a memfd is EACCES). Errors:
+// syscall.EINVAL for a malformed value, EACCES, ENOENT (see openMemfd), and
+// the store's and tensor's import errors.
+func (f *Tree) Register(c *Caller, t *tensor.Tensor, v string) error {
 	r, err := parseRegistration(v)
 	if err != nil {
 		return err
 	}
 	var buf gpu.Buffer
 	if r.pid != 0 {
-		c, ok := fuse.FromContext(ctx)
-		if !ok {
+		if c == nil {
 			return fmt.Errorf("register %s: no caller: %w", r.handle, syscall.EACCES)
 		}
 		file, err := openMemfd(c, r.pid, r.fd)
@@ -104,17 +113,17 @@ func (f *FS) register(ctx context.Context, t *tensor.Tensor, v string) error {
 // one open /proc/PID directory, so the process checked is the one whose fd
 // is opened (a pid reused meanwhile fails with ESRCH). Errors: EACCES,
 // ENOENT (no such process or fd), EINVAL (not a memfd).
-func openMemfd(c *fuse.Caller, pid, n int) (*os.File, error) {
+func openMemfd(c *Caller, pid, n int) (*os.File, error) {
 	dir, err := unix.Open(fmt.Sprintf("/proc/%d", pid), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("register: process %d: %w", pid, err)
 	}
 	defer unix.Close(dir)
-	if c.Uid != 0 {
-		tgid, _, err := procStatus(unix.AT_FDCWD, fmt.Sprintf("/proc/%d/status", c.Pid))
+	if c.UID != 0 {
+		tgid, _, err := procStatus(unix.AT_FDCWD, fmt.Sprintf("/proc/%d/status", c.PID))
 		if err != nil || tgid != pid {
 			if err := sameCreds(dir, c); err != nil {
-				return nil, fmt.Errorf("register: caller pid %d uid %d on process %d: %w", c.Pid, c.Uid, pid, err)
+				return nil, fmt.Errorf("register: caller pid %d uid %d on process %d: %w", c.PID, c.UID, pid, err)
 			}
 		}
 	}
@@ -138,13 +147,13 @@ func openMemfd(c *fuse.Caller, pid, n int) (*os.File, error) {
 
 // sameCreds checks that the process of /proc directory dir runs entirely as
 // c (real, effective and saved uid and gid) and is dumpable. Errors: EACCES.
-func sameCreds(dir int, c *fuse.Caller) error {
+func sameCreds(dir int, c *Caller) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(dir, &st); err != nil {
 		return err
 	}
 	// /proc/PID of a non-dumpable process (setuid, or prctl) is owned by root.
-	if st.Uid != c.Uid {
+	if st.Uid != c.UID {
 		return fmt.Errorf("process owned by uid %d: %w", st.Uid, syscall.EACCES)
 	}
 	_, ids, err := procStatus(dir, "status")
@@ -152,12 +161,12 @@ func sameCreds(dir int, c *fuse.Caller) error {
 		return err
 	}
 	for _, u := range ids.uids {
-		if u != c.Uid {
+		if u != c.UID {
 			return fmt.Errorf("process uids %v: %w", ids.uids, syscall.EACCES)
 		}
 	}
 	for _, g := range ids.gids {
-		if g != c.Gid {
+		if g != c.GID {
 			return fmt.Errorf("process gids %v: %w", ids.gids, syscall.EACCES)
 		}
 	}

@@ -1,8 +1,13 @@
-package fs
+// Package mountpoint finds and cleans up tensorfs mountpoints without
+// speaking FUSE: whether a directory is a tensorfs mount (per
+// /proc/self/mounts), and the lazy unmount of a dead daemon's mount.
+package mountpoint
 
 import (
 	"bufio"
 	"errors"
+	"fmt"
+	"log"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,6 +61,36 @@ func abortConnection(dir string) {
 			os.WriteFile(conn+"/abort", []byte("1"), 0)
 		}
 	}
+}
+
+// ErrMounted: the mountpoint is already served by a live tensorfs daemon.
+var ErrMounted = errors.New("already mounted by a live tensorfs daemon")
+
+// CleanStale lazily unmounts dir when it is a dead FUSE mount (a killed
+// daemon's: stat fails with ENOTCONN, or gives no answer within 3 s, in
+// which case its FUSE connection is aborted first) and returns nil; it
+// leaves an ordinary directory alone, and refuses (an error wrapping
+// ErrMounted) a live tensorfs mount, whose daemon still holds tensors that
+// taking over the mountpoint would strand.
+func CleanStale(dir string) error {
+	err := statTimeout(dir, 3*time.Second)
+	if err == errHung {
+		log.Printf("%s: a mount that does not answer; aborting its FUSE connection", dir)
+		abortConnection(dir)
+		err = syscall.ENOTCONN
+	}
+	if err == syscall.ENOTCONN || err == syscall.ECONNABORTED {
+		log.Printf("%s: cleaning up a stale mount left by a dead daemon", dir)
+		if syscall.Unmount(dir, syscall.MNT_DETACH) != nil {
+			// Not root: ask fusermount3, which may unmount our own mounts.
+			_ = runQuiet("fusermount3", "-u", "-z", dir)
+		}
+		return nil
+	}
+	if err == nil && isMountpoint(dir) {
+		return fmt.Errorf("%s: %w (unmount it first: tensorfs unmount %s)", dir, ErrMounted, dir)
+	}
+	return nil
 }
 
 // IsMounted reports whether dir is the mountpoint of a tensorfs FUSE mount

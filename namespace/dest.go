@@ -1,0 +1,492 @@
+package namespace
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"maps"
+	"path"
+	"syscall"
+
+	"github.com/tensorfs/tensorfs/dtype"
+	"github.com/tensorfs/tensorfs/tensor"
+	"github.com/tensorfs/tensorfs/transfer"
+)
+
+// destItem is one tensor of a copy's destination. Until Commit it lives as
+// from/tmp (a temporary name, or its final name inside a staged directory);
+// Commit puts it at to/final.
+type destItem struct {
+	from    *Dir   // the directory its node is in now
+	fromRel string // mount-relative path of from, through a staged directory's temporary name
+	tmp     string // its name in from; "" when adopting into target
+	to      *Dir   // its final directory (nil until resolved, for a staged item)
+	toRel   string // mount-relative path of its final directory ("/" for the root)
+	final   string
+	staged  *stagedDir // the staged directory it is below, or nil
+	f       *File      // the temporary's node
+	target  *File      // adopt mode: the file whose data is replaced in place
+	temp    *tensor.Tensor
+	h       *tensor.Handle
+	mode    uint32 // the mode Commit gives the temporary
+	placed  bool
+}
+
+// stagedDir is a directory a copy creates: it is built under a temporary
+// name in its (existing) parent, its tensors under their final names, and
+// renamed into place once at Commit. Nobody can be watching a directory
+// that does not exist yet, so that one rename (one IN_MOVED_TO, for the
+// directory) tells everything that can be told, and it makes the whole
+// new tree appear at once instead of costing a rename per tensor.
+type stagedDir struct {
+	parent    *Dir
+	parentRel string
+	tmp       string // its temporary name in parent
+	final     string
+	dir       *Dir
+	items     []int // the dest items below it
+	placed    bool
+}
+
+// dirLoc is where a destination directory is while the copy runs.
+type dirLoc struct {
+	dir    *Dir
+	rel    string     // its mount-relative path now (through a staged temporary name)
+	staged *stagedDir // the staged directory it is (or is below), or nil
+}
+
+// dest is a copy's destination: temporaries filled by WriteAt, put in place
+// by Commit (a rename through the mount, an internal rename, or an adoption),
+// removed by Abort.
+type dest struct {
+	tree   *Tree
+	items  []destItem
+	staged []*stagedDir
+	dirs   map[string]dirLoc // by final mount-relative path
+	rename bool              // put in place by renames through the mount
+	placed int
+}
+
+// prepare builds a destination at p. adoptTarget, when set, is the node whose
+// xattr is being set (copy_from): its lock is held by the kernel, so nothing
+// may be renamed over it or created in it through the mount: files there are
+// replaced by adoption and new names inserted internally. viaMount says the
+// final renames may go through the mount (so inotify sees them); it is false
+// when the kernel may hold the lock of a destination directory (batch holds
+// the root's).
+func (f *Tree) prepare(p string, isDir bool, metas []transfer.Meta, adoptTarget Node, viaMount bool) (_ *dest, err error) {
+	defer func() { err = copyErr(err) }()
+	d := &dest{tree: f, rename: adoptTarget == nil && viaMount && f.placer != nil, dirs: map[string]dirLoc{}}
+	ok := false
+	defer func() {
+		if !ok {
+			d.Abort()
+		}
+	}()
+	if !isDir {
+		parentPath, name := path.Split(p)
+		if name == "" {
+			return nil, errf(syscall.EISDIR, "%s is a directory", p)
+		}
+		parentPath = path.Clean(parentPath)
+		parent, err := f.Resolve(parentPath)
+		if err != nil {
+			return nil, err
+		}
+		pd, isD := parent.(*Dir)
+		if !isD {
+			return nil, errf(syscall.ENOTDIR, "%s: parent is not a directory", p)
+		}
+		if err := d.add(dirLoc{dir: pd, rel: parentPath}, parentPath, name, metas[0], adoptTarget); err != nil {
+			return nil, err
+		}
+		ok = true
+		return d, nil
+	}
+	// Like a file's, a directory's destination needs its parent: only the
+	// destination itself and the tree below it are made.
+	if parent := path.Dir(p); parent != p {
+		n, err := f.Resolve(parent)
+		if err != nil {
+			return nil, errf(syscall.ENOENT, "%s: the destination's parent %s does not exist", p, parent)
+		}
+		if _, ok := n.(*Dir); !ok {
+			return nil, errf(syscall.ENOTDIR, "%s: the destination's parent %s is a file", p, parent)
+		}
+	}
+	if _, err := d.dirFor(p); err != nil { // made even when no tensor lands in it
+		return nil, err
+	}
+	for _, m := range metas {
+		dirRel, name := path.Split(m.Rel)
+		final := path.Join(p, dirRel)
+		loc, err := d.dirFor(final)
+		if err != nil {
+			return nil, err
+		}
+		if err := d.add(loc, final, name, m, adoptTarget); err != nil {
+			return nil, err
+		}
+	}
+	ok = true
+	return d, nil
+}
+
+// dirFor returns the directory that will be at mount-relative path p. An
+// existing one is used as it is; the first missing component of p is
+// staged (made under a temporary name, renamed into place at Commit) and
+// the rest made inside it, all without a syscall on the mount. Errors:
+// ENOTDIR when a component is a file, ENAMETOOLONG for a long component.
+func (d *dest) dirFor(p string) (dirLoc, error) {
+	p = path.Clean("/" + p)
+	if loc, ok := d.dirs[p]; ok {
+		return loc, nil
+	}
+	if p == "/" {
+		loc := dirLoc{dir: d.tree.root, rel: "/"}
+		d.dirs[p] = loc
+		return loc, nil
+	}
+	parentPath, name := path.Split(p)
+	parent, err := d.dirFor(parentPath)
+	if err != nil {
+		return dirLoc{}, err
+	}
+	if errno := CheckName(name); errno != 0 {
+		return dirLoc{}, errf(errno, "%s: name too long", p)
+	}
+	pd := parent.dir
+	pd.mu.Lock()
+	in := pd.entries[name]
+	if in != nil {
+		pd.mu.Unlock()
+		sub, ok := in.(*Dir)
+		if !ok {
+			return dirLoc{}, errf(syscall.ENOTDIR, "%s is a file", p)
+		}
+		loc := dirLoc{dir: sub, rel: path.Join(parent.rel, name), staged: parent.staged}
+		d.dirs[p] = loc
+		return loc, nil
+	}
+	nd := pd.newSubdir()
+	in = nd
+	loc := dirLoc{dir: nd, staged: parent.staged}
+	if parent.staged != nil {
+		// Inside a staged directory: made under its final name.
+		pd.setEntry(name, in)
+		loc.rel = path.Join(parent.rel, name)
+	} else {
+		s := &stagedDir{parent: pd, parentRel: parent.rel, tmp: d.tree.tmpNameIn(pd), final: name, dir: nd}
+		pd.setEntry(s.tmp, in)
+		d.staged = append(d.staged, s)
+		loc.staged, loc.rel = s, path.Join(parent.rel, s.tmp)
+	}
+	pd.mu.Unlock()
+	pd.invalidate() // its nlink counts the new subdirectory
+	d.dirs[p] = loc
+	return loc, nil
+}
+
+// tmpNameIn is a fresh temporary name for a copy's tensor or directory in
+// d, one no entry of d has (users may name files .tensorfs-tmp-N too);
+// d.mu is held.
+func (f *Tree) tmpNameIn(d *Dir) string {
+	for {
+		n := fmt.Sprintf("%s%d", tmpPrefix, f.tmpSeq.Add(1))
+		if d.entries[n] == nil {
+			return n
+		}
+	}
+}
+
+// add prepares one tensor named name in the directory at loc, whose final
+// mount-relative path is toRel.
+func (d *dest) add(loc dirLoc, toRel, name string, m transfer.Meta, adoptTarget Node) error {
+	if errno := CheckName(name); errno != 0 {
+		return errf(errno, "%s/%s: name too long", toRel, name)
+	}
+	dir := loc.dir
+	tmpl, err := templateFor(dir, m)
+	if err != nil {
+		return err
+	}
+	// The copy writes every byte before the tensor is in place (a failed
+	// one is dropped unseen), so its memory need not be cleared first.
+	tmpl.Uninit = true
+	item := destItem{from: dir, fromRel: loc.rel, final: name, toRel: toRel, staged: loc.staged}
+	if loc.staged == nil {
+		item.to = dir
+	}
+	existing := dir.Child(name)
+	if existing != nil {
+		if _, isDir := existing.(*Dir); isDir {
+			return errf(syscall.EISDIR, "%s is a directory", path.Join(toRel, name))
+		}
+		if loc.staged != nil {
+			// Only this copy puts tensors in a staged directory, and the
+			// transfer refuses a tensor named twice.
+			return errf(syscall.EPROTO, "%s: tensor named twice", path.Join(toRel, name))
+		}
+	}
+	if adoptTarget != nil && existing != nil {
+		// Replace in place: a rename over this file could need the lock the
+		// kernel holds for the xattr call.
+		item.target = existing.(*File)
+		// The target keeps the memory it adopts: that memory must be keyed
+		// by the target's owner, not the directory's. Recycled (uncleared)
+		// for the directory owner's next copy, it would show them what the
+		// target's owner wrote into a file they could not read.
+		tmpl.Owner = item.target.t.Owner()
+		t, err := d.tree.store.New(tmpl)
+		if err != nil {
+			return err
+		}
+		if item.h, err = t.Open("copy"); err != nil {
+			t.Unlink()
+			return err
+		}
+		t.Unlink()
+		item.temp = t
+		d.items = append(d.items, item)
+		return nil
+	}
+	item.tmp = name // in a staged directory; else a temporary name, below
+	uid, gid, mode, xattrs := landing(dir, existing)
+	item.mode = mode
+	tmpl.Owner = uid
+	t, err := d.tree.store.New(tmpl)
+	if err != nil {
+		return err
+	}
+	// Owner-only until Commit: the temporary's name can be looked up, and
+	// until the copy has written it, its memory may hold what an earlier
+	// tensor of the same owner left there (Template.Uninit).
+	nf := NewFile(t, tmpMode, uid, gid)
+	nf.meta.Xattrs = xattrs
+	dir.mu.Lock()
+	if loc.staged == nil {
+		item.tmp = d.tree.tmpNameIn(dir)
+	}
+	dir.setEntry(item.tmp, nf)
+	dir.mu.Unlock()
+	item.f, item.temp = nf, t
+	if loc.staged != nil {
+		loc.staged.items = append(loc.staged.items, len(d.items))
+	}
+	d.items = append(d.items, item)
+	return nil
+}
+
+// landing is what a copied tensor gets where it lands in dir: a new one
+// is dir's owner's, mode copyMode; one that replaces the tensor existing
+// keeps that tensor's owner, mode and user.* attributes (as a pull into
+// it does): only the bytes, dtype, shape and registration change. Its
+// memory is keyed by that owner.
+func landing(dir *Dir, existing Node) (uid, gid, mode uint32, xattrs map[string][]byte) {
+	if f, ok := existing.(*File); ok {
+		f.meta.Lock()
+		defer f.meta.Unlock()
+		return f.meta.UID, f.meta.GID, f.meta.Mode, maps.Clone(f.meta.Xattrs)
+	}
+	uid, gid = dir.meta.Owner()
+	return uid, gid, copyMode, nil
+}
+
+// templateFor is the tensor template of a copied tensor landing in dir: the
+// source's dtype and shape on dir's template device. Errors: EPROTO when the
+// metadata is inconsistent.
+func templateFor(dir *Dir, m transfer.Meta) (tensor.Template, error) {
+	dt, err := dtype.Parse(m.DType)
+	if err != nil {
+		return tensor.Template{}, errf(syscall.EPROTO, "tensor %q: %v", m.Rel, err)
+	}
+	sh, err := dtype.ParseShape(m.Shape)
+	if err != nil {
+		return tensor.Template{}, errf(syscall.EPROTO, "tensor %q: %v", m.Rel, err)
+	}
+	if nb, err := dtype.NBytes(dt, sh); err != nil || nb != m.NBytes {
+		return tensor.Template{}, errf(syscall.EPROTO, "tensor %q: %s %s is not %d bytes", m.Rel, dt, sh, m.NBytes)
+	}
+	tmpl := dir.Template()
+	owner, _ := dir.meta.Owner()
+	return tensor.Template{DType: dt, Shape: sh, Device: tmpl.Device, Owner: owner}, nil
+}
+
+// WriteAt implements transfer.Dest.
+func (d *dest) WriteAt(i int, p []byte, off int64) error {
+	_, err := d.items[i].temp.WriteAt(p, off)
+	return copyErr(err)
+}
+
+// tensorAt is item i's temporary tensor, for device-to-device local copies.
+func (d *dest) tensorAt(i int) *tensor.Tensor { return d.items[i].temp }
+
+// Placer puts a copy's tensors in place through the mount, so that inotify
+// watchers see each arrival (IN_MOVED_TO). The FUSE frontend implements it
+// (Tree.SetMount); a tree without one renames inside the daemon.
+type Placer interface {
+	// Begin starts the renames of one commit; the commit calls End on
+	// what it returns when it is done.
+	Begin() Placement
+}
+
+// Placement is one commit's renames through the mount (it may keep the
+// directories open between them).
+type Placement interface {
+	// Rename renames fromRel/from to toRel/to (fromRel and toRel are
+	// tree-relative directory paths) through the mount, failing with
+	// EEXIST when noReplace is set and the target exists. Where that
+	// cannot be done, or does not finish in time (the kernel holds a lock
+	// for someone who waits on this copy), it calls internal, which moves
+	// the entry inside the daemon, and returns internal's result.
+	Rename(fromRel, from, toRel, to string, noReplace bool, internal func() error) error
+	// End releases what the renames held.
+	End()
+}
+
+// internalRename is the Placement of a copy that does not rename
+// through the mount: every tensor is moved inside the daemon.
+type internalRename struct{}
+
+// Rename implements Placement: internal does it.
+func (internalRename) Rename(_, _, _, _ string, _ bool, internal func() error) error {
+	return internal()
+}
+
+// End implements Placement: nothing is held.
+func (internalRename) End() {}
+
+// Commit implements transfer.Dest: each tensor is put in place atomically;
+// a staged directory (a new one) with all its tensors at once.
+func (d *dest) Commit() (int, error) {
+	var pl Placement = internalRename{}
+	if d.rename {
+		pl = d.tree.placer.Begin()
+	}
+	defer pl.End()
+	for _, s := range d.staged {
+		for _, i := range s.items {
+			d.items[i].f.meta.SetMode(d.items[i].mode)
+		}
+		err := pl.Rename(s.parentRel, s.tmp, s.parentRel, s.final, true, func() error {
+			return moveEntry(s.parent, s.tmp, s.parent, s.final, true)
+		})
+		if errors.Is(err, syscall.EEXIST) || errors.Is(err, syscall.ENOTEMPTY) {
+			// Someone made the name meanwhile: the tensors go into it one
+			// by one, like into any existing directory.
+			log.Printf("put %s in place: it was made meanwhile; putting its tensors in one by one", path.Join(s.parentRel, s.final))
+			continue
+		}
+		if err != nil {
+			return d.fail(path.Join(s.parentRel, s.final), err)
+		}
+		s.placed = true
+		for _, i := range s.items {
+			d.items[i].placed = true
+		}
+		d.placed += len(s.items)
+	}
+	for i := range d.items {
+		it := &d.items[i]
+		if it.placed {
+			continue
+		}
+		if err := d.place(pl, it); err != nil {
+			return d.fail(path.Join(it.toRel, it.final), err)
+		}
+		it.placed = true
+		d.placed++
+	}
+	d.dropStaged()
+	return d.placed, nil
+}
+
+// fail aborts the rest of a commit that failed to put where in place, and
+// returns how many tensors it had put in place and the error for the copy
+// engine.
+func (d *dest) fail(where string, err error) (int, error) {
+	n := d.placed
+	d.Abort()
+	return n, &transfer.Error{Errno: transfer.Errno(copyErr(err)), Msg: fmt.Sprintf("put %s in place: %v", where, err), Copied: n}
+}
+
+// place puts one tensor in place: by adoption into its target, or by a
+// rename of its temporary (through pl).
+func (d *dest) place(pl Placement, it *destItem) error {
+	if it.to == nil { // below a staged directory that was made meanwhile
+		to, err := d.tree.mkdirAll(it.toRel)
+		if err != nil {
+			return err
+		}
+		it.to = to
+		// It lands like any tensor copied into that directory.
+		uid, gid, mode, xattrs := landing(to, to.Child(it.final))
+		it.f.meta.Lock()
+		it.f.meta.UID, it.f.meta.GID, it.f.meta.Xattrs = uid, gid, xattrs
+		it.f.meta.Unlock()
+		it.mode = mode
+		it.temp.SetOwner(uid)
+	}
+	if it.target != nil {
+		if err := it.target.t.Adopt(it.temp); err != nil {
+			return err
+		}
+		it.target.meta.Touch()
+		it.h.Close()
+		it.h = nil
+		return nil
+	}
+	it.f.meta.SetMode(it.mode)
+	return pl.Rename(it.fromRel, it.tmp, it.toRel, it.final, false, func() error {
+		return moveEntry(it.from, it.tmp, it.to, it.final, false)
+	})
+}
+
+// Abort implements transfer.Dest: the temporaries not yet in place go away,
+// and the staged directories with them.
+func (d *dest) Abort() {
+	for i := range d.items {
+		it := &d.items[i]
+		if it.placed {
+			continue
+		}
+		if it.h != nil {
+			it.h.Close()
+			it.h = nil
+		}
+		if it.f != nil {
+			it.from.mu.Lock()
+			if n := it.from.entries[it.tmp]; n == Node(it.f) {
+				it.from.delEntry(it.tmp)
+			}
+			it.from.mu.Unlock()
+			it.temp.Unlink()
+		}
+		it.placed = true
+	}
+	d.dropStaged()
+}
+
+// dropStaged removes the staged directories that were not put in place
+// (their tensors are gone or were put in place one by one). One that holds
+// something this copy did not put there (a user may write into it: it is
+// visible) stays, with that, under its temporary name: dropping it would
+// lose those entries and leak their memory.
+func (d *dest) dropStaged() {
+	for _, s := range d.staged {
+		if s.placed {
+			continue
+		}
+		s.placed = true
+		if !pruneEmpty(s.dir) {
+			log.Printf("%s: left in place, it holds entries this copy did not make", path.Join(s.parentRel, s.tmp))
+			continue
+		}
+		s.parent.mu.Lock()
+		if n := s.parent.entries[s.tmp]; n == Node(s.dir) && s.dir.Empty() {
+			s.parent.delEntry(s.tmp)
+		}
+		s.parent.mu.Unlock()
+		s.parent.invalidate()
+	}
+}
