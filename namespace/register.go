@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorfs/tensorfs/gpu"
+	"github.com/tensorfs/tensorfs/ipc"
 	"github.com/tensorfs/tensorfs/tensor"
 )
 
@@ -22,47 +23,15 @@ type Caller struct {
 	PID uint32
 }
 
-// registration is a parsed register value: KIND:REF[@OFFSET+LENGTH].
-type registration struct {
-	handle   string // "memfd:/proc/PID/fd/N" or "cuda:" + hex
-	pid, fd  int    // of a memfd handle
-	off, len int64  // len 0: from off to the end of the memory
-}
-
-// parseRegistration parses a register value. The range is two decimal byte
-// counts, length > 0. Errors: syscall.EINVAL.
-func parseRegistration(v string) (registration, error) {
-	var r registration
-	v = strings.TrimSpace(v)
-	if at := strings.LastIndexByte(v, '@'); at >= 0 {
-		o, l, ok := strings.Cut(v[at+1:], "+")
-		off, err1 := strconv.ParseInt(o, 10, 64)
-		n, err2 := strconv.ParseInt(l, 10, 64)
-		if !ok || err1 != nil || err2 != nil || off < 0 || n <= 0 {
-			return r, fmt.Errorf("register %q: the range is @OFFSET+LENGTH in bytes, LENGTH > 0: %w", v, syscall.EINVAL)
-		}
-		r.off, r.len, v = off, n, v[:at]
+// parseRegistration parses a register value, HANDLE[@OFFSET+LENGTH], with
+// the one handle parser (ipc.ParseSpec). Errors: syscall.EINVAL, wrapping
+// what is wrong.
+func parseRegistration(v string) (ipc.Spec, error) {
+	sp, err := ipc.ParseSpec(v)
+	if err != nil {
+		return sp, fmt.Errorf("register: %v: %w", err, syscall.EINVAL)
 	}
-	r.handle = v
-	switch {
-	case strings.HasPrefix(v, "memfd:"):
-		f := strings.Split(strings.TrimPrefix(v, "memfd:"), "/")
-		// "", "proc", PID, "fd", N
-		if len(f) != 5 || f[0] != "" || f[1] != "proc" || f[3] != "fd" {
-			return r, fmt.Errorf("register %q: want memfd:/proc/PID/fd/N: %w", v, syscall.EINVAL)
-		}
-		var err1, err2 error
-		r.pid, err1 = strconv.Atoi(f[2])
-		r.fd, err2 = strconv.Atoi(f[4])
-		if err1 != nil || err2 != nil || r.pid <= 0 || r.fd < 0 || f[2][0] == '+' || f[4][0] == '+' {
-			return r, fmt.Errorf("register %q: want memfd:/proc/PID/fd/N: %w", v, syscall.EINVAL)
-		}
-	case strings.HasPrefix(v, "cuda:"):
-		// The CUDA importer checks the handle's form (128 hex digits).
-	default:
-		return r, fmt.Errorf("register %q: want memfd:/proc/PID/fd/N or cuda:HEX: %w", v, syscall.EINVAL)
-	}
-	return r, nil
+	return sp, nil
 }
 
 // Register implements the register action on t: it imports the memory the
@@ -83,21 +52,21 @@ func (f *Tree) Register(c *Caller, t *tensor.Tensor, v string) error {
 		return err
 	}
 	var buf gpu.Buffer
-	if r.pid != 0 {
+	if r.Kind == ipc.KindMemfd {
 		if c == nil {
-			return fmt.Errorf("register %s: no caller: %w", r.handle, syscall.EACCES)
+			return fmt.Errorf("register %s: no caller: %w", r.Handle, syscall.EACCES)
 		}
-		file, err := openMemfd(c, r.pid, r.fd)
+		file, err := openMemfd(c, r.PID, r.FD)
 		if err != nil {
 			return err
 		}
-		buf, err = f.store.ImportFile(file, r.off, r.len)
+		buf, err = f.store.ImportFile(file, r.Off, r.Len)
 		file.Close()
 		if err != nil {
 			return err
 		}
 	} else {
-		if buf, err = f.store.Import(r.handle, r.off, r.len); err != nil {
+		if buf, err = f.store.Import(r.Handle.String(), r.Off, r.Len); err != nil {
 			return err
 		}
 	}

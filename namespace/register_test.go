@@ -3,21 +3,23 @@ package namespace
 import (
 	"os"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/tensorfs/tensorfs/ipc"
 	"golang.org/x/sys/unix"
 )
 
 func TestParseRegistration(t *testing.T) {
 	r, err := parseRegistration(" memfd:/proc/12/fd/3@4096+8192\n")
 	require.NoError(t, err)
-	require.Equal(t, registration{handle: "memfd:/proc/12/fd/3", pid: 12, fd: 3, off: 4096, len: 8192}, r)
-	r, err = parseRegistration("cuda:abcd")
+	require.Equal(t, ipc.Spec{Handle: ipc.Handle{Kind: ipc.KindMemfd, PID: 12, FD: 3}, Off: 4096, Len: 8192}, r)
+	r, err = parseRegistration("cuda:" + strings.Repeat("ab", ipc.CUDAHandleSize))
 	require.NoError(t, err)
-	require.Equal(t, registration{handle: "cuda:abcd"}, r)
-	for _, bad := range []string{"", "memfd:/proc/0/fd/1", "memfd:/proc/1/fd/+1", "memfd:/proc/1/fds/1", "memfd:/proc/1/fd/1@0+0", "memfd:/proc/1/fd/1@+1", "memfd:/proc/1/fd/1@1+", "host:1"} {
+	require.Equal(t, ipc.KindCUDA, r.Kind)
+	for _, bad := range []string{"", "cuda:abcd", "memfd:/proc/0/fd/1", "memfd:/proc/1/fd/+1", "memfd:/proc/1/fds/1", "memfd:/proc/1/fd/1@0+0", "memfd:/proc/1/fd/1@+1", "memfd:/proc/1/fd/1@1+", "host:1"} {
 		_, err := parseRegistration(bad)
 		require.ErrorIs(t, err, syscall.EINVAL, bad)
 	}
