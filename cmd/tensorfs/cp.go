@@ -165,23 +165,59 @@ func runCp(src, dst string, opt cpOptions, w io.Writer) error {
 		}
 	}
 
-	// job is the one setxattr that does the copy, and how its transfer shows
-	// in stats: the daemon records a push as (SRC's mount path, peer:path) and
-	// a pull as (peer:path, DST's mount path); a peer named by this node's own
-	// name is this mount, recorded without the "NAME:".
-	var job struct {
-		mnt, target, attr, value string
-		srcs, dsts               []string
+	job, err := planCp(src, dst, s, d, fail)
+	if err != nil {
+		return err
 	}
-	createdDst := false
+	rec, elapsed, err := watchCp(src, dst, job, opt, w)
+	if err != nil {
+		detail := ""
+		if rec != nil {
+			detail = rec.Error
+		}
+		if job.createdDst {
+			os.Remove(d.local)
+			if errors.Is(err, syscall.ENOTDIR) {
+				hint := "for a directory pull, DST must be an existing directory"
+				if detail != "" {
+					hint = detail + "; " + hint
+				}
+				detail = hint
+			}
+		}
+		return fail(err, "%s", detail)
+	}
+	if !opt.quiet {
+		fmt.Fprintln(w, cpSummary(src, dst, rec, s, d, elapsed))
+	}
+	return nil
+}
+
+// cpJob is the one setxattr that does the copy, and how its transfer shows
+// in stats: the daemon records a push as (SRC's mount path, peer:path) and
+// a pull as (peer:path, DST's mount path); a peer named by this node's own
+// name is this mount, recorded without the "NAME:".
+type cpJob struct {
+	mnt, target, attr, value string
+	srcs, dsts               []string
+	// createdDst: cp made DST (an empty file for copy_from to be set on)
+	// and removes it if the copy fails.
+	createdDst bool
+}
+
+// planCp decides the setxattr that copies s to d: copy_to on SRC for a push
+// (or a copy inside one mount), copy_from on DST for a pull, creating DST
+// when it is missing. Errors: fail's, with the errno of what is wrong.
+func planCp(src, dst string, s, d *cpEnd, fail func(error, string, ...any) error) (cpJob, error) {
+	var job cpJob
 	switch {
 	case s.peer != "" && d.peer != "":
-		return fail(syscall.EINVAL, "both are peer paths; one side must be a path in a mounted tensorfs")
+		return job, fail(syscall.EINVAL, "both are peer paths; one side must be a path in a mounted tensorfs")
 	case s.peer == "" && d.peer == "" && s.mnt != d.mnt:
-		return fail(syscall.EXDEV, "SRC and DST are in different tensorfs mounts, %s and %s; name one side as a peer path NAME:/path", s.mnt, d.mnt)
+		return job, fail(syscall.EXDEV, "SRC and DST are in different tensorfs mounts, %s and %s; name one side as a peer path NAME:/path", s.mnt, d.mnt)
 	case s.peer == "":
 		if !s.exists {
-			return fail(syscall.ENOENT, "SRC %s does not exist", src)
+			return job, fail(syscall.ENOENT, "SRC %s does not exist", src)
 		}
 		job.mnt, job.target, job.attr = s.mnt, s.local, xattrs.CopyTo
 		job.srcs = []string{s.rel}
@@ -201,19 +237,26 @@ func runCp(src, dst string, opt cpOptions, w io.Writer) error {
 			// directory source then fails with ENOTDIR, and the file goes.
 			f, err := os.OpenFile(d.local, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o666)
 			if errors.Is(err, iofs.ErrNotExist) {
-				return fail(err, "the directory of DST, %s, does not exist", filepath.Dir(dst))
+				return job, fail(err, "the directory of DST, %s, does not exist", filepath.Dir(dst))
 			}
 			if err != nil {
-				return fail(err, "creating DST %s", dst)
+				return job, fail(err, "creating DST %s", dst)
 			}
 			if err := f.Close(); err != nil {
 				os.Remove(d.local)
-				return fail(err, "creating DST %s", dst)
+				return job, fail(err, "creating DST %s", dst)
 			}
-			createdDst = true
+			job.createdDst = true
 		}
 	}
 
+	return job, nil
+}
+
+// watchCp runs job's setxattr, drawing progress on w while it runs (a
+// terminal, or --progress), and returns the transfer's record, how long it
+// took and the setxattr's error. SIGINT and SIGTERM exit, saying the copy goes on.
+func watchCp(src, dst string, job cpJob, opt cpOptions, w io.Writer) (*xattrs.Record, time.Duration, error) {
 	show := !opt.quiet && (opt.progress || isTerminal(w))
 	mon := &cpMonitor{mnt: job.mnt, srcs: job.srcs, dsts: job.dsts}
 	mon.baseline()
@@ -226,6 +269,7 @@ func runCp(src, dst string, opt cpOptions, w io.Writer) error {
 	tick := time.NewTicker(cpPoll)
 	defer tick.Stop()
 	var bar *progressbar.ProgressBar
+	var err error
 wait:
 	for {
 		select {
@@ -253,27 +297,7 @@ wait:
 		bar.Exit()
 		bar.Clear()
 	}
-	if err != nil {
-		detail := ""
-		if rec != nil {
-			detail = rec.Error
-		}
-		if createdDst {
-			os.Remove(d.local)
-			if errors.Is(err, syscall.ENOTDIR) {
-				hint := "for a directory pull, DST must be an existing directory"
-				if detail != "" {
-					hint = detail + "; " + hint
-				}
-				detail = hint
-			}
-		}
-		return fail(err, "%s", detail)
-	}
-	if !opt.quiet {
-		fmt.Fprintln(w, cpSummary(src, dst, rec, s, d, elapsed))
-	}
-	return nil
+	return rec, elapsed, err
 }
 
 // cpDetail is the part of an error worth a parenthesis beside its errno's

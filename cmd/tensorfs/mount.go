@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dustin/go-humanize"
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/spf13/cobra"
 
 	"github.com/tensorfs/tensorfs/fs"
@@ -141,6 +142,19 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	}
 	log.Printf("mounted %s: default device %s, capacity %s", mountpoint, devs[0].Name(), humanize.IBytes(uint64(mi.Total)))
 
+	serveUntilSignal(srv, mountpoint, sig)
+	peers.Close()
+	store.Close()
+	for _, d := range devs {
+		d.Close()
+	}
+	return nil
+}
+
+// serveUntilSignal serves the mount until it is unmounted from outside, or
+// a SIGINT/SIGTERM on sig unmounts it (lazily when busy; a second signal, or
+// 5 s, stops waiting for its users).
+func serveUntilSignal(srv *fuse.Server, mountpoint string, sig <-chan os.Signal) {
 	done := make(chan struct{})
 	go func() { srv.Wait(); close(done) }()
 	select {
@@ -163,12 +177,6 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	case <-done:
 		log.Printf("%s was unmounted", mountpoint)
 	}
-	peers.Close()
-	store.Close()
-	for _, d := range devs {
-		d.Close()
-	}
-	return nil
 }
 
 func newUnmountCmd() *cobra.Command {
