@@ -1,12 +1,3 @@
-// Package fs is tensorfs's FUSE frontend: a go-fuse node tree over the
-// FUSE-free namespace (package namespace) and tensor store. Each node wraps
-// a namespace entry (made on first use: Lookup, Readdir, Create, Mkdir) and
-// translates FUSE operations to namespace and tensor calls and their errors
-// to errnos (errno.go). It keeps only what is FUSE-specific: attributes and
-// xattrs as the kernel sees them, callers from the request context, and the
-// placement of a copy's tensors by a rename through the mount (place.go).
-// Locks: see the namespace package's lock order; a node method holds no
-// lock of its own while it calls the namespace.
 package fs
 
 import (

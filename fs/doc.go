@@ -1,0 +1,73 @@
+// Package fs is tensorfs's FUSE frontend: a go-fuse node tree over the
+// FUSE-free namespace (package namespace) and tensor store. Each node wraps
+// a namespace entry (made on first use: Lookup, Readdir, Create, Mkdir) and
+// translates FUSE operations to namespace and tensor calls and their errors
+// to errnos. It keeps only what is FUSE-specific: attributes and xattrs as
+// the kernel sees them, callers from the request context, and the placement
+// of a copy's tensors by a rename through the mount (place.go). What follows
+// are the decisions a reader must know before changing any of it.
+//
+// # Kernel caching and timeouts
+//
+// The mount uses entry, attribute and negative timeouts of 0 (mount.go), so
+// the kernel asks again at every lookup and stat: a tensor's size changes
+// behind the kernel's back (a peer's copy, a reshape by xattr, an adopt by
+// copy_from) and "stat right after any change shows it" is the spec. Data
+// I/O is direct I/O (no page cache), so a write by another process through
+// an IPC mapping is seen by the next read. The one exception is a
+// directory's attributes, cached for dirAttrTimeout (1 s, dir.go): with
+// default_permissions the kernel checks a directory's mode before every
+// lookup and rename in it, which cost four GETATTRs per committed tensor;
+// they change only through the kernel (which drops its copy) or when the
+// daemon makes a directory for a copy, which then sends
+// FUSE_NOTIFY_INVAL_INODE (it takes no inode lock, so it is safe inside a
+// setxattr).
+//
+// # Why the tree keeps its own entries
+//
+// go-fuse's inode tree is the kernel's view, and the kernel forgets inodes
+// when it likes (FORGET). The namespace's map of entries is the truth:
+// names exist while they are linked, tensors while they are linked or open
+// (their own refcount in package tensor), whatever the kernel remembers.
+// FORGET and unmount are backstops, never the release of a tensor. It also
+// lets copies from peers create, stage and commit entries without a FUSE
+// request, and keeps nlink 0 after unlink while handles are open.
+//
+// # The setxattr deadlock trap
+//
+// For the whole setxattr call the kernel holds the inode lock of the file
+// or directory whose attribute is set. An action (copy_to, copy_from,
+// batch, register) therefore never makes a syscall on this mount that
+// needs that lock: copy_from swaps the target's allocation inside the daemon
+// (tensor.Adopt) instead of renaming over it, a copy onto itself is EINVAL,
+// register reads /proc only. A copy_to's commit does rename through the mount
+// (so inotify watchers see IN_MOVED_TO), which is safe for other files,
+// but another process can close a lock cycle with it (an rm or mv that
+// holds the destination directory and waits for the source). So every
+// rename and lookup through the mount is bounded (renameStuckAfter, 2 s,
+// place.go): past it the tensor is put in place inside the daemon, still
+// atomic, without the inotify event, and the late kernel rename fails
+// harmlessly.
+//
+// # Errors and ESTALE
+//
+// Every FUSE method answers through toErrno (errno.go): an error that
+// carries an errno keeps it, a domain sentinel gets namespace.Errno's, and
+// anything else is logged and becomes EIO. Never ENOSYS: the kernel would
+// stop sending that operation for the life of the mount. A tensor released
+// under a handle is ESTALE for data I/O, but never for the copy actions:
+// on ESTALE the kernel repeats a path-based setxattr, which would run a
+// copy twice, so copies answer ENOENT instead (namespace's copyErr).
+//
+// # Interrupts
+//
+// Copies run detached from the request's context (namespace.CopyContext):
+// a Go client's runtime sends FUSE interrupts all the time, and a copy
+// runs to completion or failure; a client killed mid-copy does not see the
+// result, but the destination is the old tensor or the new one.
+//
+// # Locks
+//
+// See the namespace package's lock order; a node method holds no lock of
+// its own while it calls the namespace.
+package fs
