@@ -5,10 +5,9 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-)
 
-// XattrPrefix is the namespace of tensorfs's own extended attributes.
-const XattrPrefix = "user.tensorfs."
+	"github.com/tensorfs/tensorfs/xattrs"
+)
 
 // maxUserXattr is the largest value of an ordinary user.* attribute, in bytes
 // (Linux's XATTR_SIZE_MAX).
@@ -20,12 +19,18 @@ const (
 	xattrReplace = 2
 )
 
-// fileAttrs are the readable tensorfs attributes of a tensor file, in listing
-// order.
-var fileAttrs = []string{"dtype", "shape", "device", "nbytes", "generation", "mr_id", "ipc_id", "ipc_handle", "ipc_offset"}
+// fileAttrs are the readable tensorfs attributes of a tensor file (full
+// names), in listing order.
+var fileAttrs = []string{xattrs.DType, xattrs.Shape, xattrs.Device, xattrs.NBytes, xattrs.Generation,
+	xattrs.MRID, xattrs.IPCID, xattrs.IPCHandle, xattrs.IPCOffset}
 
-// readOnly are attributes that can be read but never set (EPERM).
-var readOnly = map[string]bool{"mr_id": true, "ipc_id": true, "ipc_handle": true, "ipc_offset": true, "nbytes": true, "generation": true, "stats": true}
+// dirAttrs are the readable tensorfs attributes of a directory (full names),
+// in listing order.
+var dirAttrs = []string{xattrs.DType, xattrs.Shape, xattrs.Device, xattrs.StatsName}
+
+// readOnly are attributes (full names) that can be read but never set (EPERM).
+var readOnly = map[string]bool{xattrs.MRID: true, xattrs.IPCID: true, xattrs.IPCHandle: true, xattrs.IPCOffset: true,
+	xattrs.NBytes: true, xattrs.Generation: true, xattrs.StatsName: true}
 
 // xattrReply answers a getxattr/listxattr: a size-0 probe or a short buffer
 // gets (length, ERANGE), which go-fuse turns into the length for probes.
@@ -36,38 +41,38 @@ func xattrReply(dest, val []byte) (uint32, syscall.Errno) {
 	return uint32(copy(dest, val)), 0
 }
 
-// fileAttr returns a tensor file's tensorfs attribute, or ENODATA when it does
-// not exist (yet).
-func (f *File) fileAttr(name string) (string, syscall.Errno) {
+// fileAttr returns a tensor file's tensorfs attribute (by full name), or
+// ENODATA when it does not exist (yet).
+func (f *File) fileAttr(attr string) (string, syscall.Errno) {
 	in := f.t.Info()
-	switch name {
-	case "dtype":
+	switch attr {
+	case xattrs.DType:
 		if in.DType != "" {
 			return string(in.DType), 0
 		}
-	case "shape":
+	case xattrs.Shape:
 		if in.Shape != nil {
 			return in.Shape.String(), 0
 		}
-	case "device":
+	case xattrs.Device:
 		return in.Device, 0
-	case "nbytes":
+	case xattrs.NBytes:
 		return strconv.FormatInt(in.Size, 10), 0
-	case "generation":
+	case xattrs.Generation:
 		return strconv.FormatUint(in.Generation, 10), 0
-	case "mr_id":
+	case xattrs.MRID:
 		if in.Allocated {
 			return strconv.FormatUint(in.MRID, 10), 0
 		}
-	case "ipc_id":
+	case xattrs.IPCID:
 		if in.Allocated {
 			return strconv.FormatUint(in.IPCID, 10), 0
 		}
-	case "ipc_handle":
+	case xattrs.IPCHandle:
 		if in.Allocated {
 			return in.IPCHandle, 0
 		}
-	case "ipc_offset":
+	case xattrs.IPCOffset:
 		if in.Allocated {
 			return strconv.FormatInt(in.IPCOffset, 10), 0
 		}
@@ -78,11 +83,10 @@ func (f *File) fileAttr(name string) (string, syscall.Errno) {
 // Getxattr implements gofs.NodeGetxattrer. The kernel has checked read
 // permission on the file (so ipc_handle, a capability, needs it).
 func (f *File) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	name, ok := strings.CutPrefix(attr, XattrPrefix)
-	if !ok {
+	if !strings.HasPrefix(attr, xattrs.Prefix) {
 		return f.meta.getUser(attr, dest)
 	}
-	v, errno := f.fileAttr(name)
+	v, errno := f.fileAttr(attr)
 	if errno != 0 {
 		return 0, errno
 	}
@@ -91,27 +95,27 @@ func (f *File) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 
 // Setxattr implements gofs.NodeSetxattrer.
 func (f *File) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	name, ok := strings.CutPrefix(attr, XattrPrefix)
-	if !ok {
+	if !strings.HasPrefix(attr, xattrs.Prefix) {
 		return f.meta.setUser(attr, data, flags)
 	}
+	name := strings.TrimPrefix(attr, xattrs.Prefix) // the short name, for log messages
 	val := string(data)
 	var err error
-	switch name {
-	case "dtype":
+	switch attr {
+	case xattrs.DType:
 		err = f.t.SetDType(val)
-	case "shape":
+	case xattrs.Shape:
 		err = f.t.SetShape(val)
-	case "device":
+	case xattrs.Device:
 		err = f.t.SetDevice(val)
-	case "copy_to":
-		return toErrno("copy_to", f.fsys.tree.CopyTo(copyCtx(ctx), f.ns, val, true))
-	case "copy_from":
-		return toErrno("copy_from", f.fsys.tree.CopyFrom(copyCtx(ctx), f.ns, val))
-	case "register":
+	case xattrs.CopyTo:
+		return toErrno(name, f.fsys.tree.CopyTo(copyCtx(ctx), f.ns, val, true))
+	case xattrs.CopyFrom:
+		return toErrno(name, f.fsys.tree.CopyFrom(copyCtx(ctx), f.ns, val))
+	case xattrs.Register:
 		err = f.fsys.tree.Register(caller(ctx), f.t, val)
 	default:
-		return readOnlyOrInvalid(name)
+		return readOnlyOrInvalid(attr)
 	}
 	if err != nil {
 		return toErrno("setxattr "+attr, err)
@@ -124,8 +128,8 @@ func (f *File) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 // Setxattr does not handle: EPERM for a read-only one, else EINVAL (an
 // unknown name, or an action this kind of node does not take: batch on a
 // file or below the root, register on a directory).
-func readOnlyOrInvalid(name string) syscall.Errno {
-	if readOnly[name] {
+func readOnlyOrInvalid(attr string) syscall.Errno {
+	if readOnly[attr] {
 		return syscall.EPERM
 	}
 	return syscall.EINVAL
@@ -137,7 +141,7 @@ func (f *File) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 	var b []byte
 	for _, n := range fileAttrs {
 		if _, errno := f.fileAttr(n); errno == 0 {
-			b = append(append(b, XattrPrefix+n...), 0)
+			b = append(append(b, n...), 0)
 		}
 	}
 	return xattrReply(dest, f.meta.listUser(b))
@@ -146,29 +150,29 @@ func (f *File) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 // Removexattr implements gofs.NodeRemovexattrer: tensorfs attributes of a file
 // cannot be removed (EPERM).
 func (f *File) Removexattr(ctx context.Context, attr string) syscall.Errno {
-	if strings.HasPrefix(attr, XattrPrefix) {
+	if strings.HasPrefix(attr, xattrs.Prefix) {
 		return syscall.EPERM
 	}
 	return f.meta.removeUser(attr)
 }
 
-// dirAttr returns a directory's tensorfs attribute or ENODATA.
-func (d *Dir) dirAttr(name string) ([]byte, syscall.Errno) {
+// dirAttr returns a directory's tensorfs attribute (by full name) or ENODATA.
+func (d *Dir) dirAttr(attr string) ([]byte, syscall.Errno) {
 	t := d.d.Template()
-	switch name {
-	case "dtype":
+	switch attr {
+	case xattrs.DType:
 		if t.DType != "" {
 			return []byte(t.DType), 0
 		}
-	case "shape":
+	case xattrs.Shape:
 		if t.Shape != nil {
 			return []byte(t.Shape.String()), 0
 		}
-	case "device":
+	case xattrs.Device:
 		if t.Device != "" {
 			return []byte(t.Device), 0
 		}
-	case "stats":
+	case xattrs.StatsName:
 		if d.isRoot() {
 			return d.fsys.tree.StatsJSON(), 0
 		}
@@ -178,11 +182,10 @@ func (d *Dir) dirAttr(name string) ([]byte, syscall.Errno) {
 
 // Getxattr implements gofs.NodeGetxattrer.
 func (d *Dir) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	name, ok := strings.CutPrefix(attr, XattrPrefix)
-	if !ok {
+	if !strings.HasPrefix(attr, xattrs.Prefix) {
 		return d.meta.getUser(attr, dest)
 	}
-	v, errno := d.dirAttr(name)
+	v, errno := d.dirAttr(attr)
 	if errno != 0 {
 		return 0, errno
 	}
@@ -192,29 +195,30 @@ func (d *Dir) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, s
 // Setxattr implements gofs.NodeSetxattrer: dtype, shape and device set the
 // template (validated together, so a bad value changes nothing).
 func (d *Dir) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	name, ok := strings.CutPrefix(attr, XattrPrefix)
-	if !ok {
+	if !strings.HasPrefix(attr, xattrs.Prefix) {
 		return d.meta.setUser(attr, data, flags)
 	}
+	// The short name, for log messages and the namespace's template calls.
+	name := strings.TrimPrefix(attr, xattrs.Prefix)
 	switch {
-	case name == "copy_to":
-		return toErrno("copy_to", d.fsys.tree.CopyTo(copyCtx(ctx), d.d, string(data), true))
-	case name == "copy_from":
-		return toErrno("copy_from", d.fsys.tree.CopyFrom(copyCtx(ctx), d.d, string(data)))
-	case name == "batch" && d.isRoot():
-		return toErrno("batch", d.fsys.tree.Batch(copyCtx(ctx), string(data)))
-	case name == "dtype" || name == "shape" || name == "device":
+	case attr == xattrs.CopyTo:
+		return toErrno(name, d.fsys.tree.CopyTo(copyCtx(ctx), d.d, string(data), true))
+	case attr == xattrs.CopyFrom:
+		return toErrno(name, d.fsys.tree.CopyFrom(copyCtx(ctx), d.d, string(data)))
+	case attr == xattrs.Batch && d.isRoot():
+		return toErrno(name, d.fsys.tree.Batch(copyCtx(ctx), string(data)))
+	case attr == xattrs.DType || attr == xattrs.Shape || attr == xattrs.Device:
 		return toErrno("setxattr "+attr, d.d.SetTemplateAttr(name, string(data)))
 	}
-	return readOnlyOrInvalid(name)
+	return readOnlyOrInvalid(attr)
 }
 
 // Listxattr implements gofs.NodeListxattrer.
 func (d *Dir) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
 	var b []byte
-	for _, n := range []string{"dtype", "shape", "device", "stats"} {
+	for _, n := range dirAttrs {
 		if _, errno := d.dirAttr(n); errno == 0 {
-			b = append(append(b, XattrPrefix+n...), 0)
+			b = append(append(b, n...), 0)
 		}
 	}
 	return xattrReply(dest, d.meta.listUser(b))
@@ -223,10 +227,11 @@ func (d *Dir) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno
 // Removexattr implements gofs.NodeRemovexattrer: a directory's template
 // attributes can be removed; other tensorfs attributes cannot (EPERM).
 func (d *Dir) Removexattr(ctx context.Context, attr string) syscall.Errno {
-	name, ok := strings.CutPrefix(attr, XattrPrefix)
+	name, ok := strings.CutPrefix(attr, xattrs.Prefix)
 	if !ok {
 		return d.meta.removeUser(attr)
 	}
+	// The namespace takes the template attribute's short name.
 	return toErrno("removexattr "+attr, d.d.RemoveTemplateAttr(name))
 }
 
