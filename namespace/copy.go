@@ -197,23 +197,21 @@ func (f *Tree) localCopy(ctx context.Context, label, dst string, srcs []transfer
 	if f.peers != nil {
 		rec, end = f.peers.TrackCtx(ctx, label, dst, "local", total, int64(len(srcs)))
 	}
-	d, err := prepare(isDir, metas)
-	if err != nil {
-		end(err)
-		return 0, err
-	}
-	dd := d.(*dest)
-	for i, s := range srcs {
-		if err := dd.tensorAt(i).CopyFrom(s.(*fileSource).t); err != nil {
-			dd.Abort()
-			end(err)
-			return 0, err
+	// Local records have no phases: the engine gets no record.
+	n, err := transfer.Deliver(nil, func() (transfer.Dest, error) {
+		return prepare(isDir, metas)
+	}, func(d transfer.Dest, _ func()) error {
+		dd := d.(*dest)
+		for i, s := range srcs {
+			if err := dd.tensorAt(i).CopyFrom(s.(*fileSource).t); err != nil {
+				return err
+			}
+			if rec != nil {
+				rec.BytesDone.Add(metas[i].NBytes)
+			}
 		}
-		if rec != nil {
-			rec.BytesDone.Add(metas[i].NBytes)
-		}
-	}
-	n, err := dd.Commit()
+		return nil
+	}, nil)
 	end(err)
 	return n, err
 }

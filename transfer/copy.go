@@ -288,27 +288,22 @@ func (s *Service) receive(ctx context.Context, c *conn, peer, remotePath, dst st
 		}
 		defer s.releaseAll(entries)
 	}
-	var dest Dest
-	err = rec.timed(phasePrepare, func() error {
+	n, err = Deliver(rec, func() (dest Dest, err error) {
 		prep := func() (err error) {
 			dest, err = prepare(r.Dir, r.Tensors)
 			return err
 		}
-		if path == "ipc" {
-			// The peer waits for our done: it must hear from us while we
-			// allocate (a large tensor's pages are mapped now, seconds for
-			// GiBs on a loaded machine).
-			return c.whileSilent(prep)
+		if path == "tcp" {
+			return dest, prep()
 		}
-		return prep()
-	})
-	if err != nil {
-		if path == "ipc" {
+		// The peer waits for our done: it must hear from us while we
+		// allocate (a large tensor's pages are mapped now, seconds for
+		// GiBs on a loaded machine).
+		if err = c.whileSilent(prep); err != nil {
 			c.sendError(err)
 		}
-		return 0, false, err
-	}
-	err = rec.timed(phaseData, func() error {
+		return dest, err
+	}, func(dest Dest, _ func()) error {
 		if path == "tcp" {
 			return s.receiveTCP(c, peer, r, dest, rec)
 		}
@@ -318,15 +313,7 @@ func (s *Service) receive(ctx context.Context, c *conn, peer, remotePath, dst st
 			return err
 		}
 		return c.sendJSON(frameDone, doneMsg{})
-	})
-	if err != nil {
-		dest.Abort()
-		return 0, false, err
-	}
-	err = rec.timed(phaseCommit, func() (err error) {
-		n, err = dest.Commit()
-		return err
-	})
+	}, nil)
 	return n, false, err
 }
 
@@ -344,20 +331,41 @@ func (s *Service) servePut(c *conn, req request) error {
 		return s.servePutIPC(c, req)
 	}
 	rec, end := s.Track(c.peer, req.Path, "tcp", total, int64(len(req.Tensors)))
-	var dest Dest
-	err := rec.timed(phasePrepare, func() error {
-		return c.whileSilent(func() (err error) {
+	n, err := Deliver(rec, func() (dest Dest, err error) {
+		err = c.whileSilent(func() (err error) {
 			dest, err = s.local.Put(req.Path, req.Dir, req.Tensors)
 			return err
 		})
+		if err != nil {
+			c.sendError(err)
+		}
+		return dest, err
+	}, func(dest Dest, abort func()) error {
+		return s.recvPut(c, req, total, dest, abort, rec)
+	}, func(dest Dest) (n int, err error) {
+		err = c.whileSilent(func() (err error) {
+			n, err = dest.Commit()
+			return err
+		})
+		if err != nil {
+			c.sendError(&Error{Errno: Errno(err), Msg: err.Error(), Copied: n})
+		}
+		return n, err
 	})
+	end(err)
 	if err != nil {
-		end(err)
-		c.sendError(err)
 		return err
 	}
-	// Several streams when the sender asks and the copy is large; with
-	// one, chunks come in order whatever the sender's chunk size.
+	return c.sendJSON(frameOK, reply{Copied: n})
+}
+
+// recvPut takes a TCP put's bytes into dest: it tells the sender how many
+// streams to open (several when it asks and the copy is large; with one,
+// chunks come in order whatever the sender's chunk size), then receives
+// them. At a failure recvChunks aborts dest, then the sender hears why on
+// c; recvChunks then reads on until the sender stops, so c stays in step
+// for the next request.
+func (s *Service) recvPut(c *conn, req request, total int64, dest Dest, abort func(), rec *Record) error {
 	k := streamsFor(total, req.Streams, req.Chunk)
 	var pend *pending
 	ok := reply{}
@@ -370,36 +378,11 @@ func (s *Service) servePut(c *conn, req request) error {
 	}
 	if err := c.sendJSON(frameOK, ok); err != nil {
 		pend.close(nil)
-		dest.Abort()
-		end(err)
 		return netErr(err)
 	}
-	// At a failure recvChunks aborts dest, then the sender hears why on c;
-	// recvChunks then reads on until the sender stops, so c stays in step
-	// for the next request.
-	var extras []*stream
-	err = rec.timed(phaseData, func() (err error) {
-		extras, _, err = s.recvChunks(c, joins, k-1, false, dest, req.Tensors, chunk, rec, dest.Abort, func(err error) { c.sendError(err) })
-		return err
-	})
+	extras, _, err := s.recvChunks(c, joins, k-1, false, dest, req.Tensors, chunk, rec, abort, func(err error) { c.sendError(err) })
 	pend.close(extras)
-	if err != nil {
-		end(err)
-		return err
-	}
-	var n int
-	err = rec.timed(phaseCommit, func() error {
-		return c.whileSilent(func() (err error) {
-			n, err = dest.Commit()
-			return err
-		})
-	})
-	end(err)
-	if err != nil {
-		c.sendError(&Error{Errno: Errno(err), Msg: err.Error(), Copied: n})
-		return err
-	}
-	return c.sendJSON(frameOK, reply{Copied: n})
+	return err
 }
 
 // servePutIPC receives a copy from a daemon of this host by reading its
@@ -426,26 +409,13 @@ func (s *Service) servePutIPC(c *conn, req request) error {
 	var n int
 	// The sender hears how far the copy is (and that it is alive) every
 	// progressEvery.
-	err = c.whileCopying(rec, func() error {
-		var dest Dest
-		err := rec.timed(phasePrepare, func() (err error) {
-			dest, err = s.local.Put(req.Path, req.Dir, req.Tensors)
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		err = rec.timed(phaseData, func() error {
+	err = c.whileCopying(rec, func() (err error) {
+		n, err = Deliver(rec, func() (Dest, error) {
+			return s.local.Put(req.Path, req.Dir, req.Tensors)
+		}, func(dest Dest, _ func()) error {
 			return copyExports(entries, req.IPC, req.Tensors, dest, s.cfg.ChunkSize, rec)
-		})
-		if err != nil {
-			dest.Abort()
-			return err
-		}
-		return rec.timed(phaseCommit, func() (err error) {
-			n, err = dest.Commit()
-			return err
-		})
+		}, nil)
+		return err
 	})
 	end(err)
 	if err != nil {
