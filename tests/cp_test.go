@@ -239,7 +239,7 @@ func TestCopyRecordIDs(t *testing.T) {
 		require.NoError(t, unix.Setxattr(a.path("x"), xattrs.CopyTo, []byte("b:/x"), 0))
 		r := last(a)
 		require.Equal(t, os.Getpid(), r.PID, "the record names the process that asked")
-		require.Equal(t, 2, r.Streams, "8 MiB takes the default 2 streams")
+		require.EqualValues(t, 2, r.Streams, "8 MiB takes the default 2 streams")
 		ids = append(ids, r.ID)
 		require.Zero(t, last(b).PID, "the peer's record names no process")
 	}

@@ -62,8 +62,8 @@ func TestGPUIPCBetweenDaemons(t *testing.T) {
 	require.EqualValues(t, 3, sa.Copies.IPC, "%v", sa.Copies)
 	require.EqualValues(t, 3, sb.Copies.IPC, "%v", sb.Copies)
 	require.Zero(t, sa.Copies.TCP+sb.Copies.TCP)
-	require.Equal(t, 2, sb.Live.Imports, "one import per allocation: the big one's and the arena's")
-	require.Equal(t, 1, sb.Imports.Hits, "the pull of small reused the arena's import: %+v", sb.Imports)
+	require.EqualValues(t, 2, sb.Live.Imports, "one import per allocation: the big one's and the arena's")
+	require.EqualValues(t, 1, sb.Imports.Hits, "the pull of small reused the arena's import: %+v", sb.Imports)
 
 	// The source changes; the next copy is a cache hit and sees new bytes.
 	small2 := gpuPattern(64<<10, 5)

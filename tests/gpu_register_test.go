@@ -76,7 +76,7 @@ func TestGPURegisterCUDA(t *testing.T) {
 	require.Equal(t, "8192", getx(t, part, xattrs.NBytes))
 	require.Equal(t, "4096", getx(t, part, xattrs.IPCOffset))
 	require.True(t, strings.HasPrefix(getx(t, whole, xattrs.IPCHandle), "cuda:"))
-	require.Equal(t, base.Bytes, d.stats().Live.Bytes, "registered memory is not tensorfs's")
+	require.EqualValues(t, base.Bytes, d.stats().Live.Bytes, "registered memory is not tensorfs's")
 
 	got, err := os.ReadFile(whole)
 	require.NoError(t, err)

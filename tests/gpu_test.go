@@ -214,7 +214,7 @@ func TestGPUUnlinkFrees(t *testing.T) {
 	require.NoError(t, os.WriteFile(d.path("big"), nil, 0o644))
 	require.NoError(t, os.Truncate(d.path("big"), 3<<20))
 	s := d.stats()
-	require.Equal(t, 101, s.Live.Tensors)
+	require.EqualValues(t, 101, s.Live.Tensors)
 	require.EqualValues(t, 4*cuda.ArenaSize+2*cuda.ArenaSize, s.Live.Bytes, "100 x 64 KiB in 4 arenas, 3 MiB in 4 MiB")
 
 	require.NoError(t, os.RemoveAll(dir))

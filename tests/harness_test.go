@@ -295,7 +295,7 @@ func (d *daemon) requireLeases(n int, msgAndArgs ...any) xattrs.Stats {
 			return s
 		}
 	}
-	require.Equal(d.t, n, s.Live.Leases, msgAndArgs...)
+	require.EqualValues(d.t, n, s.Live.Leases, msgAndArgs...)
 	return s
 }
 

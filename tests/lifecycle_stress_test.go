@@ -189,7 +189,7 @@ func TestRevokeTreeOf1000(t *testing.T) {
 	for i := range 1000 {
 		allocs[getx(t, a.path("tree", fmt.Sprintf("t%04d", i)), xattrs.IPCHandle)] = true
 	}
-	require.Equal(t, len(allocs), b.stats().Live.Imports)
+	require.EqualValues(t, len(allocs), b.stats().Live.Imports)
 	a.requireLeases(1000)
 	start = time.Now()
 	require.NoError(t, os.RemoveAll(a.path("tree")))

@@ -49,7 +49,7 @@ func TestImportNeverStale(t *testing.T) {
 	h1 := getx(t, a.path("t"), xattrs.IPCHandle)
 	setx(t, a.path("t"), xattrs.CopyTo, "b:/x")
 	requireContent(t, b.path("x"), one)
-	require.Equal(t, 1, b.stats().Live.Imports)
+	require.EqualValues(t, 1, b.stats().Live.Imports)
 
 	// Unlink revokes: when unlink returns, b has dropped its import.
 	require.NoError(t, os.Remove(a.path("t")))
@@ -65,7 +65,7 @@ func TestImportNeverStale(t *testing.T) {
 	setx(t, a.path("t"), xattrs.CopyTo, "b:/x")
 	requireContent(t, b.path("x"), two)
 	sb := b.stats()
-	require.Equal(t, 2, sb.Imports.Misses, "%+v", sb.Imports)
+	require.EqualValues(t, 2, sb.Imports.Misses, "%+v", sb.Imports)
 	require.Zero(t, sb.Imports.Hits, "%+v", sb.Imports)
 
 	// Resized past its allocation: a new allocation, the old one revoked
@@ -105,8 +105,8 @@ func TestRevocationReachesEveryImporter(t *testing.T) {
 	requireContent(t, b.path("t"), data)
 	requireContent(t, c.path("t"), data)
 	a.requireLeases(2, "one lease per importer")
-	require.Equal(t, 1, b.stats().Live.Imports)
-	require.Equal(t, 1, c.stats().Live.Imports)
+	require.EqualValues(t, 1, b.stats().Live.Imports)
+	require.EqualValues(t, 1, c.stats().Live.Imports)
 
 	require.NoError(t, os.Remove(a.path("t")))
 	require.Zero(t, b.stats().Live.Imports)
@@ -146,7 +146,7 @@ func TestKilledExporterImportsDropped(t *testing.T) {
 	a, b := ds["a"], ds["b"]
 	writeTensor(t, a.path("t"), fill(256<<10, 6))
 	setx(t, a.path("t"), xattrs.CopyTo, "b:/t")
-	require.Equal(t, 1, b.stats().Live.Imports)
+	require.EqualValues(t, 1, b.stats().Live.Imports)
 	a.kill()
 	require.Eventually(t, func() bool { return b.stats().Live.Imports == 0 }, 5*time.Second, 10*time.Millisecond,
 		"imports of a dead exporter are dropped")
@@ -156,7 +156,7 @@ func TestKilledExporterImportsDropped(t *testing.T) {
 	setx(t, a2.path("t"), xattrs.CopyTo, "b:/t")
 	requireContent(t, b.path("t"), fill(256<<10, 7))
 	sb := b.stats()
-	require.Equal(t, 2, sb.Imports.Misses, "%+v", sb.Imports)
+	require.EqualValues(t, 2, sb.Imports.Misses, "%+v", sb.Imports)
 	require.NoError(t, os.Remove(a2.path("t")))
 	require.NoError(t, os.Remove(b.path("t")))
 	a2.requireClean()
@@ -255,7 +255,7 @@ func TestUnlinkWhileMapped(t *testing.T) {
 
 	require.NoError(t, os.Remove(d.path("t")))
 	s := d.stats().Live
-	require.Equal(t, 1, s.Tensors, "alive while open")
+	require.EqualValues(t, 1, s.Tensors, "alive while open")
 	require.Equal(t, 1, s.Exports)
 	require.True(t, bytes.Equal(fill(1<<20, 9), mem), "the mapping reads the tensor")
 	require.NoError(t, f.Close())

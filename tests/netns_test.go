@@ -264,7 +264,7 @@ func TestNetnsPeers(t *testing.T) {
 		for _, r := range rs {
 			require.Equal(t, "tcp", r.Path, "%+v", r)
 			require.Empty(t, r.Error, "%+v", r)
-			require.Equal(t, r.BytesTotal, r.BytesDone, "%+v", r)
+			require.EqualValues(t, r.BytesTotal, r.BytesDone, "%+v", r)
 		}
 	}
 

@@ -416,11 +416,11 @@ func TestPeerIPCSameHost(t *testing.T) {
 	for i := 0; i < 50; i++ {
 		allocs[getx(t, a.path("tree", fmt.Sprint(i)), xattrs.IPCHandle)] = true
 	}
-	require.Equal(t, len(allocs), sb.Live.Imports, "%+v", sb.Live)
-	require.Equal(t, 1, sa.Live.Imports, "%+v", sa.Live)
-	require.Equal(t, 51, sa.Live.Leases, "%+v", sa.Live)
-	require.Equal(t, 1, sb.Live.Leases, "%+v", sb.Live)
-	require.Equal(t, len(allocs), sb.Imports.Misses)
+	require.EqualValues(t, len(allocs), sb.Live.Imports, "%+v", sb.Live)
+	require.EqualValues(t, 1, sa.Live.Imports, "%+v", sa.Live)
+	require.EqualValues(t, 51, sa.Live.Leases, "%+v", sa.Live)
+	require.EqualValues(t, 1, sb.Live.Leases, "%+v", sb.Live)
+	require.EqualValues(t, len(allocs), sb.Imports.Misses)
 
 	// Copying t again reuses b's import (a hit), and sees new bytes.
 	f, err := os.OpenFile(a.path("t"), os.O_WRONLY, 0)
@@ -434,8 +434,8 @@ func TestPeerIPCSameHost(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(data, got))
 	sb = b.stats()
-	require.Equal(t, 51-len(allocs)+1, sb.Imports.Hits, "%+v", sb.Imports)
-	require.Equal(t, len(allocs), sb.Imports.Misses, "%+v", sb.Imports)
+	require.EqualValues(t, 51-len(allocs)+1, sb.Imports.Hits, "%+v", sb.Imports)
+	require.EqualValues(t, len(allocs), sb.Imports.Misses, "%+v", sb.Imports)
 
 	for _, d := range []*daemon{a, b} {
 		os.Remove(d.path("t"))

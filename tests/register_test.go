@@ -198,7 +198,7 @@ func TestRegisterMemfd(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, size, st.Size())
 	live := d.stats().Live
-	require.Equal(t, base.Bytes, live.Bytes, "registered memory is not tensorfs's")
+	require.EqualValues(t, base.Bytes, live.Bytes, "registered memory is not tensorfs's")
 	require.Equal(t, base.Regions+2, live.Regions)
 
 	got, err := os.ReadFile(whole)
@@ -294,7 +294,7 @@ func TestRegisterBadInput(t *testing.T) {
 
 	require.NoError(t, os.Remove(other))
 	require.NoError(t, os.Remove(p))
-	require.Equal(t, base.Tensors-1, d.settledLive().Tensors)
+	require.EqualValues(t, base.Tensors-1, d.settledLive().Tensors)
 	d.requireClean()
 }
 

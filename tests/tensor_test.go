@@ -66,9 +66,9 @@ func TestTemplateCreate(t *testing.T) {
 	require.Greater(t, mr2, mr1)
 
 	s := d.requireLeases(1, "the open file is a lease (b1's writer has closed)")
-	require.Equal(t, 2, s.Live.Tensors)
-	require.Equal(t, 2, s.Live.Regions)
-	require.Equal(t, 2, s.Live.Exports)
+	require.EqualValues(t, 2, s.Live.Tensors)
+	require.EqualValues(t, 2, s.Live.Regions)
+	require.EqualValues(t, 2, s.Live.Exports)
 	require.EqualValues(t, 2*32768, s.Live.Bytes)
 	var sfs unix.Statfs_t
 	require.NoError(t, unix.Statfs(d.mnt, &sfs))
@@ -142,7 +142,7 @@ func TestResizeIDs(t *testing.T) {
 	data, err := os.ReadFile(p)
 	require.NoError(t, err)
 	require.Equal(t, append([]byte("0123"), make([]byte, 4092)...), data, "kept bytes, zeros after")
-	require.Equal(t, 1, d.stats().Live.Regions, "the old registration is gone")
+	require.EqualValues(t, 1, d.stats().Live.Regions, "the old registration is gone")
 
 	// 8 MiB appended in 64 KiB writes.
 	f, err := os.OpenFile(d.path("log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -177,7 +177,7 @@ func TestUnlinkWhileOpen(t *testing.T) {
 	_, err = f.WriteAt([]byte("still here"), 0)
 	require.NoError(t, err)
 	require.NoError(t, os.Rename(b, a), "rename over a tensor that is open")
-	require.Equal(t, 2, d.stats().Live.Tensors, "the replaced tensor lives while open")
+	require.EqualValues(t, 2, d.stats().Live.Tensors, "the replaced tensor lives while open")
 	var st syscall.Stat_t
 	require.NoError(t, syscall.Fstat(int(f.Fd()), &st))
 	require.EqualValues(t, 0, st.Nlink)
