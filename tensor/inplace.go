@@ -42,7 +42,7 @@ func (t *Tensor) WriteInPlace(off, n int64, fill func(p []byte) error) (ok bool,
 // like an RDMA WRITE). The caller keeps a Handle open for the pin's
 // duration, so that an unlink cannot free the memory either. unpin is
 // idempotent. Errors: ErrInvalid for a range outside the size (an
-// unallocated tensor has size 0), ErrReleased.
+// unallocated tensor has size 0), ErrReleased, mr's Pin errors.
 func (t *Tensor) PinRange(off, n int64) (unpin func(), err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -51,6 +51,14 @@ func (t *Tensor) PinRange(off, n int64) (unpin func(), err error) {
 	}
 	if off < 0 || n < 0 || off > t.size-n {
 		return nil, fmt.Errorf("range [%d, +%d) of a %d-byte tensor: %w", off, n, t.size, ErrInvalid)
+	}
+	// The memory region is pinned too: stats count the pin, and the
+	// region cannot be deregistered under the copy.
+	mrUnpin := func() {}
+	if t.alloc != nil {
+		if mrUnpin, err = t.s.MRs.Pin(t.alloc.region.ID); err != nil {
+			return nil, err
+		}
 	}
 	if t.thawed == nil {
 		t.thawed = sync.NewCond(&t.mu)
@@ -64,6 +72,7 @@ func (t *Tensor) PinRange(off, n int64) (unpin func(), err error) {
 				t.thawed.Broadcast()
 			}
 			t.mu.Unlock()
+			mrUnpin()
 		})
 	}, nil
 }

@@ -126,16 +126,16 @@ type Service struct {
 	chansClosed bool       // closeChans ran: no new channels
 	dialMu      sync.Mutex // one lease-channel dial at a time
 
-	nextID   atomic.Uint64   // the last record id given
+	nextID atomic.Uint64 // the last record id given
 	// The completed copies' counters, by path (PathLocal, ...): all, the
 	// in-place ones, their bytes; and their descriptors.
 	copies      [3]atomic.Int64
 	inPlace     [3]atomic.Int64
 	bytes       [3]atomic.Int64
 	descriptors atomic.Int64
-	active   atomic.Int64
-	recentMu sync.Mutex
-	recent   []*Record
+	active      atomic.Int64
+	recentMu    sync.Mutex
+	recent      []*Record
 }
 
 // ErrConfig: a configuration the service refuses to start with.
