@@ -60,6 +60,8 @@ type request struct {
 	// Range, on a get, names bytes of the tensor at Path (not of a
 	// directory): the reply's one descriptor is that range.
 	Range *Range `json:"range,omitempty"`
+	// Table carries Tensors and IPC on the wire (wire_table.go).
+	Table []byte `json:"table,omitempty"`
 }
 
 // IPCDesc is where a tensor's bytes are in another process of this host.
@@ -95,6 +97,8 @@ type reply struct {
 	Streams int    `json:"streams,omitempty"`
 	Token   []byte `json:"token,omitempty"`
 	Chunk   int    `json:"chunk,omitempty"`
+	// Table carries Tensors and IPC on the wire (wire_table.go).
+	Table []byte `json:"table,omitempty"`
 }
 
 // doneMsg ends a data stream.
