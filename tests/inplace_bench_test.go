@@ -34,7 +34,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
 )
 
 // inPlaceBenchPair starts daemons a and b that know each other, on one
