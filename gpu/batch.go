@@ -1,0 +1,85 @@
+package gpu
+
+import "fmt"
+
+// Extent is one descriptor of a batched copy: N bytes from Src at byte SrcOff to Dst at byte DstOff.
+// The ranges [SrcOff, SrcOff+N) and [DstOff, DstOff+N) must lie inside Src and Dst; N == 0 copies
+// nothing. Several extents of one batch may name the same buffers (a KV-cache block list is
+// usually many extents between two buffers, or within one).
+type Extent struct {
+	Dst    Buffer
+	DstOff int64
+	Src    Buffer
+	SrcOff int64
+	N      int64
+}
+
+// CopyBatch copies every extent, as one transfer where the backend allows it
+// (CUDA: one gather/scatter kernel launch over a descriptor array for the small
+// extents, the copy engine for large ones, one stream synchronization at the end);
+// otherwise extent by extent with Copy. Ranges are checked first: any extent
+// outside its buffers is ErrInvalidSize and nothing is copied.
+// Overlapping extents race byte by byte (like RDMA writes).
+//
+// The batch goes to the BatchCopier of the first extent's Dst when every extent's
+// Dst is on that buffer's device; when it declines (done=false), or there is none
+// (host memory: memmove needs no batching), each extent is one Copy, in order,
+// without allocating anything per extent. An error other than a range stops the
+// batch there: the extents before it may have been copied, the rest are not.
+// Errors: ErrInvalidSize (wrapped, naming the extent's index) for a negative offset
+// or length or a range outside either buffer, ErrFreed, or what the backend or Copy
+// reports.
+func CopyBatch(exts []Extent) error {
+	for i := range exts {
+		e := &exts[i]
+		if e.Dst == nil || e.Src == nil {
+			return fmt.Errorf("copy batch: extent %d has no buffer: %w", i, ErrInvalidSize)
+		}
+		if checkRange(e.Src.Size(), e.SrcOff, e.N) != nil || checkRange(e.Dst.Size(), e.DstOff, e.N) != nil {
+			return fmt.Errorf("copy batch: extent %d: %d bytes from %d/%d to %d/%d: %w",
+				i, e.N, e.SrcOff, e.Src.Size(), e.DstOff, e.Dst.Size(), ErrInvalidSize)
+		}
+	}
+	if len(exts) == 0 {
+		return nil
+	}
+	if bc, ok := exts[0].Dst.(BatchCopier); ok && sameDstDevice(exts) {
+		if done, err := bc.CopyBatch(exts); done {
+			return err
+		}
+	}
+	for i := range exts {
+		e := &exts[i]
+		if e.N == 0 {
+			continue
+		}
+		if err := Copy(e.Dst, e.DstOff, e.Src, e.SrcOff, e.N); err != nil {
+			return fmt.Errorf("copy batch: extent %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// sameDstDevice reports whether every extent's Dst is on the first one's device.
+func sameDstDevice(exts []Extent) bool {
+	dev := exts[0].Dst.Device()
+	for i := 1; i < len(exts); i++ {
+		if exts[i].Dst.Device() != dev {
+			return false
+		}
+	}
+	return true
+}
+
+// BatchCopier is implemented by buffers whose device can run a whole batch itself;
+// CopyBatch offers it the batch when every extent's Dst is on that device.
+// done=false: not this batch (e.g. a source it cannot read), use the generic path.
+//
+// CopyBatch calls it with every range already checked, but an implementation
+// checks them again (it may be called directly) and copies nothing when one is
+// outside its buffers (done=true, ErrInvalidSize). done=false must mean that
+// nothing was copied. With done=true it returns once every byte has landed (or
+// the copy failed), like Copy.
+type BatchCopier interface {
+	CopyBatch(exts []Extent) (done bool, err error)
+}
