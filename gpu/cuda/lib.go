@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"unsafe"
@@ -333,12 +334,14 @@ func (d *libDriver) ctxEnablePeerAccess(peer cuCtx) result {
 }
 
 // moduleLoadData passes image as it is: the caller NUL-terminates PTX text
-// (cuModuleLoadData reads a PTX image up to its NUL). The Go memory stays
-// put and alive for the call (SyscallN is go:uintptrescapes, and the
-// driver keeps no pointer to the image after it returns).
+// (cuModuleLoadData reads a PTX image up to its NUL). The image is heap
+// memory, which the runtime does not move, kept alive across the call
+// (call's uintptr arguments do not keep it alive themselves); the driver
+// keeps no pointer to it after it returns.
 func (d *libDriver) moduleLoadData(image []byte) (cuMod, result) {
 	var m uintptr
 	r := call(d.sym.moduleLoadData, uintptr(unsafe.Pointer(&m)), uintptr(unsafe.Pointer(&image[0])))
+	runtime.KeepAlive(image) // nothing else refers to it once converted
 	return cuMod(m), r
 }
 
@@ -348,6 +351,7 @@ func (d *libDriver) moduleGetFunction(m cuMod, name string) (cuFunc, result) {
 	var f uintptr
 	cname := append([]byte(name), 0)
 	r := call(d.sym.moduleGetFunction, uintptr(unsafe.Pointer(&f)), uintptr(m), uintptr(unsafe.Pointer(&cname[0])))
+	runtime.KeepAlive(cname)
 	return cuFunc(f), r
 }
 
