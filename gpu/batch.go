@@ -30,20 +30,32 @@ type Extent struct {
 // or length or a range outside either buffer, ErrFreed, or what the backend or Copy
 // reports.
 func CopyBatch(exts []Extent) error {
+	if len(exts) == 0 {
+		return nil
+	}
+	// One pass checks every range and whether every Dst is on the first
+	// one's device (asked only when Dst changes: a batch usually writes
+	// one or a few buffers).
+	dev, same, last := Device(nil), true, Buffer(nil)
 	for i := range exts {
 		e := &exts[i]
 		if e.Dst == nil || e.Src == nil {
 			return fmt.Errorf("copy batch: extent %d has no buffer: %w", i, ErrInvalidSize)
 		}
-		if checkRange(e.Src.Size(), e.SrcOff, e.N) != nil || checkRange(e.Dst.Size(), e.DstOff, e.N) != nil {
+		if !inRange(e.Src.Size(), e.SrcOff, e.N) || !inRange(e.Dst.Size(), e.DstOff, e.N) {
 			return fmt.Errorf("copy batch: extent %d: %d bytes from %d/%d to %d/%d: %w",
 				i, e.N, e.SrcOff, e.Src.Size(), e.DstOff, e.Dst.Size(), ErrInvalidSize)
 		}
+		if same && e.Dst != last {
+			if last == nil {
+				dev = e.Dst.Device()
+			} else {
+				same = e.Dst.Device() == dev
+			}
+			last = e.Dst
+		}
 	}
-	if len(exts) == 0 {
-		return nil
-	}
-	if bc, ok := exts[0].Dst.(BatchCopier); ok && sameDstDevice(exts) {
+	if bc, ok := exts[0].Dst.(BatchCopier); ok && same {
 		if done, err := bc.CopyBatch(exts); done {
 			return err
 		}
@@ -60,15 +72,9 @@ func CopyBatch(exts []Extent) error {
 	return nil
 }
 
-// sameDstDevice reports whether every extent's Dst is on the first one's device.
-func sameDstDevice(exts []Extent) bool {
-	dev := exts[0].Dst.Device()
-	for i := 1; i < len(exts); i++ {
-		if exts[i].Dst.Device() != dev {
-			return false
-		}
-	}
-	return true
+// inRange is checkRange's test alone (inlined: a batch checks thousands).
+func inRange(size, off, n int64) bool {
+	return off >= 0 && n >= 0 && off <= size && n <= size-off
 }
 
 // BatchCopier is implemented by buffers whose device can run a whole batch itself;

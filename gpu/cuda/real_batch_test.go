@@ -66,6 +66,8 @@ func checkBatch(t *testing.T, dst gpu.Buffer, exts []gpu.Extent, srcs map[gpu.Bu
 // and the copy engine), checking every byte.
 func TestRealCopyBatch(t *testing.T) {
 	d := openReal(t)[0]
+	_, ok := d.scatterKernel()
+	require.True(t, ok, "the scatter kernel loads on this GPU: %v", d.kerr)
 	rng := rand.New(rand.NewPCG(1, 2))
 	t.Run("1000x8K-one-allocation", func(t *testing.T) {
 		b, err := d.Alloc(16<<20, 0)
@@ -89,7 +91,7 @@ func TestRealCopyBatch(t *testing.T) {
 		smallB := pattern(100<<10, 3)
 		_, err = small.WriteAt(smallB, 0)
 		require.NoError(t, err)
-		dst, err := d.Alloc(64<<20, 0)
+		dst, err := d.Alloc(96<<20, 0)
 		require.NoError(t, err)
 		defer dst.Free()
 		var exts []gpu.Extent
@@ -236,7 +238,7 @@ func BenchmarkRealCopyBatch(b *testing.B) {
 
 	old := batchEngineMin
 	defer func() { batchEngineMin = old }()
-	for size := int64(4 << 10); size <= 64<<20; size *= 4 {
+	for _, size := range []int64{4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20} {
 		count := int(min(1024, span/size))
 		exts := blockScatter(rng, dst, 0, src, 0, count, size)
 		for _, mode := range []string{"kernel", "engine"} {

@@ -10,8 +10,11 @@
 //
 // The PTX beside it (scatter.ptx) is embedded in the Go binary and loaded with
 // cuModuleLoadData, so neither build nor run needs a CUDA toolkit. Regenerate
-// it with gen-ptx.sh (the exact command is there):
+// it with gen-ptx.sh (the exact commands are there):
 //   nvcc -ptx -arch=compute_80 -o scatter.ptx scatter.cu
+//   sed -i 's/^\.version [0-9.]*$/.version 7.0/' scatter.ptx
+// (nvcc 13 labels its PTX 9.0, which only CUDA 13 drivers load; nothing in
+// the kernel needs more than PTX ISA 7.0, CUDA 11.0's).
 // compute_80 PTX is JIT-compiled by the driver for sm_80 and every later GPU
 // (A100, H100/H200 are sm_90, B200 sm_100).
 
