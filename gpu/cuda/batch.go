@@ -53,17 +53,20 @@ var batchDescMax = paramsOff / descSize
 // batch goes to the copy engine (cuMemcpyDtoDAsync, or cuMemcpyPeerAsync
 // from another GPU) instead of the kernel: 16 MiB, chosen by measurement
 // (BenchmarkRealCopyBatch/sweep, one H200, driver 580.159.04, 2026-12-02;
-// GB/s of one CopyBatch of up to 1024 extents, kernel / copy engine):
+// GB/s of one CopyBatch of up to 1024 extents of that size, 256 MiB at
+// most, all in the kernel / all on the copy engine):
 //
-//	4 KiB     32 / 0.7      1 MiB   1384 / 223
-//	16 KiB   143 / 3.6      4 MiB   1484 / 730
-//	64 KiB   545 / 13      16 MiB   1430 / 1471
-//	256 KiB  965 / 45      64 MiB   1387 / 1770
+//	4 KiB     102 / 0.75    2 MiB   1489 / 432
+//	16 KiB    295 / 2.8     4 MiB   1361 / 877
+//	64 KiB    927 / 14      8 MiB   1359 / 1189
+//	256 KiB  1241 / 46     16 MiB   1485 / 1469
+//	1 MiB    1465 / 186    32 MiB   1391 / 1640
+//	                       64 MiB   1527 / 1805
 //
 // The copy engine costs 4-6 µs a call, so below a few MiB the kernel wins
-// by far; from 16 MiB the engine is as fast and then faster, and leaves
-// the SMs to the workload. A variable so that tests and the benchmark can
-// move it.
+// by far; at 16 MiB they are even, above it the engine is faster, and it
+// leaves the SMs to the workload. A variable so that tests and the
+// benchmark can move it.
 var batchEngineMin int64 = 16 << 20
 
 // CopyBatch implements gpu.BatchCopier: done when every extent's Dst is a
