@@ -1,7 +1,6 @@
 package transfer
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
@@ -26,7 +25,7 @@ func (s *Service) serve(nc net.Conn) {
 			c.sendError(&Error{Errno: syscall.EPROTO, Msg: "expected a request"})
 			return
 		}
-		if err := json.Unmarshal(p, &req); err != nil {
+		if err := decodeMsg(p, &req); err != nil {
 			var te *Error
 			if !errors.As(err, &te) {
 				te = &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("malformed request: %v", err)}

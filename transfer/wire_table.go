@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -8,8 +9,9 @@ import (
 	"syscall"
 )
 
-// A transfer's descriptor list (its Meta and IPCDesc entries) travels in a
-// request or reply as one binary table, not as JSON arrays: decoding JSON
+// A transfer's descriptor list (its Meta and IPCDesc entries) travels after
+// its request's or reply's JSON as one binary table (encodeMsg), not as JSON
+// arrays: decoding JSON
 // cost about 6 µs per descriptor (1000-descriptor calls spent half the
 // receiver's CPU in encoding/json), the table a few tens of nanoseconds. Its
 // layout, little-endian:
@@ -188,60 +190,52 @@ func decodeTable(p []byte) ([]Meta, []IPCDesc, error) {
 	return metas, descs, nil
 }
 
-// MarshalJSON implements json.Marshaler: Tensors and IPC go as a table.
-func (r request) MarshalJSON() ([]byte, error) {
-	type plain request
-	p := plain(r)
-	if len(p.Tensors) > 0 || len(p.IPC) > 0 {
-		p.Table = encodeTable(p.Tensors, p.IPC)
-		p.Tensors, p.IPC = nil, nil
+// encodeMsg is the payload of a JSON message: v as JSON, and, for a
+// request or reply with descriptors, a NUL (which JSON text never holds
+// outside an escape) and their table. The table stays out of the JSON so
+// that neither side scans it as text (a base64 field inside the JSON still
+// cost the receiver a third of its CPU on 1000-descriptor calls).
+func encodeMsg(v any) []byte {
+	var metas []Meta
+	var descs []IPCDesc
+	switch m := v.(type) {
+	case request:
+		metas, descs, m.Tensors, m.IPC = m.Tensors, m.IPC, nil, nil
+		v = m
+	case reply:
+		metas, descs, m.Tensors, m.IPC = m.Tensors, m.IPC, nil, nil
+		v = m
 	}
-	return json.Marshal(p)
+	b := marshal(v)
+	if len(metas) > 0 || len(descs) > 0 {
+		b = append(b, 0)
+		b = append(b, encodeTable(metas, descs)...)
+	}
+	return b
 }
 
-// UnmarshalJSON implements json.Unmarshaler: a table fills Tensors and IPC.
-func (r *request) UnmarshalJSON(b []byte) error {
-	type plain request
-	var p plain
-	if err := json.Unmarshal(b, &p); err != nil {
+// decodeMsg parses a payload of encodeMsg into v; a table fills a request's
+// or reply's Tensors and IPC. Errors: JSON's, or EPROTO for a malformed
+// table or one on another message.
+func decodeMsg(p []byte, v any) error {
+	js, tab, hasTable := bytes.Cut(p, []byte{0})
+	if err := json.Unmarshal(js, v); err != nil {
 		return err
 	}
-	if p.Table != nil {
-		var err error
-		if p.Tensors, p.IPC, err = decodeTable(p.Table); err != nil {
-			return err
-		}
-		p.Table = nil
+	if !hasTable {
+		return nil
 	}
-	*r = request(p)
-	return nil
-}
-
-// MarshalJSON implements json.Marshaler: Tensors and IPC go as a table.
-func (r reply) MarshalJSON() ([]byte, error) {
-	type plain reply
-	p := plain(r)
-	if len(p.Tensors) > 0 || len(p.IPC) > 0 {
-		p.Table = encodeTable(p.Tensors, p.IPC)
-		p.Tensors, p.IPC = nil, nil
-	}
-	return json.Marshal(p)
-}
-
-// UnmarshalJSON implements json.Unmarshaler: a table fills Tensors and IPC.
-func (r *reply) UnmarshalJSON(b []byte) error {
-	type plain reply
-	var p plain
-	if err := json.Unmarshal(b, &p); err != nil {
+	metas, descs, err := decodeTable(tab)
+	if err != nil {
 		return err
 	}
-	if p.Table != nil {
-		var err error
-		if p.Tensors, p.IPC, err = decodeTable(p.Table); err != nil {
-			return err
-		}
-		p.Table = nil
+	switch m := v.(type) {
+	case *request:
+		m.Tensors, m.IPC = metas, descs
+	case *reply:
+		m.Tensors, m.IPC = metas, descs
+	default:
+		return &Error{Errno: syscall.EPROTO, Msg: "a descriptor table on a message that takes none"}
 	}
-	*r = reply(p)
 	return nil
 }

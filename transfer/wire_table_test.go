@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"bytes"
 	"encoding/json"
 	"math"
 	"testing"
@@ -22,27 +23,29 @@ func TestTableRoundTrip(t *testing.T) {
 		{Handle: "memfd:/proc/1/fd/3", Offset: 9, Alloc: 1, Export: 2, Generation: 3},
 		{Handle: "cuda:ab", Offset: math.MaxInt64, Alloc: math.MaxUint64, Export: 5, Generation: 6},
 	}
-	b, err := json.Marshal(request{Op: "put", Path: "/", Dir: true, Tensors: metas, IPC: descs})
-	require.NoError(t, err)
-	require.NotContains(t, string(b), `"tensors"`, "descriptors go as a table")
+	b := encodeMsg(request{Op: "put", Path: "/", Dir: true, Tensors: metas, IPC: descs})
+	js, _, _ := bytes.Cut(b, []byte{0})
+	require.NotContains(t, string(js), "kv/0", "descriptors go as a table, after the JSON")
+	require.True(t, json.Valid(js))
 	var r request
-	require.NoError(t, json.Unmarshal(b, &r))
+	require.NoError(t, decodeMsg(b, &r))
 	require.Equal(t, metas, r.Tensors)
 	require.Equal(t, descs, r.IPC)
-	require.Nil(t, r.Table)
-	b, err = json.Marshal(reply{Dir: true, Tensors: metas})
-	require.NoError(t, err)
+	require.Equal(t, "put", r.Op)
 	var rp reply
-	require.NoError(t, json.Unmarshal(b, &rp))
+	require.NoError(t, decodeMsg(encodeMsg(reply{Dir: true, Tensors: metas}), &rp))
 	require.Equal(t, metas, rp.Tensors)
 	require.Empty(t, rp.IPC)
+	require.Error(t, decodeMsg(append([]byte(`{}`), 0, 1), &rp), "a malformed table")
+	var d doneMsg
+	require.Error(t, decodeMsg(encodeMsg(reply{Tensors: metas}), &d), "a table on a message that takes none")
 
 	tab := encodeTable(metas, descs)
 	for n := range len(tab) {
 		_, _, err := decodeTable(tab[:n])
 		require.Error(t, err, "truncated to %d of %d bytes", n, len(tab))
 	}
-	_, _, err = decodeTable(append(tab, 0))
+	_, _, err := decodeTable(append(tab, 0))
 	require.Error(t, err, "trailing bytes")
 	// A count larger than the bytes behind it allocates nothing.
 	_, _, err = decodeTable([]byte{0xff, 0xff, 0xff, 0xff})
