@@ -139,7 +139,7 @@ func (f *Tree) pushLines(ctx context.Context, peer, label string, srcs []transfe
 		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
 	}
 	n, err := f.peers.Send(ctx, peer, "/", srcs, true, label)
-	logCopy(label, peer+":/", n, err)
+	logCopy(label, peer+":/", n, err, allInPlace(srcs))
 	return err
 }
 
@@ -149,7 +149,7 @@ func (f *Tree) localLines(ctx context.Context, label string, srcs []transfer.Sou
 	n, err := f.localCopy(ctx, label, "/", srcs, true, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
 		return f.prepare("/", isDir, metas, prepOpts{caller: callerOf(ctx)})
 	})
-	logCopy(label, "/", n, err)
+	logCopy(label, "/", n, err, true)
 	return err
 }
 
@@ -171,6 +171,16 @@ func (f *Tree) pullLine(ctx context.Context, l copyLine) error {
 		}
 		return f.prepare(dst, isDir, metas, prepOpts{caller: callerOf(ctx)})
 	})
-	logCopy(l.src.String(), l.dst.String(), n, err)
+	logCopy(l.src.String(), l.dst.String(), n, err, l.dst.r.Set)
 	return err
+}
+
+// allInPlace reports whether every descriptor of srcs is written in place.
+func allInPlace(srcs []transfer.Source) bool {
+	for _, s := range srcs {
+		if !s.Meta().InPlace {
+			return false
+		}
+	}
+	return true
 }

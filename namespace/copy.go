@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -51,6 +53,40 @@ func CopyContext(c *Caller) context.Context {
 // µs to generate, 8% of a small copy's CPU). tid itself when neither says
 // (the thread is gone).
 func tgid(tid int) int {
+	tgidCache.Lock()
+	e, ok := tgidCache.m[tid]
+	tgidCache.Unlock()
+	if ok && time.Since(e.at) < tgidFor {
+		return e.pid
+	}
+	pid := tgidLookup(tid)
+	tgidCache.Lock()
+	if tgidCache.m == nil || len(tgidCache.m) >= 4096 {
+		tgidCache.m = map[int]tgidEntry{}
+	}
+	tgidCache.m[tid] = tgidEntry{pid: pid, at: time.Now()}
+	tgidCache.Unlock()
+	return pid
+}
+
+// tgidFor is how long a thread's process is remembered: a thread that
+// copies once tends to copy again (a serving loop), and its three syscalls
+// were a tenth of a small copy's CPU; a thread id is reused only after its
+// thread exits, which a second does not make likely.
+const tgidFor = time.Second
+
+type tgidEntry struct {
+	pid int
+	at  time.Time
+}
+
+var tgidCache struct {
+	sync.Mutex
+	m map[int]tgidEntry
+}
+
+// tgidLookup asks the kernel (see tgid).
+func tgidLookup(tid int) int {
 	if fd, err := unix.PidfdOpen(tid, pidfdThread); err == nil {
 		info := unix.PidfdInfo{Mask: unix.PIDFD_INFO_PID}
 		err := unix.IoctlPidfdInfo(fd, &info)
@@ -196,7 +232,7 @@ func (f *Tree) copyNode(ctx context.Context, src Node, l copyLine, viaMount bool
 			return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
 		}
 		n, err := f.peers.Send(ctx, peer, dst, srcs, isDir, label)
-		logCopy(label, l.dst.String(), n, err)
+		logCopy(label, l.dst.String(), n, err, l.dst.r.Set)
 		return err
 	}
 	inPlace := l.dst.r.Set
@@ -219,7 +255,7 @@ func (f *Tree) copyNode(ctx context.Context, src Node, l copyLine, viaMount bool
 	n, err := f.localCopy(ctx, label, l.dst.String(), srcs, isDir, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
 		return f.prepare(dst, isDir, metas, prepOpts{viaMount: viaMount, caller: callerOf(ctx)})
 	})
-	logCopy(label, l.dst.String(), n, err)
+	logCopy(label, l.dst.String(), n, err, l.dst.r.Set)
 	return err
 }
 
@@ -300,7 +336,7 @@ func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine) error {
 			return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
 		}
 		n, err := f.peers.Receive(ctx, transfer.Pull{Peer: peer, Path: l.src.path, Range: l.src.r, Dst: dstPath, DstRange: l.dst.r}, prepare)
-		logCopy(l.src.String(), dstLabel, n, err)
+		logCopy(l.src.String(), dstLabel, n, err, l.dst.r.Set)
 		return err
 	}
 	srcNode, err := f.Resolve(l.src.path)
@@ -326,7 +362,7 @@ func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine) error {
 		return err
 	}
 	n, err := f.localCopy(ctx, l.src.String(), dstLabel, srcs, isDir, prepare)
-	logCopy(l.src.String(), dstLabel, n, err)
+	logCopy(l.src.String(), dstLabel, n, err, l.dst.r.Set)
 	return err
 }
 
@@ -393,12 +429,38 @@ func (f *Tree) Batch(ctx context.Context, value string) (err error) {
 	return f.runLines(ctx, lines, false, "batch")
 }
 
-// logCopy logs a copy's outcome: its error, or how many tensors it put in
-// place.
-func logCopy(src, dst string, n int, err error) {
+// logCopy logs a copy's outcome: its error, or how many descriptors it
+// put in place. Successful in-place copies (the KV-cache path: thousands a
+// second) are logged at most once per inPlaceLogEvery, with how many others
+// succeeded since: their counts are in stats.
+func logCopy(src, dst string, n int, err error, inPlace bool) {
 	if err != nil {
 		log.Printf("copy %s -> %s: %v", src, dst, err)
 		return
 	}
-	log.Printf("copy %s -> %s: %d tensor(s)", src, dst, n)
+	if !inPlace {
+		log.Printf("copy %s -> %s: %d tensor(s)", src, dst, n)
+		return
+	}
+	inPlaceLog.Lock()
+	defer inPlaceLog.Unlock()
+	if now := time.Now(); now.Sub(inPlaceLog.last) >= inPlaceLogEvery {
+		more := ""
+		if inPlaceLog.quiet > 0 {
+			more = fmt.Sprintf(" (and %d more in-place copies since the last line)", inPlaceLog.quiet)
+		}
+		log.Printf("copy %s -> %s: %d descriptor(s) in place%s", src, dst, n, more)
+		inPlaceLog.last, inPlaceLog.quiet = now, 0
+		return
+	}
+	inPlaceLog.quiet++
+}
+
+// inPlaceLogEvery spaces the log lines of successful in-place copies.
+const inPlaceLogEvery = time.Second
+
+var inPlaceLog struct {
+	sync.Mutex
+	last  time.Time
+	quiet int // successes not logged since last
 }

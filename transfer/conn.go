@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -153,28 +154,37 @@ func (c *conn) whileSilent(fn func() error) error { return c.whileCopying(nil, f
 const progressEvery = 100 * time.Millisecond
 
 // whileCopying is whileSilent for an IPC put: with rec, the keepalives
-// carry rec's bytes done and go out every progressEvery.
+// carry rec's bytes done and go out every progressEvery. fn runs on the
+// caller's goroutine and the keepalives from a timer that is armed only
+// while it runs, so a short fn (a small copy) costs no goroutine and no
+// wake-up; no keepalive is written after it returns.
 func (c *conn) whileCopying(rec *Record, fn func() error) error {
-	done := make(chan error, 1)
-	go func() { done <- fn() }()
 	every := c.timeout / 3
 	if rec != nil {
 		every = min(every, progressEvery)
 	}
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	for {
-		select {
-		case err := <-done:
-			return err
-		case <-tick.C:
-			var p []byte
-			if rec != nil {
-				p = marshal(progressMsg{BytesDone: rec.BytesDone.Load()})
-			}
-			if c.send(frameKeepalive, p) == nil {
-				c.flush()
-			}
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	t = time.AfterFunc(every, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
 		}
-	}
+		var p []byte
+		if rec != nil {
+			p = marshal(progressMsg{BytesDone: rec.BytesDone.Load()})
+		}
+		if c.send(frameKeepalive, p) == nil {
+			c.flush()
+		}
+		t.Reset(every)
+	})
+	err := fn()
+	mu.Lock()
+	stopped = true
+	t.Stop()
+	mu.Unlock()
+	return err
 }

@@ -91,8 +91,10 @@ func (s *Service) send(ctx context.Context, peer string, c *conn, remotePath str
 		return 0, netErr(err)
 	}
 	var ok reply
-	if err := c.recvJSON(frameOK, &ok); err != nil {
-		return 0, err
+	if !eagerPut(rec.BytesTotal.Load(), s.cfg.Streams, s.cfg.ChunkSize) {
+		if err := c.recvJSON(frameOK, &ok); err != nil {
+			return 0, err
+		}
 	}
 	want := 0
 	var joins <-chan joined
@@ -359,6 +361,7 @@ func (s *Service) servePut(c *conn, req request) error {
 		return s.servePutIPC(c, req)
 	}
 	rec, end := s.Track(c.peer, req.Path, "tcp", req.Tensors)
+	eager := eagerPut(total, req.Streams, req.Chunk)
 	n, err := Deliver(rec, req.Tensors, func(descs []Meta) (dest Dest, err error) {
 		err = c.whileSilent(func() (err error) {
 			dest, err = s.local.Put(req.Path, req.Dir, descs)
@@ -366,6 +369,11 @@ func (s *Service) servePut(c *conn, req request) error {
 		})
 		if err != nil {
 			c.sendError(err)
+			if eager {
+				// Its data is coming: the connection is out of step,
+				// and the sender, told why, drops it.
+				err = &Error{Errno: Errno(err), Msg: err.Error(), broken: true}
+			}
 		}
 		return dest, err
 	}, func(dest Dest, abort func()) error {
@@ -404,9 +412,11 @@ func (s *Service) recvPut(c *conn, req request, total int64, dest Dest, abort fu
 		ok.Streams, ok.Token = k, []byte(pend.token)
 		joins, chunk = pend.joins, int64(req.Chunk)
 	}
-	if err := c.sendJSON(frameOK, ok); err != nil {
-		pend.close(nil)
-		return netErr(err)
+	if !eagerPut(total, req.Streams, req.Chunk) { // else the data is on its way
+		if err := c.sendJSON(frameOK, ok); err != nil {
+			pend.close(nil)
+			return netErr(err)
+		}
 	}
 	extras, _, err := s.recvChunks(c, joins, k-1, false, dest, req.Tensors, chunk, rec, abort, func(err error) { c.sendError(err) })
 	pend.close(extras)

@@ -59,7 +59,7 @@ func (s *Service) serve(nc net.Conn) {
 		if rerr != nil {
 			log.Printf("peer %s: %s %s: %v", c.peer, req.Op, req.Path, rerr)
 			var te *Error
-			if !errors.As(rerr, &te) || te.Errno == syscall.EPROTO || te.Errno == syscall.ETIMEDOUT || te.Errno == syscall.EIO {
+			if !errors.As(rerr, &te) || te.broken || te.Errno == syscall.EPROTO || te.Errno == syscall.ETIMEDOUT || te.Errno == syscall.EIO {
 				return // the stream is in an unknown state: drop the connection
 			}
 		}

@@ -34,6 +34,20 @@ func streamsFor(total int64, want, chunk int) int {
 	return int(max(k, 1))
 }
 
+// eagerMax is the largest put whose data follows its request at once,
+// without waiting for the receiver's go-ahead (eagerPut), in bytes: small
+// enough for the sockets' buffers to take while the receiver prepares.
+const eagerMax = 1 << 20
+
+// eagerPut reports whether a put of total bytes, asking for streams streams
+// of chunk-byte chunks, sends its data right behind its request: it takes
+// one stream (streamsFor) and is at most eagerMax. Both sides compute it
+// from the request, so the receiver sends no go-ahead for it: a small copy
+// costs one round trip, not two.
+func eagerPut(total int64, streams, chunk int) bool {
+	return total <= eagerMax && streamsFor(total, streams, chunk) == 1
+}
+
 // stream is one connection carrying part of a transfer's data.
 type stream struct {
 	c *conn
