@@ -16,6 +16,11 @@
 #   bench  the GPU benchmarks: 64 KiB create rate and overhead,     -> gpu-bench.txt
 #          1 GiB registration vs bare cuMemAlloc+cuIpcGetMemHandle,
 #          1 GiB sequential read/write on cuda:0 vs host
+#   inplace the in-place copy benchmarks (tests/inplace_bench_test.go)  -> inplace.txt
+#          on cuda:0 and on host memory, with the GPU floors of the same
+#          run (scripts/gpu_floor.py: 4 KiB copy+sync, one scatter kernel
+#          over 1000 x 8 KiB, 1 GiB from an IPC-opened pointer); not in
+#          the default steps
 # Outputs go to $OUT (default ./gpu-out), with summary.txt listing each step's
 # result; the exit status is non-zero when any step failed. Needs root (FUSE).
 #
@@ -84,8 +89,9 @@ run() {
 		unit) step unit cuda-unit.txt bash -c "cd gpu/cuda && TENSORFS_CUDA_REAL=1 timeout $TIMEOUT ../../gpubin/cuda.test -test.v -test.count=1 -test.bench=Real -test.benchtime=$BENCHTIME" ;;
 		gpu) step gpu gpu-tests.txt bash -c "cd tests && TENSORFS_REQUIRE_GPU=1 timeout $TIMEOUT ../gpubin/tests.test -test.v -test.count=1 -test.run=GPU" ;;
 		core) step core core-cuda.txt bash -c "cd tests && TENSORFS_TEST_DEVICE=cuda:0 timeout $TIMEOUT ../gpubin/tests.test -test.v -test.count=1 -test.timeout=$TIMEOUT ${CORE_ARGS:-}" ;;
+		inplace) step inplace inplace.txt bash -c "python3 scripts/gpu_floor.py && cd tests && TENSORFS_TEST_DEVICE=cuda:0 INPLACE_BIG_MB=1024 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace(4K|Scatter1000x8K|Big/ipc)' -test.benchtime=${INPLACE_BENCHTIME:-20x} -test.count=1 && echo '== host memory' && timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace' -test.benchtime=${INPLACE_BENCHTIME:-20x} -test.count=1" ;;
 		bench) step bench gpu-bench.txt bash -c "cd tests && TENSORFS_REQUIRE_GPU=1 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench=GPU -test.benchtime=$BENCHTIME -test.count=1 -test.benchmem=false" ;;
-		*) echo "gpu-check.sh: unknown step $s (env unit gpu core bench)" >&2; exit 64 ;;
+		*) echo "gpu-check.sh: unknown step $s (env unit gpu core bench inplace)" >&2; exit 64 ;;
 		esac
 	done
 	left=$(grep -E '^tensorfs[^ ]* [^ ]+ fuse' /proc/mounts | awk '{print $2}')

@@ -13,8 +13,10 @@ package tests
 //     of one tensor into a scattered block of a tensor on the peer: µs per
 //     descriptor, and on TCP the ratio to raw TCP moving the same 8 MiB
 //     with the same streams into a reused buffer.
-//   - BenchmarkInPlace512M: 512 MiB in place over TCP against raw TCP into
-//     a reused buffer with the same streams; and on the IPC path.
+//   - BenchmarkInPlaceBig: 512 MiB ($INPLACE_BIG_MB, at most 1024) in place
+//     over TCP against raw TCP into a reused buffer with the same streams;
+//     and on the IPC path (on a GPU against a raw device-to-device copy
+//     from an IPC-opened pointer, measured by scripts/gpu_floor.py).
 //
 // The daemons run on host memory unless $TENSORFS_TEST_DEVICE names a GPU
 // (the device's run: scripts/gpu-check.sh).
@@ -235,18 +237,25 @@ func BenchmarkInPlaceScatter1000x8K(b *testing.B) {
 	}
 }
 
-// BenchmarkInPlace512M: per op, one 512 MiB copy_to in place into an
-// existing tensor on the peer; on TCP against raw TCP into a reused buffer
-// with the same streams ("x-raw"; goal at least 0.9).
-func BenchmarkInPlace512M(b *testing.B) {
-	const size = 512 << 20
+// BenchmarkInPlaceBig: per op, one copy_to of $INPLACE_BIG_MB MiB (default
+// 512) in place into an existing tensor on the peer; on TCP against raw TCP
+// into a reused buffer with the same streams ("x-raw"; goal at least 0.9).
+func BenchmarkInPlaceBig(b *testing.B) {
+	size := 512 << 20
+	if v := os.Getenv("INPLACE_BIG_MB"); v != "" {
+		mb, err := strconv.Atoi(v)
+		if err != nil || mb < 1 || mb > 1024 {
+			b.Fatalf("INPLACE_BIG_MB=%q: want 1 to 1024", v)
+		}
+		size = mb << 20
+	}
 	for _, path := range []string{"ipc", "tcp"} {
 		b.Run(path, func(b *testing.B) {
 			a, d := inPlaceBenchPair(b, path == "ipc")
 			data := peerBenchBigData()[:size]
 			peerBenchWriteFile(b, a.path("big"), data)
 			mustNo(b, os.WriteFile(d.path("dst"), nil, 0o644))
-			mustNo(b, os.Truncate(d.path("dst"), size))
+			mustNo(b, os.Truncate(d.path("dst"), int64(size)))
 			peerBenchCopyTo(b, a.path("big"), "b:/dst@0")
 			var lat []time.Duration
 			for b.Loop() {

@@ -1,0 +1,115 @@
+package tests
+
+import (
+	"bytes"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tensorfs/tensorfs/xattrs"
+)
+
+// cudaMapperScript maps a GPU tensor as a local importer does: it holds the
+// file open (its lease), opens its CUDA IPC handle once, and views the
+// tensor's bytes at ipc_offset. Args: path, ipc_offset, nbytes, handle. It
+// prints "ready", then answers "read OFF N" with the hex of those bytes, read
+// through that one mapping, and "exit".
+const cudaMapperScript = `
+import sys, cupy
+path, off, n, h = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+lease = open(path, "rb")
+cupy.cuda.Device(0).use()
+base = cupy.cuda.runtime.ipcOpenMemHandle(bytes.fromhex(h[len("cuda:"):]))
+mem = cupy.cuda.UnownedMemory(base + off, n, None)
+arr = cupy.ndarray((n,), cupy.uint8, cupy.cuda.MemoryPointer(mem, 0))
+print("ready", flush=True)
+for line in sys.stdin:
+    c = line.split()
+    if c[0] == "read":
+        cupy.cuda.runtime.deviceSynchronize()
+        o, k = int(c[1]), int(c[2])
+        print(cupy.asnumpy(arr[o:o + k]).tobytes().hex(), flush=True)
+    elif c[0] == "exit":
+        break
+del arr, mem
+cupy.cuda.runtime.ipcCloseMemHandle(base)
+lease.close()
+`
+
+// TestGPUInPlace: on cuda:0, between two daemons on the IPC path and on the
+// TCP path, in-place copies (one range, and a 1000-line scatter: one
+// gather/scatter kernel launch on the IPC path) land in the destination's
+// GPU memory where a CuPy process that mapped it by its IPC handle before
+// the copies sees them; mr_id, ipc_id and generation stay; bytes outside
+// the ranges are untouched.
+func TestGPUInPlace(t *testing.T) {
+	requireGPU(t)
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		py = python3(t)
+	}
+	if out, err := exec.Command(py, "-c", "import cupy; cupy.cuda.runtime.getDeviceCount()").CombinedOutput(); err != nil {
+		if os.Getenv("TENSORFS_REQUIRE_GPU") == "1" {
+			t.Fatalf("TENSORFS_REQUIRE_GPU=1 but CuPy does not work in %s: %s", py, out)
+		}
+		t.Skipf("CuPy does not work in %s: %s", py, strings.TrimSpace(string(out)))
+	}
+	for _, path := range []string{"ipc", "tcp"} {
+		t.Run(path, func(t *testing.T) {
+			var a, b *daemon
+			if path == "tcp" {
+				ds := cluster(t, []string{"a", "b"}, "--device", "cuda:0")
+				a, b = ds["a"], ds["b"]
+			} else {
+				a, b = inPlacePairOn(t, "cuda:0")
+			}
+			const size, blk = 16 << 20, 8 << 10
+			src := fill(1000*blk, 7)
+			writeTensor(t, a.path("src"), src)
+			zeros(t, b.path("cache"), size)
+			before := ids(t, b.path("cache"))
+			m := startScript(t, py, cudaMapperScript, []string{b.path("cache"), getx(t, b.path("cache"), xattrs.IPCOffset),
+				fmt.Sprint(size), getx(t, b.path("cache"), xattrs.IPCHandle)}, nil)
+			require.Equal(t, "ready", m.first)
+			read := func(off, n int) []byte {
+				got, err := hex.DecodeString(m.do(fmt.Sprintf("read %d %d", off, n)))
+				require.NoError(t, err)
+				return got
+			}
+			want := make([]byte, size)
+			setx(t, a.path("src"), xattrs.CopyTo, "@0+65536 b:/cache@1048576")
+			copy(want[1<<20:], src[:65536])
+			var lines []string
+			for i := range 1000 {
+				j := (i*389 + 17) % 1500 // scattered, distinct blocks
+				lines = append(lines, fmt.Sprintf("@%d+%d b:/cache@%d", i*blk, blk, 2<<20+j*blk))
+				copy(want[2<<20+j*blk:], src[i*blk:(i+1)*blk])
+			}
+			setx(t, a.path("src"), xattrs.CopyTo, strings.Join(lines, "\n"))
+			require.True(t, bytes.Equal(want, read(0, size)), "the mapping made before the copies sees their bytes, and only theirs")
+			require.Equal(t, before, ids(t, b.path("cache")))
+			st := a.stats()
+			require.EqualValues(t, 2, st.Copies.InPlace.IPC+st.Copies.InPlace.TCP, "%+v", st.Copies)
+			if path == "ipc" {
+				require.EqualValues(t, 2, st.Copies.InPlace.IPC, "%+v", st.Copies)
+			}
+			m.do("exit")
+		})
+	}
+}
+
+// inPlacePairOn is inPlacePair's IPC pair (one host id) on device dev.
+func inPlacePairOn(t *testing.T, dev string) (a, b *daemon) {
+	t.Helper()
+	pa, pb := freePort(t), freePort(t)
+	secret := secretFile(t, "a shared secret of enough bytes")
+	common := []string{"--secret-file", secret, "--host-id", "one-host", "--timeout", "10s", "--device", dev}
+	a = startDaemon(t, append([]string{"--name", "a", "--listen", fmt.Sprintf("127.0.0.1:%d", pa), "--peer", fmt.Sprintf("b=127.0.0.1:%d", pb)}, common...)...)
+	b = startDaemon(t, append([]string{"--name", "b", "--listen", fmt.Sprintf("127.0.0.1:%d", pb), "--peer", fmt.Sprintf("a=127.0.0.1:%d", pa)}, common...)...)
+	return a, b
+}
