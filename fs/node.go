@@ -47,10 +47,7 @@ func caller(ctx context.Context) *namespace.Caller {
 // copyCtx is the context of a copy asked for by the FUSE request of ctx
 // (see namespace.CopyContext).
 func copyCtx(ctx context.Context) context.Context {
-	if c, ok := fuse.FromContext(ctx); ok {
-		return namespace.CopyContext(int(c.Pid))
-	}
-	return namespace.CopyContext(0)
+	return namespace.CopyContext(caller(ctx))
 }
 
 // fill copies the metadata into a FUSE attribute; its lock is not held.

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorfs/tensorfs/tensor"
 	"github.com/tensorfs/tensorfs/transfer"
 )
 
@@ -27,15 +28,20 @@ func (f *Tree) parseTarget(v string) (peer, p string, err error) {
 	return peer, p, err
 }
 
-// CopyContext is the context of a copy asked for by a request of thread
-// tid (0: unknown): not the request's own (a copy runs to completion or
-// failure, whatever happens to the request), but carrying its caller's
-// process id, looked up when the copy's record wants it.
-func CopyContext(tid int) context.Context {
-	if tid == 0 {
+// CopyContext is the context of a copy asked for by caller c (nil:
+// unknown): not the request's own (a copy runs to completion or failure,
+// whatever happens to the request), but carrying the caller, whose write
+// permission an in-place destination in this mount needs, and its process
+// id, looked up when the copy's record wants it.
+func CopyContext(c *Caller) context.Context {
+	if c == nil {
 		return context.Background()
 	}
-	return transfer.WithCallerLookup(context.Background(), func() int { return tgid(tid) })
+	ctx := context.WithValue(context.Background(), copyCallerKey{}, c)
+	if c.PID == 0 {
+		return ctx
+	}
+	return transfer.WithCallerLookup(ctx, func() int { return tgid(int(c.PID)) })
 }
 
 // tgid is the process of thread tid: FUSE names the calling thread, and a
@@ -69,146 +75,292 @@ func tgidProc(tid int) int {
 	return tid
 }
 
-// CopyTo pushes node src (a file, or a directory tree) to a peer path. It
-// ignores the request's cancellation (FUSE interrupts): a copy runs to
+// ref is one end of a copy line: [PEER:]PATH[@RANGE]; peer "" is this
+// mount.
+type ref struct {
+	peer, path string
+	r          transfer.Range
+}
+
+func (r ref) String() string {
+	if r.peer == "" {
+		return r.path + r.r.String()
+	}
+	return r.peer + ":" + r.path + r.r.String()
+}
+
+// parseRef parses one end of a copy line (see parseTarget and
+// transfer.SplitRange). Errors: EINVAL.
+func (f *Tree) parseRef(v string) (ref, error) {
+	rest, r, err := transfer.SplitRange(strings.TrimSpace(v))
+	if err != nil {
+		return ref{}, err
+	}
+	peer, p, err := f.parseTarget(rest)
+	return ref{peer: peer, path: p, r: r}, err
+}
+
+// bareRange parses "@RANGE", a line's range of the node whose xattr is
+// set. Errors: EINVAL for anything else.
+func bareRange(v string) (transfer.Range, error) {
+	rest, r, err := transfer.SplitRange(v)
+	if err == nil && (rest != "" || !r.Set) {
+		err = errf(syscall.EINVAL, "%q: want @OFFSET or @OFFSET+LENGTH", v)
+	}
+	return r, err
+}
+
+// copyLine is one line of a copy action: its source (node, when it is the
+// node whose xattr is set) and destination.
+type copyLine struct {
+	src, dst ref
+	node     Node
+}
+
+// actionLines splits an action's value into its lines' fields, skipping
+// blank lines and # comments; each line has one or two fields. Errors:
+// EINVAL.
+func actionLines(value, want string) ([][]string, error) {
+	var out [][]string
+	for i, line := range strings.Split(value, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) > 2 {
+			return nil, errf(syscall.EINVAL, "line %d: want %s, got %q", i+1, want, line)
+		}
+		out = append(out, fields)
+	}
+	if len(out) == 0 {
+		return nil, errf(syscall.EINVAL, "no copy in %q (want %s)", value, want)
+	}
+	return out, nil
+}
+
+// CopyTo pushes node src (a file, or a directory tree) to the lines of
+// value, each "[@SRCRANGE ]DST" with DST "[PEER:]PATH[@RANGE]" (DESIGN.md
+// "In-place copies"): a destination with a range is written in place; a
+// directory's only with "@0". Several lines are one call (see runLines).
+// It ignores the request's cancellation (FUSE interrupts): a copy runs to
 // completion or failure.
 //
 // viaMount lets the final renames go through the mount (so inotify watchers
 // see arrivals); batch turns it off, since the kernel holds the root's lock.
-// value is [PEER:]PATH. Errors: *transfer.Error with the errno of the
-// failure (EINVAL for a copy onto itself or into its own subtree, ENOENT
-// for an unknown peer, EISDIR, ...; a domain error gets its errno), never
-// ESTALE (see copyErr), or an error of no known errno.
+// Errors: *transfer.Error with the errno of the failure (EINVAL for a copy
+// onto itself or into its own subtree, or a bad range; ENOENT for an
+// unknown peer or a missing in-place destination; EISDIR, ...; a domain
+// error gets its errno), never ESTALE (see copyErr), or an error of no
+// known errno.
 func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool) (err error) {
 	defer func() { err = copyErr(err) }()
-	peer, dst, err := f.parseTarget(value)
+	fields, err := actionLines(value, "[@SRCRANGE ]DST")
 	if err != nil {
 		return err
 	}
-	srcs, isDir, err := sources(src)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		for _, s := range srcs {
-			s.Close()
+	lines := make([]copyLine, len(fields))
+	for i, fl := range fields {
+		l := copyLine{node: src}
+		if len(fl) == 2 {
+			if l.src.r, err = bareRange(fl[0]); err != nil {
+				return err
+			}
 		}
-	}()
-	label := f.Path(src)
+		if l.dst, err = f.parseRef(fl[len(fl)-1]); err != nil {
+			return err
+		}
+		lines[i] = l
+	}
+	if len(lines) == 1 {
+		return f.copyNode(ctx, src, lines[0], viaMount)
+	}
+	return f.runLines(ctx, lines, viaMount, f.Path(src))
+}
+
+// copyNode pushes node src (or its range l.src.r) to l.dst, one line of a
+// copy_to.
+func (f *Tree) copyNode(ctx context.Context, src Node, l copyLine, viaMount bool) error {
+	srcs, isDir, err := sources(src, l.src.r)
+	if err != nil {
+		return err
+	}
+	defer closeAll(srcs)
+	if err := applyRange(srcs, l.dst.r, isDir); err != nil {
+		return err
+	}
+	label := f.Path(src) + l.src.r.String()
+	peer, dst := l.dst.peer, l.dst.path
 	if peer != "" {
 		if f.peers == nil {
 			return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
 		}
 		n, err := f.peers.Send(ctx, peer, dst, srcs, isDir, label)
-		logCopy(label, peer+":"+dst, n, err)
+		logCopy(label, l.dst.String(), n, err)
 		return err
 	}
-	// Inside this mount: refuse a copy onto itself or into its own subtree
-	// (the kernel holds src's lock for this call; a rename over it would hang).
-	if target, err := f.Resolve(dst); err == nil && target == src {
+	inPlace := l.dst.r.Set
+	target, terr := f.Resolve(dst)
+	// Inside this mount: refuse a whole copy onto itself or a directory
+	// into its own subtree (the kernel holds src's lock for this call; a
+	// rename over it would hang). In place, a file may write its own
+	// bytes elsewhere in itself (nothing is renamed).
+	if terr == nil && target == src && (!inPlace || isDir) {
 		return errf(syscall.EINVAL, "copy of %s onto itself", dst)
 	}
-	if d, ok := src.(*Dir); ok && f.within(dst, d) {
+	if d, ok := src.(*Dir); ok && f.within(dst, d) && !inPlace {
 		return errf(syscall.EINVAL, "copy of directory %s into its own subtree %s", label, dst)
 	}
-	if !isDir {
-		if target, err := f.Resolve(dst); err == nil {
-			if _, isD := target.(*Dir); isD {
-				return errf(syscall.EISDIR, "%s is a directory (name the target file)", dst)
-			}
+	if !isDir && terr == nil {
+		if _, isD := target.(*Dir); isD {
+			return errf(syscall.EISDIR, "%s is a directory (name the target file)", dst)
 		}
 	}
-	n, err := f.localCopy(ctx, label, dst, srcs, isDir, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
-		return f.prepare(dst, isDir, metas, nil, viaMount)
+	n, err := f.localCopy(ctx, label, l.dst.String(), srcs, isDir, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
+		return f.prepare(dst, isDir, metas, prepOpts{viaMount: viaMount, caller: callerOf(ctx)})
 	})
-	logCopy(label, dst, n, err)
+	logCopy(label, l.dst.String(), n, err)
 	return err
 }
 
-// CopyFrom pulls a peer path (value: [PEER:]PATH) into node dst (a file, or
-// a directory tree), replacing the data of files in place (the kernel holds
-// dst's lock for this call). Errors as for CopyTo; ENOENT when dst has no
-// name any more.
-func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error) {
-	defer func() { err = copyErr(err) }()
-	peer, src, err := f.parseTarget(value)
+// applyRange makes the sources' descriptors those of a copy whose
+// destination has range r (transfer.Range.Apply).
+func applyRange(srcs []transfer.Source, r transfer.Range, isDir bool) error {
+	if !r.Set {
+		return nil
+	}
+	metas := make([]transfer.Meta, len(srcs))
+	for i, s := range srcs {
+		metas[i] = s.Meta()
+	}
+	metas, err := r.Apply(metas, isDir)
 	if err != nil {
 		return err
 	}
+	for i, s := range srcs {
+		s.(*fileSource).meta = metas[i]
+	}
+	return nil
+}
+
+// CopyFrom pulls the lines of value, each "SRC[ @DSTRANGE]" with SRC
+// "[PEER:]PATH[@RANGE]", into node dst (a file, or a directory tree): a
+// line with a destination range writes dst's bytes in place; without one
+// the data of files is replaced by adoption (the kernel holds dst's lock
+// for this call). The in-place lines run first. Errors as for CopyTo;
+// ENOENT when dst has no name any more.
+func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error) {
+	defer func() { err = copyErr(err) }()
+	fields, err := actionLines(value, "SRC[ @DSTRANGE]")
+	if err != nil {
+		return err
+	}
+	var inPlace, whole []copyLine
+	for _, fl := range fields {
+		var l copyLine
+		if l.src, err = f.parseRef(fl[0]); err != nil {
+			return err
+		}
+		if len(fl) == 2 {
+			if l.dst.r, err = bareRange(fl[1]); err != nil {
+				return err
+			}
+			inPlace = append(inPlace, l)
+		} else {
+			whole = append(whole, l)
+		}
+	}
+	for _, l := range append(inPlace, whole...) {
+		if err := f.pullInto(ctx, dst, l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pullInto runs one line of a copy_from into dst.
+func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine) error {
 	dstPath := f.Path(dst)
 	if dstPath == "" {
 		return errf(syscall.ENOENT, "copy_from into an unlinked file")
 	}
 	_, dstIsDir := dst.(*Dir)
+	dstLabel := dstPath + l.dst.r.String()
 	prepare := func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
 		if isDir != dstIsDir {
 			if dstIsDir {
-				return nil, errf(syscall.EISDIR, "%s is a directory; the source %s is a file", dstPath, value)
+				return nil, errf(syscall.EISDIR, "%s is a directory; the source %s is a file", dstPath, l.src)
 			}
-			return nil, errf(syscall.ENOTDIR, "%s is a file; the source %s is a directory", dstPath, value)
+			return nil, errf(syscall.ENOTDIR, "%s is a file; the source %s is a directory", dstPath, l.src)
 		}
-		return f.prepare(dstPath, isDir, metas, dst, false)
+		return f.prepare(dstPath, isDir, metas, prepOpts{adopt: dst, caller: callerOf(ctx)})
 	}
-	if peer != "" {
+	if peer := l.src.peer; peer != "" {
 		if f.peers == nil {
 			return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
 		}
-		n, err := f.peers.Receive(ctx, peer, src, dstPath, prepare)
-		logCopy(peer+":"+src, dstPath, n, err)
+		n, err := f.peers.Receive(ctx, transfer.Pull{Peer: peer, Path: l.src.path, Range: l.src.r, Dst: dstPath, DstRange: l.dst.r}, prepare)
+		logCopy(l.src.String(), dstLabel, n, err)
 		return err
 	}
-	srcNode, err := f.Resolve(src)
+	srcNode, err := f.Resolve(l.src.path)
 	if err != nil {
 		return err
 	}
-	if srcNode == dst {
-		return errf(syscall.EINVAL, "copy of %s onto itself", src)
+	inPlace := l.dst.r.Set
+	if srcNode == dst && (!inPlace || dstIsDir) {
+		return errf(syscall.EINVAL, "copy of %s onto itself", l.src.path)
 	}
-	if d, ok := srcNode.(*Dir); ok && f.within(dstPath, d) {
-		return errf(syscall.EINVAL, "copy of directory %s into its own subtree %s", src, dstPath)
+	if d, ok := srcNode.(*Dir); ok && f.within(dstPath, d) && !inPlace {
+		return errf(syscall.EINVAL, "copy of directory %s into its own subtree %s", l.src.path, dstPath)
 	}
-	if d, ok := dst.(*Dir); ok && f.within(src, d) {
-		return errf(syscall.EINVAL, "copy of %s into a directory that contains it", src)
+	if d, ok := dst.(*Dir); ok && f.within(l.src.path, d) && !inPlace {
+		return errf(syscall.EINVAL, "copy of %s into a directory that contains it", l.src.path)
 	}
-	srcs, isDir, err := sources(srcNode)
+	srcs, isDir, err := sources(srcNode, l.src.r)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		for _, s := range srcs {
-			s.Close()
-		}
-	}()
-	n, err := f.localCopy(ctx, src, dstPath, srcs, isDir, prepare)
-	logCopy(src, dstPath, n, err)
+	defer closeAll(srcs)
+	if err := applyRange(srcs, l.dst.r, isDir); err != nil {
+		return err
+	}
+	n, err := f.localCopy(ctx, l.src.String(), dstLabel, srcs, isDir, prepare)
+	logCopy(l.src.String(), dstLabel, n, err)
 	return err
 }
 
-// localCopy copies tensors of this daemon device to device into dst.
+// localCopy copies descriptors of this daemon device to device into dst:
+// all of them as one batch (tensor.CopyExtents: on CUDA one gather/scatter
+// kernel launch for the small ones).
 func (f *Tree) localCopy(ctx context.Context, label, dst string, srcs []transfer.Source, isDir bool, prepare func(bool, []transfer.Meta) (transfer.Dest, error)) (int, error) {
 	metas := make([]transfer.Meta, len(srcs))
-	var total int64
 	for i, s := range srcs {
 		metas[i] = s.Meta()
-		total += metas[i].NBytes
 	}
 	var rec *transfer.Record
 	end := func(error) {}
 	if f.peers != nil {
-		rec, end = f.peers.TrackCtx(ctx, label, dst, "local", total, int64(len(srcs)))
+		rec, end = f.peers.TrackCtx(ctx, label, dst, "local", metas)
 	}
 	// Local records have no phases: the engine gets no record.
-	n, err := transfer.Deliver(nil, func() (transfer.Dest, error) {
+	n, err := transfer.Deliver(nil, metas, func(metas []transfer.Meta) (transfer.Dest, error) {
 		return prepare(isDir, metas)
 	}, func(d transfer.Dest, _ func()) error {
 		dd := d.(*dest)
+		exts := make([]tensor.Extent, len(srcs))
+		var total int64
 		for i, s := range srcs {
-			if err := dd.tensorAt(i).CopyFrom(s.(*fileSource).t); err != nil {
-				return err
-			}
-			if rec != nil {
-				rec.BytesDone.Add(metas[i].NBytes)
-			}
+			fs := s.(*fileSource)
+			t, at := dd.at(i)
+			exts[i] = tensor.Extent{Dst: t, DstOff: at, Src: fs.t, SrcOff: fs.off, N: metas[i].NBytes}
+			total += metas[i].NBytes
+		}
+		if err := tensor.CopyExtents(exts); err != nil {
+			return copyErr(err)
+		}
+		if rec != nil {
+			rec.BytesDone.Add(total)
 		}
 		return nil
 	}, nil)
@@ -216,137 +368,29 @@ func (f *Tree) localCopy(ctx context.Context, label, dst string, srcs []transfer
 	return n, err
 }
 
-// batchPlan is a batch xattr's copies: pushes of local tensors by peer (in
-// the order the peers first appear), and the other lines in order.
-type batchPlan struct {
-	order  []string
-	pushes map[string][]batchPush
-	others [][2]string
-}
-
-// batchPush is one local tensor of a batch sent to a peer.
-type batchPush struct{ src, dst string }
-
-// parseBatch parses a batch value: one "SRC DST" per line, blank lines and
-// # comments skipped. Errors: EINVAL for a malformed line or path.
-func (f *Tree) parseBatch(value string) (batchPlan, error) {
-	b := batchPlan{pushes: map[string][]batchPush{}}
-	for i, line := range strings.Split(value, "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		fields := strings.Fields(line)
-		if len(fields) != 2 {
-			return b, errf(syscall.EINVAL, "batch line %d: want SRC DST, got %q", i+1, line)
-		}
-		sp, spath, err := f.parseTarget(fields[0])
-		if err != nil {
-			return b, err
-		}
-		dp, dpath, err := f.parseTarget(fields[1])
-		if err != nil {
-			return b, err
-		}
-		if sp == "" && dp != "" {
-			if _, ok := b.pushes[dp]; !ok {
-				b.order = append(b.order, dp)
-			}
-			b.pushes[dp] = append(b.pushes[dp], batchPush{spath, dpath})
-			continue
-		}
-		b.others = append(b.others, [2]string{fields[0], fields[1]})
-	}
-	return b, nil
-}
-
-// Batch runs the copies of a batch xattr: one "SRC DST" per line. Pushes of
-// local tensors to one peer go as one pipelined transfer; the rest run in
-// order. It stops at the first failure and returns it (errors as CopyTo's).
+// Batch runs the copies of a batch xattr: one "SRC DST" per line, each
+// side "[PEER:]PATH[@RANGE]", as one call (runLines). Errors as CopyTo's.
 func (f *Tree) Batch(ctx context.Context, value string) (err error) {
 	defer func() { err = copyErr(err) }()
-	b, err := f.parseBatch(value)
+	fields, err := actionLines(value, "SRC DST")
 	if err != nil {
 		return err
 	}
-	for _, peer := range b.order {
-		if err := f.pushBatch(ctx, peer, b.pushes[peer]); err != nil {
+	lines := make([]copyLine, len(fields))
+	for i, fl := range fields {
+		if len(fl) != 2 {
+			return errf(syscall.EINVAL, "batch line %d: want SRC DST, got %q", i+1, strings.Join(fl, " "))
+		}
+		if lines[i].src, err = f.parseRef(fl[0]); err != nil {
+			return err
+		}
+		if lines[i].dst, err = f.parseRef(fl[1]); err != nil {
 			return err
 		}
 	}
-	for _, o := range b.others {
-		sp, spath, _ := f.parseTarget(o[0])
-		if sp != "" {
-			// A pull into this mount: into the destination's parent dir.
-			dpPeer, dpath, _ := f.parseTarget(o[1])
-			if dpPeer != "" {
-				return errf(syscall.EINVAL, "batch: %s -> %s: one side must be this mount", o[0], o[1])
-			}
-			if err := f.pullTo(ctx, sp, spath, dpath); err != nil {
-				return err
-			}
-			continue
-		}
-		n, err := f.Resolve(spath)
-		if err != nil {
-			return err
-		}
-		if err := f.CopyTo(ctx, n, o[1], false); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// pushBatch sends a batch's local tensors to peer as one transfer.
-func (f *Tree) pushBatch(ctx context.Context, peer string, pushes []batchPush) error {
-	var srcs []transfer.Source
-	defer func() {
-		for _, s := range srcs {
-			s.Close()
-		}
-	}()
-	for _, p := range pushes {
-		n, err := f.Resolve(p.src)
-		if err != nil {
-			return err
-		}
-		file, ok := n.(*File)
-		if !ok {
-			return errf(syscall.EISDIR, "batch: %s is a directory (batch lines name tensors)", p.src)
-		}
-		s, err := openSource(file, strings.TrimPrefix(p.dst, "/"))
-		if err != nil {
-			return err
-		}
-		srcs = append(srcs, s)
-	}
-	if f.peers == nil {
-		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
-	}
-	n, err := f.peers.Send(ctx, peer, "/", srcs, true, "batch")
-	logCopy("batch", peer+":/", n, err)
-	return err
-}
-
-// pullTo copies peer:src to dst in this mount (a batch line). It renames into
-// place inside the daemon: the kernel holds the root's lock for the batch.
-func (f *Tree) pullTo(ctx context.Context, peer, src, dst string) error {
-	if f.peers == nil {
-		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
-	}
-	n, err := f.peers.Receive(ctx, peer, src, dst, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
-		if !isDir {
-			if t, err := f.Resolve(dst); err == nil {
-				if _, isD := t.(*Dir); isD {
-					return nil, errf(syscall.EISDIR, "%s is a directory", dst)
-				}
-			}
-		}
-		return f.prepare(dst, isDir, metas, nil, false)
-	})
-	logCopy(peer+":"+src, dst, n, err)
-	return err
+	// The kernel holds the root's lock: nothing is renamed through the
+	// mount.
+	return f.runLines(ctx, lines, false, "batch")
 }
 
 // logCopy logs a copy's outcome: its error, or how many tensors it put in

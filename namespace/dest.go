@@ -30,6 +30,10 @@ type destItem struct {
 	h       *tensor.Handle
 	mode    uint32 // the mode Commit gives the temporary
 	placed  bool
+	// inPlace: the item is bytes [off, off+n) of the existing tensor
+	// target, written where they are (no temporary; see pinned).
+	inPlace bool
+	off     int64
 }
 
 // stagedDir is a directory a copy creates: it is built under a temporary
@@ -65,24 +69,64 @@ type dest struct {
 	dirs   map[string]dirLoc // by final mount-relative path
 	rename bool              // put in place by renames through the mount
 	placed int
+	// pins hold the in-place destinations, one per tensor however many
+	// ranges of it the copy writes, until Commit or Abort.
+	pins map[*File]*pinned
 }
 
-// prepare builds a destination at p. adoptTarget, when set, is the node whose
+// pinned is an in-place destination held for a copy: open (alive after an
+// unlink) and pinned (its size and allocation stay: tensor.PinRange).
+type pinned struct {
+	h     *tensor.Handle
+	unpin func()
+	size  int64 // its size, fixed while pinned
+}
+
+// prepOpts are how a copy's destination is made (see prepare).
+type prepOpts struct {
+	// adopt is the node whose xattr is being set (copy_from), or nil.
+	adopt Node
+	// viaMount: the final renames may go through the mount.
+	viaMount bool
+	// caller, for a copy asked for through this mount, must be allowed to
+	// write each in-place destination (as open(O_WRONLY) would); nil for
+	// a peer's copy, which the cluster secret authorizes.
+	caller *Caller
+}
+
+// prepare builds a destination at p for the descriptors metas: whole
+// tensors get temporaries, in-place ranges are checked and pinned (all of
+// them before any byte moves). o.adopt, when set, is the node whose
 // xattr is being set (copy_from): its lock is held by the kernel, so nothing
 // may be renamed over it or created in it through the mount: files there are
-// replaced by adoption and new names inserted internally. viaMount says the
+// replaced by adoption and new names inserted internally. o.viaMount says the
 // final renames may go through the mount (so inotify sees them); it is false
 // when the kernel may hold the lock of a destination directory (batch holds
 // the root's).
-func (f *Tree) prepare(p string, isDir bool, metas []transfer.Meta, adoptTarget Node, viaMount bool) (_ *dest, err error) {
+func (f *Tree) prepare(p string, isDir bool, metas []transfer.Meta, o prepOpts) (_ *dest, err error) {
 	defer func() { err = copyErr(err) }()
-	d := &dest{tree: f, rename: adoptTarget == nil && viaMount && f.placer != nil, dirs: map[string]dirLoc{}}
+	adoptTarget := o.adopt
+	d := &dest{tree: f, rename: adoptTarget == nil && o.viaMount && f.placer != nil, dirs: map[string]dirLoc{}}
 	ok := false
 	defer func() {
 		if !ok {
 			d.Abort()
 		}
 	}()
+	whole := false
+	for _, m := range metas {
+		if m.InPlace {
+			if err := d.addInPlace(path.Join(p, m.Rel), m, o.caller); err != nil {
+				return nil, err
+			}
+		} else {
+			whole = true
+		}
+	}
+	if !whole {
+		ok = true
+		return d, nil
+	}
 	if !isDir {
 		parentPath, name := path.Split(p)
 		if name == "" {
@@ -118,6 +162,9 @@ func (f *Tree) prepare(p string, isDir bool, metas []transfer.Meta, adoptTarget 
 		return nil, err
 	}
 	for _, m := range metas {
+		if m.InPlace {
+			continue
+		}
 		dirRel, name := path.Split(m.Rel)
 		final := path.Join(p, dirRel)
 		loc, err := d.dirFor(final)
@@ -314,12 +361,76 @@ func templateFor(dir *Dir, m transfer.Meta) (tensor.Template, error) {
 
 // WriteAt implements transfer.Dest.
 func (d *dest) WriteAt(i int, p []byte, off int64) error {
-	_, err := d.items[i].temp.WriteAt(p, off)
+	it := &d.items[i]
+	if it.inPlace {
+		return copyErr(it.target.t.WriteRange(p, it.off+off))
+	}
+	_, err := it.temp.WriteAt(p, off)
 	return copyErr(err)
 }
 
-// tensorAt is item i's temporary tensor, for device-to-device local copies.
-func (d *dest) tensorAt(i int) *tensor.Tensor { return d.items[i].temp }
+// at is where item i's bytes go: its temporary from byte 0, or its
+// in-place tensor from its offset.
+func (d *dest) at(i int) (*tensor.Tensor, int64) {
+	it := &d.items[i]
+	if it.inPlace {
+		return it.target.t, it.off
+	}
+	return it.temp, 0
+}
+
+// addInPlace adds the in-place descriptor m, whose tensor is at p: it must
+// exist, hold the range (exactly m.NBytes bytes when m.Exact) and, for a
+// caller of this mount, be writable by it. Errors: ENOENT, EISDIR, EINVAL,
+// EACCES.
+func (d *dest) addInPlace(p string, m transfer.Meta, c *Caller) error {
+	n, err := d.tree.Resolve(p)
+	if err != nil {
+		return errf(syscall.ENOENT, "in-place destination %s does not exist", p)
+	}
+	file, ok := n.(*File)
+	if !ok {
+		return errf(syscall.EISDIR, "in-place destination %s is a directory", p)
+	}
+	pin := d.pins[file]
+	if pin == nil {
+		if err := mayWrite(c, file); err != nil {
+			return err
+		}
+		h, err := file.t.Open("in-place copy")
+		if err != nil {
+			return errf(syscall.ENOENT, "in-place destination %s: %v", p, err)
+		}
+		unpin, err := file.t.PinRange(0, 0)
+		if err != nil {
+			h.Close()
+			return errf(syscall.ENOENT, "in-place destination %s: %v", p, err)
+		}
+		pin = &pinned{h: h, unpin: unpin, size: file.t.Size()}
+		if d.pins == nil {
+			d.pins = map[*File]*pinned{}
+		}
+		d.pins[file] = pin
+	}
+	if m.Exact && m.NBytes != pin.size {
+		return errf(syscall.EINVAL, "in-place destination %s holds %d bytes, the source %d", p, pin.size, m.NBytes)
+	}
+	if m.Off < 0 || m.NBytes < 0 || m.Off > pin.size-m.NBytes {
+		return errf(syscall.EINVAL, "in-place range [%d, +%d) outside %s (%d bytes)", m.Off, m.NBytes, p, pin.size)
+	}
+	d.items = append(d.items, destItem{inPlace: true, target: file, off: m.Off, toRel: p})
+	return nil
+}
+
+// unpinAll ends the in-place destinations' pins: their bytes have landed
+// (Commit) or will not (Abort).
+func (d *dest) unpinAll() {
+	for f, p := range d.pins {
+		p.unpin()
+		p.h.Close()
+		delete(d.pins, f)
+	}
+}
 
 // Placer puts a copy's tensors in place through the mount, so that inotify
 // watchers see each arrival (IN_MOVED_TO). The FUSE frontend implements it
@@ -359,6 +470,15 @@ func (internalRename) End() {}
 // Commit implements transfer.Dest: each tensor is put in place atomically;
 // a staged directory (a new one) with all its tensors at once.
 func (d *dest) Commit() (int, error) {
+	// Every in-place byte has landed: those descriptors are done, before
+	// any whole tensor appears (a batch's notification comes last).
+	for i := range d.items {
+		if it := &d.items[i]; it.inPlace && !it.placed {
+			it.placed = true
+			d.placed++
+		}
+	}
+	d.unpinAll()
 	var pl Placement = internalRename{}
 	if d.rename {
 		pl = d.tree.placer.Begin()
@@ -445,9 +565,11 @@ func (d *dest) place(pl Placement, it *destItem) error {
 // Abort implements transfer.Dest: the temporaries not yet in place go away,
 // and the staged directories with them.
 func (d *dest) Abort() {
+	d.unpinAll()
 	for i := range d.items {
 		it := &d.items[i]
-		if it.placed {
+		if it.placed || it.inPlace {
+			it.placed = true
 			continue
 		}
 		if it.h != nil {

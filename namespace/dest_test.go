@@ -76,9 +76,9 @@ func TestStagedDirectory(t *testing.T) {
 	require.NoError(t, err)
 	home.meta.UID, home.meta.GID = 1000, 1001
 	metas := []transfer.Meta{u8("a", 16), u8("sub/deep/b", 32)}
-	_, err = f.prepare("/home/missing/new", true, metas, nil, false)
+	_, err = f.prepare("/home/missing/new", true, metas, prepOpts{})
 	require.ErrorIs(t, err, syscall.ENOENT, "the destination's parent must exist")
-	d, err := f.prepare("/home/new", true, metas, nil, false)
+	d, err := f.prepare("/home/new", true, metas, prepOpts{})
 	require.NoError(t, err)
 	got := names(home)
 	require.Len(t, got, 1)
@@ -104,7 +104,7 @@ func TestStagedDirectory(t *testing.T) {
 	}
 
 	// A failed copy leaves no trace.
-	d, err = f.prepare("/home/other", true, metas, nil, false)
+	d, err = f.prepare("/home/other", true, metas, prepOpts{})
 	require.NoError(t, err)
 	d.Abort()
 	require.Equal(t, []string{"new"}, names(home))
@@ -118,12 +118,12 @@ func TestStagedDirectory(t *testing.T) {
 func TestStagedDirectoryMadeMeanwhile(t *testing.T) {
 	f := unmountedFS(t)
 	metas := []transfer.Meta{u8("a", 16), u8("sub/b", 32), u8("c", 8)}
-	d, err := f.prepare("/new", true, metas, nil, false)
+	d, err := f.prepare("/new", true, metas, prepOpts{})
 	require.NoError(t, err)
 	fillItems(t, d, 40)
 
 	// Meanwhile: /new is made, with an old "a".
-	other, err := f.prepare("/new", true, []transfer.Meta{u8("a", 4)}, nil, false)
+	other, err := f.prepare("/new", true, []transfer.Meta{u8("a", 4)}, prepOpts{})
 	require.NoError(t, err)
 	fillItems(t, other, 1)
 	_, err = other.Commit()

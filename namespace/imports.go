@@ -118,6 +118,6 @@ func (d *dest) CopyFromMapping(i int, m transfer.Mapping, srcOff, n int64) (bool
 	if !ok {
 		return false, nil
 	}
-	t := d.tensorAt(i)
-	return true, t.CopyFromBuffer(0, bm.onDevice(t.Info().Device), srcOff, n)
+	t, at := d.at(i)
+	return true, t.CopyFromBuffer(at, bm.onDevice(t.Info().Device), srcOff, n)
 }

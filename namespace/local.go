@@ -38,12 +38,23 @@ func metaOf(t *tensor.Tensor, rel string) transfer.Meta {
 	return transfer.Meta{Rel: rel, DType: string(d), Shape: sh.String(), NBytes: in.Size}
 }
 
-// fileSource reads one tensor for a copy, holding it open (alive) until Close.
+// fileSource reads one tensor, or bytes [off, off+meta.NBytes) of it, for
+// a copy, holding it open (alive) and frozen until Close. The sources of
+// one call that read the same tensor share one open and one freeze
+// (sourceSet).
 type fileSource struct {
 	t    *tensor.Tensor
+	off  int64
+	meta transfer.Meta
+	ref  *openTensor
+}
+
+// openTensor is a tensor open for a call's sources: one handle and one
+// freeze, dropped with the last of them.
+type openTensor struct {
 	h    *tensor.Handle
 	thaw func() // the tensor is frozen (tensor.Freeze) while the copy reads it
-	meta transfer.Meta
+	refs int
 }
 
 // Meta implements transfer.Source.
@@ -51,14 +62,24 @@ func (s *fileSource) Meta() transfer.Meta { return s.meta }
 
 // ReadAt implements transfer.Source.
 func (s *fileSource) ReadAt(p []byte, off int64) (int, error) {
-	n, err := s.t.ReadAt(p, off)
+	if off < 0 || int64(len(p)) > s.meta.NBytes-off {
+		p = p[:max(0, min(int64(len(p)), s.meta.NBytes-off))]
+	}
+	n, err := s.t.ReadAt(p, s.off+off)
 	return n, copyErr(err)
 }
 
-// Close implements transfer.Source: the tensor thaws and may be released.
+// Close implements transfer.Source: the tensor thaws and may be released
+// once the call's last source of it is closed.
 func (s *fileSource) Close() {
-	s.thaw()
-	s.h.Close()
+	if s.ref == nil {
+		return
+	}
+	if s.ref.refs--; s.ref.refs == 0 {
+		s.ref.thaw()
+		s.ref.h.Close()
+	}
+	s.ref = nil
 }
 
 // Export implements transfer.Exporter: a peer of this host opens the
@@ -68,43 +89,86 @@ func (s *fileSource) Export(holder string, accept func(string) bool, keep bool) 
 	if !ok {
 		return transfer.IPCDesc{}, nil, nil, false
 	}
-	d := transfer.IPCDesc{Handle: p.Handle, Offset: p.Offset, Alloc: p.AllocID, Export: p.ExportID, Generation: p.Generation}
+	d := transfer.IPCDesc{Handle: p.Handle, Offset: p.Offset + s.off, Alloc: p.AllocID, Export: p.ExportID, Generation: p.Generation}
 	if p.Lease == nil {
 		return d, p.Release, nil, true
 	}
 	return d, p.Release, p.Lease, true
 }
 
-// openSource opens f's tensor for a copy that names it rel.
-func openSource(f *File, rel string) (*fileSource, error) {
-	h, err := f.t.Open("copy")
-	if err != nil {
-		return nil, copyErr(err)
+// sourceSet opens the sources of one call: a tensor named by several
+// descriptors (ranges of it) is opened and frozen once. Not safe for
+// concurrent use; the sources it made are closed by their Close.
+type sourceSet map[*tensor.Tensor]*openTensor
+
+// open opens f's tensor for a copy that names it rel, all of it or its
+// bytes r names (r's length defaults to the rest of the tensor). Errors:
+// EINVAL for a range outside the tensor; ENOENT for a released one.
+func (ss sourceSet) open(f *File, rel string, r transfer.Range) (*fileSource, error) {
+	ref := ss[f.t]
+	if ref == nil || ref.refs == 0 {
+		h, err := f.t.Open("copy")
+		if err != nil {
+			return nil, copyErr(err)
+		}
+		// Frozen before its metadata is read: the copy sends this size and
+		// these bytes, whoever writes the tensor meanwhile (the write waits).
+		ref = &openTensor{h: h, thaw: f.t.Freeze()}
+		ss[f.t] = ref
 	}
-	// Frozen before its metadata is read: the copy sends this size and
-	// these bytes, whoever writes the tensor meanwhile (the write waits).
-	thaw := f.t.Freeze()
-	return &fileSource{t: f.t, h: h, thaw: thaw, meta: metaOf(f.t, rel)}, nil
+	meta := metaOf(f.t, rel)
+	s := &fileSource{t: f.t, meta: meta}
+	if r.Set {
+		size := meta.NBytes
+		n := size - r.Off
+		if r.HasLen {
+			n = r.Len
+		}
+		if r.Off < 0 || r.Off > size || n < 0 || n > size-r.Off {
+			if ref.refs == 0 {
+				ref.thaw()
+				ref.h.Close()
+				delete(ss, f.t)
+			}
+			return nil, errf(syscall.EINVAL, "source range %s of a %d-byte tensor", r, size)
+		}
+		s.off, s.meta.NBytes = r.Off, n
+		if n != size {
+			// A part of the tensor: no shape of its own.
+			s.meta.DType, s.meta.Shape = "U8", fmt.Sprint(n)
+		}
+	}
+	ref.refs++
+	s.ref = ref
+	return s, nil
 }
 
-// sources opens the tensors of a node: one for a file, all below a directory.
-func sources(n Node) ([]transfer.Source, bool, error) {
+// openSource opens f's tensor, whole, for a copy that names it rel.
+func openSource(f *File, rel string) (*fileSource, error) {
+	return sourceSet{}.open(f, rel, transfer.Range{})
+}
+
+// sources opens the tensors of a node: one for a file (r: its bytes to
+// read), all below a directory (which takes no range: EINVAL).
+func sources(n Node, r transfer.Range) ([]transfer.Source, bool, error) {
 	var refs []fileRef
 	isDir := false
 	switch x := n.(type) {
 	case *File:
 		refs = []fileRef{{f: x}}
 	case *Dir:
+		if r.Set {
+			return nil, false, errf(syscall.EINVAL, "a source range (%s) on a directory", r)
+		}
 		isDir = true
 		refs = x.walk("", nil)
 	}
+	set := sourceSet{}
 	srcs := make([]transfer.Source, 0, len(refs))
-	for _, r := range refs {
-		s, err := openSource(r.f, r.rel)
+	for _, ref := range refs {
+		s, err := set.open(ref.f, ref.rel, r)
 		if err != nil {
-			for _, o := range srcs {
-				o.Close()
-			}
+			closeAll(srcs)
 			return nil, false, err
 		}
 		srcs = append(srcs, s)
@@ -112,20 +176,27 @@ func sources(n Node) ([]transfer.Source, bool, error) {
 	return srcs, isDir, nil
 }
 
+// closeAll closes a copy's sources.
+func closeAll(srcs []transfer.Source) {
+	for _, s := range srcs {
+		s.Close()
+	}
+}
+
 // Get implements transfer.Local.
-func (f *Tree) Get(p string) ([]transfer.Source, bool, error) {
+func (f *Tree) Get(p string, r transfer.Range) ([]transfer.Source, bool, error) {
 	n, err := f.Resolve(p)
 	if err != nil {
 		return nil, false, err
 	}
-	return sources(n)
+	return sources(n, r)
 }
 
 // Put implements transfer.Local: temporaries in the destination directories,
 // renamed into place through the mount at Commit (so inotify watchers see
 // IN_MOVED_TO).
 func (f *Tree) Put(p string, isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
-	return f.prepare(p, isDir, metas, nil, true)
+	return f.prepare(p, isDir, metas, prepOpts{viaMount: true})
 }
 
 // WriteInPlace lets a peer copy receive tensor i's bytes from its socket
@@ -133,6 +204,7 @@ func (f *Tree) Put(p string, isDir bool, metas []transfer.Meta) (transfer.Dest, 
 // (tensor.WriteInPlace); ok is false for GPU memory (the copy then stages
 // through WriteAt).
 func (d *dest) WriteInPlace(i int, off, n int64, fill func(p []byte) error) (bool, error) {
-	ok, err := d.items[i].temp.WriteInPlace(off, n, fill)
+	t, at := d.at(i)
+	ok, err := t.WriteInPlace(at+off, n, fill)
 	return ok, copyErr(err)
 }

@@ -1,7 +1,11 @@
 package tensor
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
+	"sync"
+	"unsafe"
 
 	"github.com/tensorfs/tensorfs/gpu"
 )
@@ -27,4 +31,122 @@ func (t *Tensor) WriteInPlace(off, n int64, fill func(p []byte) error) (ok bool,
 		return false, nil
 	}
 	return gpu.InPlace(t.alloc.buf, off, n, fill)
+}
+
+// PinRange pins the tensor for an in-place copy into its bytes [off,
+// off+n) (DESIGN.md "In-place copies"): until unpin is called, its size and
+// allocation cannot change (Truncate, Allocate, Adopt and a write past the
+// size wait), so the copy's bytes land in the memory that its importers
+// mapped, and its mr_id, ipc_id and generation stay. Writes within the
+// size and reads go on (an in-place write races with them byte by byte,
+// like an RDMA WRITE). The caller keeps a Handle open for the pin's
+// duration, so that an unlink cannot free the memory either. unpin is
+// idempotent. Errors: ErrInvalid for a range outside the size (an
+// unallocated tensor has size 0), ErrReleased, mr's Pin errors.
+func (t *Tensor) PinRange(off, n int64) (unpin func(), err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.released {
+		return nil, ErrReleased
+	}
+	if off < 0 || n < 0 || off > t.size-n {
+		return nil, fmt.Errorf("range [%d, +%d) of a %d-byte tensor: %w", off, n, t.size, ErrInvalid)
+	}
+	// The memory region is pinned too: stats count the pin, and the
+	// region cannot be deregistered under the copy.
+	mrUnpin := func() {}
+	if t.alloc != nil {
+		if mrUnpin, err = t.s.MRs.Pin(t.alloc.region.ID); err != nil {
+			return nil, err
+		}
+	}
+	if t.thawed == nil {
+		t.thawed = sync.NewCond(&t.mu)
+	}
+	t.pinned++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			t.mu.Lock()
+			if t.pinned--; t.pinned == 0 {
+				t.thawed.Broadcast()
+			}
+			t.mu.Unlock()
+			mrUnpin()
+		})
+	}, nil
+}
+
+// WriteRange writes p at off, which must lie within the size: the write of
+// an in-place copy. Unlike WriteAt it never grows the tensor and does not
+// wait for the copies reading it (Freeze): an in-place destination may be
+// a source of the same call, frozen by it. Errors: ErrInvalid for a range
+// outside the size, ErrReleased, the device's.
+func (t *Tensor) WriteRange(p []byte, off int64) error {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if t.released {
+		return ErrReleased
+	}
+	n := int64(len(p))
+	if off < 0 || off > t.size-n {
+		return fmt.Errorf("write [%d, +%d) in %d bytes: %w", off, n, t.size, ErrInvalid)
+	}
+	if n == 0 {
+		return nil
+	}
+	_, err := t.alloc.buf.WriteAt(p, off)
+	return err
+}
+
+// Extent is one descriptor of an in-place copy between tensors of one
+// store: N bytes of Src at byte SrcOff into Dst at byte DstOff.
+type Extent struct {
+	Dst    *Tensor
+	DstOff int64
+	Src    *Tensor
+	SrcOff int64
+	N      int64
+}
+
+// CopyExtents copies every extent device to device, as one batch
+// (gpu.CopyBatch: on CUDA one gather/scatter kernel launch for the small
+// ones), without waiting for the copies reading the destinations (see
+// WriteRange). Every range is checked first: one outside its tensor is
+// ErrInvalid and nothing is copied. Errors: ErrInvalid, ErrReleased, the
+// device's.
+func CopyExtents(exts []Extent) error {
+	// Read-lock each tensor once, in address order, so that two batches
+	// in opposite directions cannot deadlock with a resize waiting
+	// between them.
+	ts := make([]*Tensor, 0, 2*len(exts))
+	for _, e := range exts {
+		ts = append(ts, e.Dst, e.Src)
+	}
+	slices.SortFunc(ts, func(a, b *Tensor) int { return cmp.Compare(uintptr(unsafe.Pointer(a)), uintptr(unsafe.Pointer(b))) })
+	ts = slices.Compact(ts)
+	for _, t := range ts {
+		t.mu.RLock()
+	}
+	defer func() {
+		for _, t := range ts {
+			t.mu.RUnlock()
+		}
+	}()
+	g := make([]gpu.Extent, 0, len(exts))
+	for _, e := range exts {
+		for _, t := range [2]*Tensor{e.Dst, e.Src} {
+			if t.released {
+				return ErrReleased
+			}
+		}
+		if e.N < 0 || e.DstOff < 0 || e.DstOff > e.Dst.size-e.N || e.SrcOff < 0 || e.SrcOff > e.Src.size-e.N {
+			return fmt.Errorf("copy [%d, +%d) of a %d-byte tensor to [%d, +%d) of a %d-byte one: %w", e.SrcOff, e.N, e.Src.size, e.DstOff, e.N, e.Dst.size, ErrInvalid)
+		}
+		if e.N == 0 {
+			continue
+		}
+		g = append(g, gpu.Extent{Dst: e.Dst.alloc.buf, DstOff: e.DstOff, Src: e.Src.alloc.buf, SrcOff: e.SrcOff, N: e.N})
+	}
+	return gpu.CopyBatch(g)
 }

@@ -30,13 +30,13 @@ func (t *Tensor) Adopt(src *Tensor) error {
 	for {
 		first.mu.Lock()
 		second.mu.Lock()
-		if t.frozen == 0 {
+		if t.frozen == 0 && t.pinned == 0 {
 			break
 		}
-		// A copy reads t: wait for it without holding src.
+		// A copy reads or writes t: wait for it without holding src.
 		second.mu.Unlock()
 		first.mu.Unlock()
-		t.lockToChange()
+		t.lockToResize()
 		t.mu.Unlock()
 	}
 	if t.released || src.released {

@@ -49,7 +49,11 @@ type Tensor struct {
 	// frozen counts the copies reading the tensor now (Freeze); changes
 	// of its bytes or size wait on thawed until it is 0.
 	frozen int
-	thawed *sync.Cond // on &mu, made by the first Freeze
+	// pinned counts the in-place copies writing into the tensor now
+	// (PinRange); changes of its size or allocation wait on thawed until
+	// it is 0, so those copies' bytes land in the memory their peers mapped.
+	pinned int
+	thawed *sync.Cond // on &mu, made by the first Freeze or PinRange
 	// uninit: the allocation Store.New makes may keep recycled bytes
 	// (Template.Uninit); cleared by then, so no later growth keeps any.
 	uninit bool
@@ -140,11 +144,20 @@ func (t *Tensor) Freeze() (thaw func()) {
 	}
 }
 
-// lockToChange takes t.mu for a change of bytes or size once no copy reads
-// the tensor (Freeze).
+// lockToChange takes t.mu for a change of bytes once no copy reads the
+// tensor (Freeze).
 func (t *Tensor) lockToChange() {
 	t.mu.Lock()
 	for t.frozen > 0 {
+		t.thawed.Wait()
+	}
+}
+
+// lockToResize takes t.mu for a change of size or allocation once no copy
+// reads the tensor (Freeze) and no in-place copy writes it (PinRange).
+func (t *Tensor) lockToResize() {
+	t.mu.Lock()
+	for t.frozen > 0 || t.pinned > 0 {
 		t.thawed.Wait()
 	}
 }
@@ -269,7 +282,7 @@ func (t *Tensor) Truncate(n int64) error {
 	if n < 0 {
 		return fmt.Errorf("size %d: %w", n, ErrInvalid)
 	}
-	t.lockToChange()
+	t.lockToResize()
 	if t.released {
 		t.mu.Unlock()
 		return ErrReleased
@@ -298,7 +311,7 @@ func (t *Tensor) Allocate(off, n int64, keepSize bool) error {
 	if end < off || end > MaxSize {
 		return fmt.Errorf("fallocate to %d: %w", uint64(off)+uint64(n), ErrTooLarge)
 	}
-	t.lockToChange()
+	t.lockToResize()
 	if t.released {
 		t.mu.Unlock()
 		return ErrReleased
@@ -342,6 +355,14 @@ func (t *Tensor) WriteAt(p []byte, off int64) (int, error) {
 		return 0, nil
 	}
 	t.lockToChange()
+	// A write past the size grows the tensor (maybe into a new
+	// allocation): it waits for the in-place copies writing it.
+	for end > t.size && t.pinned > 0 {
+		t.thawed.Wait()
+		for t.frozen > 0 {
+			t.thawed.Wait()
+		}
+	}
 	if t.released {
 		t.mu.Unlock()
 		return 0, ErrReleased

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"sync/atomic"
 	"syscall"
@@ -31,9 +32,10 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 		metas[i] = sc.Meta()
 		total += metas[i].NBytes
 	}
+	dst := peer + ":" + remotePath
 	c, err := s.conn(ctx, peer)
 	if err != nil {
-		_, end := s.TrackCtx(ctx, src, peer+":"+remotePath, "tcp", total, int64(len(srcs)))
+		_, end := s.TrackCtx(ctx, src, dst, "tcp", metas)
 		end(err)
 		return 0, err
 	}
@@ -42,7 +44,7 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 	if s.sameHost(c) {
 		lc := s.leaseChannel(ctx, peer, c)
 		if descs, release, ok := s.exports(srcs, c, lc); ok {
-			rec, end := s.TrackCtx(ctx, src, peer+":"+remotePath, "ipc", total, int64(len(srcs)))
+			rec, end := s.TrackCtx(ctx, src, dst, "ipc", metas)
 			err := c.sendJSON(frameRequest, request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, IPC: descs})
 			var r reply
 			if err == nil {
@@ -63,7 +65,7 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 			end(err) // the peer cannot reach this daemon's memory: TCP then
 		}
 	}
-	rec, end := s.TrackCtx(ctx, src, peer+":"+remotePath, "tcp", total, int64(len(srcs)))
+	rec, end := s.TrackCtx(ctx, src, dst, "tcp", metas)
 	n, err = s.send(ctx, peer, c, remotePath, srcs, metas, isDir, rec)
 	end(err)
 	return n, err
@@ -214,20 +216,33 @@ func (s *Service) sentFirst(peer string, c *conn, sr sendResult, res <-chan push
 	return rr.r.Copied, nil
 }
 
-// Receive copies the tensors at remotePath on peer into this node: prepare
-// gets their metadata (and whether remotePath is a directory) and returns
-// where to write them; Receive commits the Dest when every byte has arrived
-// intact, and aborts it otherwise. It returns how many tensors were placed.
+// Pull names what Receive copies: the tensors at Path on Peer (Range, when
+// set, bytes of the tensor there) into Dst on this node (DstRange, when
+// set, written in place: Range.Apply).
+type Pull struct {
+	Peer, Path string
+	Range      Range
+	Dst        string
+	DstRange   Range
+}
+
+// Receive copies what p names into this node: prepare gets the
+// descriptors (and whether p.Path is a directory) and returns where to
+// write them; Receive commits the Dest when every byte has arrived intact,
+// and aborts it otherwise. It returns how many descriptors were placed.
 // From a peer on the same host it reads the peer's exported memory directly
-// (path "ipc") when the peer offers it.
-func (s *Service) Receive(ctx context.Context, peer, remotePath, dst string, prepare func(isDir bool, metas []Meta) (Dest, error)) (n int, err error) {
-	remotePath, err = CleanPath(remotePath)
+// (path "ipc") when the peer offers it. Errors: as Send's; EINVAL for a
+// range that does not fit (Range.Apply, or outside the source).
+func (s *Service) Receive(ctx context.Context, p Pull, prepare func(isDir bool, descs []Meta) (Dest, error)) (n int, err error) {
+	remotePath, err := CleanPath(p.Path)
 	if err != nil {
 		return 0, err
 	}
+	peer, dst := p.Peer, p.Dst
+	p.Path = remotePath
 	c, err := s.conn(ctx, peer)
 	if err != nil {
-		_, end := s.TrackCtx(ctx, peer+":"+remotePath, dst, "tcp", 0, 0)
+		_, end := s.TrackCtx(ctx, peer+":"+remotePath+p.Range.String(), dst, "tcp", nil)
 		end(err)
 		return 0, err
 	}
@@ -241,7 +256,7 @@ func (s *Service) Receive(ctx context.Context, peer, remotePath, dst string, pre
 	}
 	for {
 		var retry bool
-		n, retry, err = s.receive(ctx, c, peer, remotePath, dst, prepare, ipcOK)
+		n, retry, err = s.receive(ctx, c, p, prepare, ipcOK)
 		if retry { // err is the IPC attempt's, in its record
 			ipcOK = false // the peer's memory is out of reach: ask again over TCP
 			continue
@@ -252,8 +267,12 @@ func (s *Service) Receive(ctx context.Context, peer, remotePath, dst string, pre
 
 // receive runs one get on c; retry says the IPC copy could not start (err
 // says why) and the request should be made again without it.
-func (s *Service) receive(ctx context.Context, c *conn, peer, remotePath, dst string, prepare func(bool, []Meta) (Dest, error), ipcOK bool) (n int, retry bool, err error) {
-	if err := c.sendJSON(frameRequest, request{Op: "get", Path: remotePath, IPCOK: ipcOK, Streams: s.cfg.Streams}); err != nil {
+func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(bool, []Meta) (Dest, error), ipcOK bool) (n int, retry bool, err error) {
+	req := request{Op: "get", Path: p.Path, IPCOK: ipcOK, Streams: s.cfg.Streams}
+	if p.Range.Set {
+		req.Range = &p.Range
+	}
+	if err := c.sendJSON(frameRequest, req); err != nil {
 		return 0, false, netErr(err)
 	}
 	var r reply
@@ -264,14 +283,24 @@ func (s *Service) receive(ctx context.Context, c *conn, peer, remotePath, dst st
 	if len(r.IPC) > 0 {
 		path = "ipc"
 	}
-	var total int64
-	for _, m := range r.Tensors {
-		total += m.NBytes
+	peer := p.Peer
+	descs, derr := p.DstRange.Apply(r.Tensors, r.Dir)
+	if derr != nil {
+		descs = r.Tensors
 	}
-	rec, end := s.TrackCtx(ctx, peer+":"+remotePath, dst, path, total, int64(len(r.Tensors)))
+	rec, end := s.TrackCtx(ctx, peer+":"+p.Path+p.Range.String(), p.Dst+p.DstRange.String(), path, descs)
 	defer func() { end(err) }()
 	if err := checkMetas(r.Tensors, r.Dir); err != nil {
 		return 0, false, err
+	}
+	if derr != nil {
+		// The peer holds its pins until it hears from us.
+		if path == "ipc" {
+			c.sendError(derr)
+		} else {
+			c.c.Close()
+		}
+		return 0, false, derr
 	}
 	if path == "ipc" && len(r.IPC) != len(r.Tensors) {
 		return 0, false, &Error{Errno: syscall.EPROTO, Msg: "ipc descriptors do not match the tensors"}
@@ -288,9 +317,9 @@ func (s *Service) receive(ctx context.Context, c *conn, peer, remotePath, dst st
 		}
 		defer s.releaseAll(entries)
 	}
-	n, err = Deliver(rec, func() (dest Dest, err error) {
+	n, err = Deliver(rec, descs, func(descs []Meta) (dest Dest, err error) {
 		prep := func() (err error) {
-			dest, err = prepare(r.Dir, r.Tensors)
+			dest, err = prepare(r.Dir, descs)
 			return err
 		}
 		if path == "tcp" {
@@ -307,7 +336,7 @@ func (s *Service) receive(ctx context.Context, c *conn, peer, remotePath, dst st
 		if path == "tcp" {
 			return s.receiveTCP(c, peer, r, dest, rec)
 		}
-		err := c.whileSilent(func() error { return copyExports(entries, r.IPC, r.Tensors, dest, s.cfg.ChunkSize, rec) })
+		err := c.whileSilent(func() error { return copyExports(entries, r.IPC, descs, dest, s.cfg.ChunkSize, rec) })
 		if err != nil {
 			c.sendError(err)
 			return err
@@ -330,10 +359,10 @@ func (s *Service) servePut(c *conn, req request) error {
 	if len(req.IPC) > 0 {
 		return s.servePutIPC(c, req)
 	}
-	rec, end := s.Track(c.peer, req.Path, "tcp", total, int64(len(req.Tensors)))
-	n, err := Deliver(rec, func() (dest Dest, err error) {
+	rec, end := s.Track(c.peer, req.Path, "tcp", req.Tensors)
+	n, err := Deliver(rec, req.Tensors, func(descs []Meta) (dest Dest, err error) {
 		err = c.whileSilent(func() (err error) {
-			dest, err = s.local.Put(req.Path, req.Dir, req.Tensors)
+			dest, err = s.local.Put(req.Path, req.Dir, descs)
 			return err
 		})
 		if err != nil {
@@ -401,17 +430,13 @@ func (s *Service) servePutIPC(c *conn, req request) error {
 		return err
 	}
 	defer s.releaseAll(entries)
-	var total int64
-	for _, m := range req.Tensors {
-		total += m.NBytes
-	}
-	rec, end := s.Track(c.peer, req.Path, "ipc", total, int64(len(req.Tensors)))
+	rec, end := s.Track(c.peer, req.Path, "ipc", req.Tensors)
 	var n int
 	// The sender hears how far the copy is (and that it is alive) every
 	// progressEvery.
 	err = c.whileCopying(rec, func() (err error) {
-		n, err = Deliver(rec, func() (Dest, error) {
-			return s.local.Put(req.Path, req.Dir, req.Tensors)
+		n, err = Deliver(rec, req.Tensors, func(descs []Meta) (Dest, error) {
+			return s.local.Put(req.Path, req.Dir, descs)
 		}, func(dest Dest, _ func()) error {
 			return copyExports(entries, req.IPC, req.Tensors, dest, s.cfg.ChunkSize, rec)
 		}, nil)
@@ -427,7 +452,12 @@ func (s *Service) servePutIPC(c *conn, req request) error {
 
 // serveGet sends the tensors at a path of this node.
 func (s *Service) serveGet(c *conn, req request) error {
-	srcs, isDir, err := s.local.Get(req.Path)
+	var r Range
+	if req.Range != nil {
+		r = *req.Range
+		r.Set = true
+	}
+	srcs, isDir, err := s.local.Get(req.Path, r)
 	if err != nil {
 		c.sendError(err)
 		return err
@@ -448,7 +478,7 @@ func (s *Service) serveGet(c *conn, req request) error {
 			// The client reads our memory while we hold the pins and
 			// leases, until it says done (or fails).
 			defer release()
-			rec, end := s.Track(req.Path, c.peer, "ipc", total, int64(len(srcs)))
+			rec, end := s.Track(req.Path+r.String(), c.peer, "ipc", metas)
 			if err := c.sendJSON(frameOK, reply{Dir: isDir, Tensors: metas, IPC: descs}); err != nil {
 				end(err)
 				return netErr(err)
@@ -465,7 +495,7 @@ func (s *Service) serveGet(c *conn, req request) error {
 			return err
 		}
 	}
-	rec, end := s.Track(req.Path, c.peer, "tcp", total, int64(len(srcs)))
+	rec, end := s.Track(req.Path+r.String(), c.peer, "tcp", metas)
 	k := streamsFor(total, req.Streams, s.cfg.ChunkSize)
 	var pend *pending
 	ok := reply{Dir: isDir, Tensors: metas}
@@ -507,22 +537,29 @@ func (s *Service) receiveTCP(c *conn, peer string, r reply, dest Dest, rec *Reco
 	return err
 }
 
-// checkMetas validates a peer's tensor list: relative paths without "..",
-// non-negative sizes, one tensor with Rel "" for a file copy.
+// checkMetas validates a peer's descriptor list: relative paths without
+// "..", non-negative sizes and offsets, one descriptor with Rel "" for a
+// file copy; a path named twice only by in-place descriptors (many ranges
+// of one tensor), never by a whole-tensor one.
 func checkMetas(metas []Meta, isDir bool) error {
 	if !isDir && (len(metas) != 1 || metas[0].Rel != "") {
 		return &Error{Errno: syscall.EPROTO, Msg: "a file copy carries exactly one tensor"}
 	}
-	seen := map[string]bool{}
+	whole := map[string]bool{}
 	for _, m := range metas {
-		if m.NBytes < 0 {
-			return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("tensor %q of %d bytes", m.Rel, m.NBytes)}
+		if m.NBytes < 0 || m.Off < 0 || m.Off > math.MaxInt64-m.NBytes || !m.InPlace && (m.Off != 0 || m.Exact) {
+			return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("descriptor %q of %d bytes at %d", m.Rel, m.NBytes, m.Off)}
 		}
 		if isDir {
-			if _, err := CleanRel(m.Rel); err != nil || seen[m.Rel] {
+			if _, err := CleanRel(m.Rel); err != nil {
 				return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("tensor path %q", m.Rel)}
 			}
-			seen[m.Rel] = true
+			if !m.InPlace {
+				if whole[m.Rel] {
+					return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("tensor path %q named twice", m.Rel)}
+				}
+				whole[m.Rel] = true
+			}
 		}
 	}
 	return nil

@@ -7,7 +7,11 @@ import "sync"
 // prepare → move → commit through it, so that a destination is either
 // committed whole or aborted, leaving nothing, whichever path the bytes took.
 //
-// prepare makes the destination (allocates and registers its temporaries);
+// descs is the transfer's descriptor list, each a (destination, offset,
+// length): a whole tensor, or bytes written in place (Meta.InPlace); prepare
+// gets it and makes the destination of every descriptor (allocates and
+// registers the temporaries of the whole ones, checks and pins the in-place
+// ranges): all destinations are checked before any byte moves;
 // move writes the bytes into it; commit puts it in place and returns how
 // many tensors it placed (nil means Dest.Commit; a caller passes its own to
 // keep a connection alive or report a failure while it runs). A move that
@@ -23,10 +27,10 @@ import "sync"
 //
 // It returns the tensors placed (on a failed commit, those placed before it
 // failed) and the first error, unchanged.
-func Deliver(rec *Record, prepare func() (Dest, error), move func(dest Dest, abort func()) error, commit func(Dest) (int, error)) (n int, err error) {
+func Deliver(rec *Record, descs []Meta, prepare func([]Meta) (Dest, error), move func(dest Dest, abort func()) error, commit func(Dest) (int, error)) (n int, err error) {
 	var dest Dest
 	err = rec.timed(phasePrepare, func() (err error) {
-		dest, err = prepare()
+		dest, err = prepare(descs)
 		return err
 	})
 	if err != nil {

@@ -19,14 +19,14 @@ func (d *countingDest) Abort()                           { d.aborts++ }
 // the commit's count comes back; the phases land in the record.
 func TestDeliver(t *testing.T) {
 	boom := errors.New("boom")
-	_, err := Deliver(nil, func() (Dest, error) { return nil, boom }, func(Dest, func()) error {
+	_, err := Deliver(nil, nil, func([]Meta) (Dest, error) { return nil, boom }, func(Dest, func()) error {
 		t.Fatal("no move after a failed prepare")
 		return nil
 	}, nil)
 	require.ErrorIs(t, err, boom)
 
 	d := &countingDest{}
-	_, err = Deliver(nil, func() (Dest, error) { return d, nil }, func(_ Dest, abort func()) error {
+	_, err = Deliver(nil, nil, func([]Meta) (Dest, error) { return d, nil }, func(_ Dest, abort func()) error {
 		abort()
 		return boom
 	}, nil)
@@ -36,7 +36,7 @@ func TestDeliver(t *testing.T) {
 
 	d = &countingDest{}
 	rec := &Record{}
-	n, err := Deliver(rec, func() (Dest, error) { return d, nil }, func(dst Dest, _ func()) error {
+	n, err := Deliver(rec, nil, func([]Meta) (Dest, error) { return d, nil }, func(dst Dest, _ func()) error {
 		return dst.WriteAt(0, nil, 0)
 	}, nil)
 	require.NoError(t, err)
@@ -44,7 +44,7 @@ func TestDeliver(t *testing.T) {
 	require.Equal(t, countingDest{writes: 1, commits: 1}, *d)
 	require.True(t, rec.received.Load(), "the phases are recorded")
 
-	n, err = Deliver(nil, func() (Dest, error) { return &countingDest{}, nil }, func(Dest, func()) error { return nil },
+	n, err = Deliver(nil, nil, func([]Meta) (Dest, error) { return &countingDest{}, nil }, func(Dest, func()) error { return nil },
 		func(Dest) (int, error) { return 1, boom })
 	require.ErrorIs(t, err, boom)
 	require.Equal(t, 1, n, "a failed commit reports what it placed")

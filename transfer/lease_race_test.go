@@ -57,7 +57,7 @@ type exportLocal struct {
 	src *exportSource
 }
 
-func (l exportLocal) Get(string) ([]Source, bool, error) { return []Source{l.src}, false, nil }
+func (l exportLocal) Get(string, Range) ([]Source, bool, error) { return []Source{l.src}, false, nil }
 
 // gatedMapping is an import whose reads wait for gate (a copy in flight).
 type gatedMapping struct {
@@ -370,7 +370,7 @@ func TestIPCPullSlowPrepare(t *testing.T) {
 			"fake": func(string) (Mapping, error) { return slowMapping{timeout}, nil },
 		}
 	})
-	n, err := imp.Receive(context.Background(), "e", "/t", "/x", func(isDir bool, metas []Meta) (Dest, error) {
+	n, err := imp.Receive(context.Background(), Pull{Peer: "e", Path: "/t", Dst: "/x"}, func(isDir bool, metas []Meta) (Dest, error) {
 		time.Sleep(3 * timeout)
 		return into.Put("/x", isDir, metas)
 	})

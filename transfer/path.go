@@ -2,6 +2,8 @@ package transfer
 
 import (
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"syscall"
 )
@@ -54,4 +56,118 @@ func CleanRel(rel string) (string, error) {
 		}
 	}
 	return rel, nil
+}
+
+// Range is a byte range inside a tensor, the suffix "@OFFSET" or
+// "@OFFSET+LENGTH" of a path (DESIGN.md "In-place copies"), in bytes.
+type Range struct {
+	// Set: the path has a range; a destination with one is written in
+	// place.
+	Set bool  `json:"set"`
+	Off int64 `json:"off"`
+	// Len is the range's length when HasLen; without it a destination
+	// takes the source's length and a source runs to its end.
+	Len    int64 `json:"len,omitempty"`
+	HasLen bool  `json:"has_len,omitempty"`
+}
+
+// Dest makes m, a descriptor of a source, one written in place at r in its
+// destination: at r.Off, m.NBytes bytes (r's length, when given, must be
+// the same). Errors: EINVAL for a length mismatch or a negative offset.
+func (r Range) Dest(m Meta) (Meta, error) {
+	if r.Off < 0 || r.HasLen && r.Len != m.NBytes {
+		return m, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("destination range %s for %d source bytes", r, m.NBytes)}
+	}
+	m.InPlace, m.Off = true, r.Off
+	return m, nil
+}
+
+// String is the range as a path suffix ("" when not set).
+func (r Range) String() string {
+	switch {
+	case !r.Set:
+		return ""
+	case r.HasLen:
+		return fmt.Sprintf("@%d+%d", r.Off, r.Len)
+	}
+	return fmt.Sprintf("@%d", r.Off)
+}
+
+// SplitRange splits a range suffix off s: the last "@" followed only by
+// OFFSET or OFFSET+LENGTH (decimal, or hex with 0x). A trailing bare "@" is
+// dropped and means no range, so a name ending in "@12" is written "x@12@";
+// an "@" followed by anything else is part of the name. Errors: EINVAL for
+// a range that does not fit in an int64.
+func SplitRange(s string) (string, Range, error) {
+	i := strings.LastIndexByte(s, '@')
+	if i < 0 {
+		return s, Range{}, nil
+	}
+	if i == len(s)-1 {
+		return s[:i], Range{}, nil
+	}
+	offS, lenS, hasLen := strings.Cut(s[i+1:], "+")
+	if !isNumber(offS) || hasLen && !isNumber(lenS) {
+		return s, Range{}, nil
+	}
+	r := Range{Set: true, HasLen: hasLen}
+	var err error
+	if r.Off, err = strconv.ParseInt(offS, 0, 64); err == nil && hasLen {
+		r.Len, err = strconv.ParseInt(lenS, 0, 64)
+	}
+	if err != nil || r.HasLen && r.Off > math.MaxInt64-r.Len {
+		return "", Range{}, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("range %q does not fit in 63 bits", s[i:])}
+	}
+	return s[:i], r, nil
+}
+
+// isNumber reports whether s is a decimal or 0x-hex number with no sign.
+func isNumber(s string) bool {
+	digits := "0123456789"
+	if rest, ok := strings.CutPrefix(s, "0x"); ok {
+		s, digits = rest, "0123456789abcdefABCDEF"
+	}
+	return s != "" && strings.Trim(s, digits) == ""
+}
+
+// ParseRef parses a copy's end, "[NAME:]PATH[@RANGE]": ParsePeerPath on
+// what SplitRange leaves. Errors: as theirs.
+func ParseRef(s string) (peer, path string, r Range, err error) {
+	s = strings.TrimRight(s, "\n")
+	rest, r, err := SplitRange(s)
+	if err != nil {
+		return "", "", Range{}, err
+	}
+	peer, path, err = ParsePeerPath(rest)
+	return peer, path, r, err
+}
+
+// Apply makes descs, a source's descriptors, the descriptors of a copy
+// whose destination has range r: unchanged without one; one file's written
+// in place at r (Dest); a directory's, only with "@0", each written in
+// place over the whole same-named tensor, which must hold exactly its bytes
+// (the weight update that keeps every importer's mapping). Errors: EINVAL
+// for another range on a directory, or what Dest returns.
+func (r Range) Apply(descs []Meta, isDir bool) ([]Meta, error) {
+	if !r.Set {
+		return descs, nil
+	}
+	out := make([]Meta, len(descs))
+	if isDir {
+		if r.Off != 0 || r.HasLen {
+			return nil, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("a directory's destination range is @0 (each tensor in place), not %s", r)}
+		}
+		for i, m := range descs {
+			m.InPlace, m.Off, m.Exact = true, 0, true
+			out[i] = m
+		}
+		return out, nil
+	}
+	for i, m := range descs {
+		var err error
+		if out[i], err = r.Dest(m); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }

@@ -30,11 +30,14 @@ import (
 // (absolute, no "..").
 type Local interface {
 	// Get opens the tensors at path for reading: a file gives one source with
-	// Rel "", a directory every tensor below it (isDir true). Errors carry an
-	// errno (ENOENT, ...).
-	Get(path string) (srcs []Source, isDir bool, err error)
-	// Put prepares the destination of a copy of the given tensors at path: a
-	// file (isDir false, one Meta with Rel "") or a directory tree.
+	// Rel "" (with r set, its bytes r names), a directory every tensor below
+	// it (isDir true). Errors carry an errno (ENOENT; EINVAL for a range
+	// outside the tensor, or on a directory).
+	Get(path string, r Range) (srcs []Source, isDir bool, err error)
+	// Put prepares the destination of a copy of the given descriptors at
+	// path: a file (isDir false, one Meta with Rel "") or a directory tree;
+	// whole tensors get temporaries, in-place ranges are checked (the
+	// tensor exists and holds the range; EINVAL, ENOENT) and pinned.
 	Put(path string, isDir bool, metas []Meta) (Dest, error)
 }
 
@@ -46,9 +49,13 @@ type Source interface {
 	Close()
 }
 
-// Dest receives the tensors of one copy under temporary names; Commit puts
-// them in place (each atomically) and returns how many it placed, Abort
-// removes everything and leaves the destination as it was.
+// Dest receives the descriptors of one copy: WriteAt(i, p, off) writes
+// bytes [off, off+len(p)) of descriptor i (into a whole tensor's temporary,
+// or in place at the descriptor's Off). Commit puts the whole tensors in
+// place (each atomically), after every in-place byte has landed, and
+// returns how many descriptors it placed; Abort removes the temporaries and
+// leaves the destination as it was (in-place bytes written so far stay,
+// like an RDMA WRITE's).
 type Dest interface {
 	WriteAt(i int, p []byte, off int64) error
 	Commit() (int, error)
@@ -119,11 +126,16 @@ type Service struct {
 	chansClosed bool       // closeChans ran: no new channels
 	dialMu      sync.Mutex // one lease-channel dial at a time
 
-	nextID   atomic.Uint64   // the last record id given
-	copies   [3]atomic.Int64 // local, ipc, tcp
-	active   atomic.Int64
-	recentMu sync.Mutex
-	recent   []*Record
+	nextID atomic.Uint64 // the last record id given
+	// The completed copies' counters, by path (PathLocal, ...): all, the
+	// in-place ones, their bytes; and their descriptors.
+	copies      [3]atomic.Int64
+	inPlace     [3]atomic.Int64
+	bytes       [3]atomic.Int64
+	descriptors atomic.Int64
+	active      atomic.Int64
+	recentMu    sync.Mutex
+	recent      []*Record
 }
 
 // ErrConfig: a configuration the service refuses to start with.

@@ -74,7 +74,7 @@ func addrOf(s *Service) string { return s.Addr().String() }
 // push sends the tensors at src in from to peer:dst, the way the fs layer
 // does: Get, Send, close the sources.
 func push(ctx context.Context, c *Service, from *memLocal, src, peer, dst string) (int, error) {
-	srcs, isDir, err := from.Get(src)
+	srcs, isDir, err := from.Get(src, Range{})
 	if err != nil {
 		return 0, err
 	}
@@ -88,7 +88,7 @@ func push(ctx context.Context, c *Service, from *memLocal, src, peer, dst string
 
 // pull receives peer:remote into dst of into.
 func pull(ctx context.Context, c *Service, into *memLocal, peer, remote, dst string) (int, error) {
-	return c.Receive(ctx, peer, remote, dst, func(isDir bool, metas []Meta) (Dest, error) {
+	return c.Receive(ctx, Pull{Peer: peer, Path: remote, Dst: dst}, func(isDir bool, metas []Meta) (Dest, error) {
 		return into.Put(dst, isDir, metas)
 	})
 }
@@ -582,7 +582,7 @@ func TestRemoteErrnos(t *testing.T) {
 	requireErrno(t, err, syscall.EISDIR)
 
 	// the local side refuses in prepare: Receive returns its error
-	_, err = p.client.Receive(ctx, "b", "/file", "/x", func(bool, []Meta) (Dest, error) {
+	_, err = p.client.Receive(ctx, Pull{Peer: "b", Path: "/file", Dst: "/x"}, func(bool, []Meta) (Dest, error) {
 		return nil, &Error{Errno: syscall.ENOSPC, Msg: "full"}
 	})
 	requireErrno(t, err, syscall.ENOSPC)
@@ -753,7 +753,7 @@ func TestVersionMismatch(t *testing.T) {
 
 	// the Service as a client: a version-mismatch error frame is EPROTO
 	cl := newClient(t, "a", newMemLocal(), testSecret, map[string]string{"b": addrOf(srv)}, nil)
-	_, err = cl.Receive(context.Background(), "b", "/x", "/x", nil)
+	_, err = cl.Receive(context.Background(), Pull{Peer: "b", Path: "/x", Dst: "/x"}, nil)
 	requireErrno(t, err, syscall.ENOENT) // sanity: a v1 client is served
 }
 
@@ -771,7 +771,7 @@ func TestVersionMismatchClientSide(t *testing.T) {
 		c.sendError(&Error{Errno: syscall.EIO, Msg: "the raw server got a request after a version-99 challenge"})
 	})
 	cl := newClient(t, "a", newMemLocal(), testSecret, map[string]string{"b": addr}, nil)
-	_, err := cl.Receive(context.Background(), "b", "/x", "/x", func(bool, []Meta) (Dest, error) { return nil, errors.New("unreachable") })
+	_, err := cl.Receive(context.Background(), Pull{Peer: "b", Path: "/x", Dst: "/x"}, func(bool, []Meta) (Dest, error) { return nil, errors.New("unreachable") })
 	requireErrno(t, err, syscall.EPROTO)
 	require.Contains(t, err.Error(), "99")
 }
@@ -1402,18 +1402,18 @@ func TestStats(t *testing.T) {
 	require.Equal(t, map[string]PeerReport{"b": {Addr: addrOf(p.srv)}}, cs.Peers)
 	require.Len(t, cs.Transfers.Recent, 1)
 	r := timing(t, cs.Transfers.Recent[0], false)
-	require.Equal(t, RecordReport{ID: 1, Streams: 1, Src: "/f", Dst: "b:/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1}, r)
+	require.Equal(t, RecordReport{ID: 1, Streams: 1, Src: "/f", Dst: "b:/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1, Mode: "whole"}, r)
 	require.Eventually(t, func() bool { return p.srv.Stats().Transfers.Active == 0 }, 5*time.Second, 5*time.Millisecond)
 	ss := p.srv.Stats()
 	require.Equal(t, int64(1), ss.Copies.TCP)
-	require.Equal(t, RecordReport{ID: 1, Streams: 1, Src: "a", Dst: "/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1}, timing(t, ss.Transfers.Recent[0], true))
+	require.Equal(t, RecordReport{ID: 1, Streams: 1, Src: "a", Dst: "/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1, Mode: "whole"}, timing(t, ss.Transfers.Recent[0], true))
 
 	// a pull: total and tensors are known once the server answers
 	_, err := pull(ctx, p.client, p.a, "b", "/d/f", "/g")
 	require.NoError(t, err)
 	cs = p.client.Stats()
 	require.Equal(t, int64(2), cs.Copies.TCP)
-	require.Equal(t, RecordReport{ID: 2, Streams: 1, Src: "b:/d/f", Dst: "/g", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1}, timing(t, cs.Transfers.Recent[1], true))
+	require.Equal(t, RecordReport{ID: 2, Streams: 1, Src: "b:/d/f", Dst: "/g", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1, Mode: "whole"}, timing(t, cs.Transfers.Recent[1], true))
 
 	// failures are recorded with their error and do not count as copies
 	_, err = push(ctx, p.client, p.a, "/f", "b", "/missing/f")
@@ -1442,9 +1442,9 @@ func TestStats(t *testing.T) {
 	require.Less(t, len(js), 64<<10)
 
 	// Track: local and ipc paths count in their own copies
-	_, end := p.client.Track("/a", "/b", "local", 1, 1)
+	_, end := p.client.Track("/a", "/b", "local", []Meta{{NBytes: 1}})
 	end(nil)
-	_, end = p.client.Track("/a", "/b", "ipc", 1, 1)
+	_, end = p.client.Track("/a", "/b", "ipc", []Meta{{NBytes: 1}})
 	end(nil)
 	cs = p.client.Stats()
 	require.Equal(t, int64(1), cs.Copies.Local)
@@ -1595,7 +1595,7 @@ func TestCallerLookup(t *testing.T) {
 	require.NoError(t, err)
 	release := make(chan struct{})
 	ctx := WithCallerLookup(context.Background(), func() int { <-release; return 4242 })
-	_, end := s.TrackCtx(ctx, "/a", "b:/a", "tcp", 1, 1)
+	_, end := s.TrackCtx(ctx, "/a", "b:/a", "tcp", []Meta{{NBytes: 1}})
 	ended := make(chan struct{})
 	go func() {
 		end(errors.New("peer gone"))
@@ -1614,7 +1614,7 @@ func TestCallerLookup(t *testing.T) {
 	require.Equal(t, "peer gone", r.Error)
 	require.Positive(t, r.TookUS)
 
-	_, end = s.TrackCtx(WithCallerLookup(context.Background(), func() int { return 7 }), "/a", "b:/a", "tcp", 1, 1)
+	_, end = s.TrackCtx(WithCallerLookup(context.Background(), func() int { return 7 }), "/a", "b:/a", "tcp", []Meta{{NBytes: 1}})
 	require.Eventually(t, func() bool { return s.Stats().Transfers.Recent[1].PID == 7 }, time.Second, time.Millisecond)
 	end(nil)
 }

@@ -28,7 +28,11 @@ type Record struct {
 	BytesDone  atomic.Int64
 	BytesTotal atomic.Int64
 	Tensors    atomic.Int64
-	err        atomic.Value // string
+	// Mode is "whole" (every descriptor replaces its tensor), "in_place"
+	// (every one writes into an existing tensor) or "mixed"; "" until the
+	// descriptors are known (a pull, before the peer's reply).
+	mode atomic.Value // string
+	err  atomic.Value // string
 	// phases: on the receiving side, the microseconds spent preparing the
 	// destination, moving the bytes and committing (RecordReport.PhaseUS).
 	phases   [3]atomic.Int64
@@ -90,22 +94,23 @@ func setCaller(ctx context.Context, rec *Record) (wait func()) {
 	return func() { <-done }
 }
 
-// Track records a transfer (for stats and logs) of total bytes in tensors
-// tensors along path ("local", "ipc" or "tcp"); call end with its outcome.
-// Completed ones count in the copies of their path.
-func (s *Service) Track(src, dst, path string, total, tensors int64) (rec *Record, end func(error)) {
-	return s.TrackCtx(context.Background(), src, dst, path, total, tensors)
+// Track records a transfer (for stats and logs) of the descriptors descs
+// along path ("local", "ipc" or "tcp"); call end with its outcome.
+// Completed ones count in the copies of their path (and mode), with their
+// bytes and descriptors.
+func (s *Service) Track(src, dst, path string, descs []Meta) (rec *Record, end func(error)) {
+	return s.TrackCtx(context.Background(), src, dst, path, descs)
 }
 
 // TrackCtx is Track for a copy asked for with ctx: its record carries the
 // caller's process id (WithCallerLookup).
-func (s *Service) TrackCtx(ctx context.Context, src, dst, path string, total, tensors int64) (rec *Record, end func(error)) {
+func (s *Service) TrackCtx(ctx context.Context, src, dst, path string, descs []Meta) (rec *Record, end func(error)) {
 	rec = &Record{ID: s.nextID.Add(1), Src: src, Dst: dst, Path: path, start: time.Now()}
 	known := setCaller(ctx, rec)
 	rec.Streams.Store(1)
-	rec.BytesTotal.Store(total)
-	rec.Tensors.Store(tensors)
 	rec.err.Store("")
+	rec.mode.Store("")
+	rec.setDescs(descs)
 	s.active.Add(1)
 	s.recentMu.Lock()
 	s.recent = append(s.recent, rec)
@@ -118,15 +123,13 @@ func (s *Service) TrackCtx(ctx context.Context, src, dst, path string, total, te
 		known()
 		if err != nil {
 			rec.err.Store(err.Error())
-		} else {
-			switch path {
-			case "local":
-				s.copies[PathLocal].Add(1)
-			case "ipc":
-				s.copies[PathIPC].Add(1)
-			case "tcp":
-				s.copies[PathTCP].Add(1)
+		} else if p, ok := pathIndex[path]; ok {
+			s.copies[p].Add(1)
+			if rec.mode.Load() == modeInPlace {
+				s.inPlace[p].Add(1)
 			}
+			s.bytes[p].Add(rec.BytesTotal.Load())
+			s.descriptors.Add(rec.Tensors.Load())
 		}
 		s.active.Add(-1)
 		// Last: took_us says the record is finished, so its pid and
@@ -135,12 +138,66 @@ func (s *Service) TrackCtx(ctx context.Context, src, dst, path string, total, te
 	}
 }
 
+// pathIndex maps a record's path to its index in the counters.
+var pathIndex = map[string]int{"local": PathLocal, "ipc": PathIPC, "tcp": PathTCP}
+
+// Modes of a record (Record.mode).
+const (
+	modeWhole   = "whole"
+	modeInPlace = "in_place"
+	modeMixed   = "mixed"
+)
+
+// setDescs records a transfer's descriptors: their bytes, count and mode.
+func (rec *Record) setDescs(descs []Meta) {
+	if descs == nil {
+		return
+	}
+	var total int64
+	whole, inPlace := false, false
+	for _, m := range descs {
+		total += m.NBytes
+		if m.InPlace {
+			inPlace = true
+		} else {
+			whole = true
+		}
+	}
+	rec.BytesTotal.Store(total)
+	rec.Tensors.Store(int64(len(descs)))
+	switch {
+	case whole && inPlace:
+		rec.mode.Store(modeMixed)
+	case inPlace:
+		rec.mode.Store(modeInPlace)
+	default:
+		rec.mode.Store(modeWhole)
+	}
+}
+
+// PathCounts counts by path: local (inside one daemon), ipc (another
+// daemon of this host) and tcp.
+type PathCounts struct {
+	Local int64 `json:"local"`
+	IPC   int64 `json:"ipc"`
+	TCP   int64 `json:"tcp"`
+}
+
+func loadCounts(c *[3]atomic.Int64) PathCounts {
+	return PathCounts{Local: c[PathLocal].Load(), IPC: c[PathIPC].Load(), TCP: c[PathTCP].Load()}
+}
+
 // Stats is the peer part of the stats document.
 type Stats struct {
+	// Copies counts the completed copies by path (the fields of
+	// PathCounts, inline); InPlace those of them whose every descriptor
+	// was written in place; Bytes their bytes, by path; Descriptors their
+	// descriptors (a whole tensor, or one in-place range, each).
 	Copies struct {
-		Local int64 `json:"local"`
-		IPC   int64 `json:"ipc"`
-		TCP   int64 `json:"tcp"`
+		PathCounts
+		InPlace     PathCounts `json:"in_place"`
+		Bytes       PathCounts `json:"bytes"`
+		Descriptors int64      `json:"descriptors"`
 	} `json:"copies"`
 	Transfers struct {
 		Active int64          `json:"active"`
@@ -169,8 +226,11 @@ type RecordReport struct {
 	Path       string `json:"path"`
 	BytesDone  int64  `json:"bytes_done"`
 	BytesTotal int64  `json:"bytes_total"`
-	Tensors    int64  `json:"tensors"`
-	Error      string `json:"error"`
+	// Tensors is the transfer's descriptors (tensors, or in-place ranges).
+	Tensors int64 `json:"tensors"`
+	// Mode is "whole", "in_place" or "mixed" (see Record).
+	Mode  string `json:"mode,omitempty"`
+	Error string `json:"error"`
 	// Streams is how many TCP streams carry the data (1 for local and IPC
 	// copies).
 	Streams int64 `json:"streams"`
@@ -206,15 +266,16 @@ func (s *Service) Stats() Stats {
 	if s == nil {
 		return st
 	}
-	st.Copies.Local = s.copies[PathLocal].Load()
-	st.Copies.IPC = s.copies[PathIPC].Load()
-	st.Copies.TCP = s.copies[PathTCP].Load()
+	st.Copies.PathCounts = loadCounts(&s.copies)
+	st.Copies.InPlace = loadCounts(&s.inPlace)
+	st.Copies.Bytes = loadCounts(&s.bytes)
+	st.Copies.Descriptors = s.descriptors.Load()
 	st.Transfers.Active = s.active.Load()
 	s.recentMu.Lock()
 	for _, r := range s.recent {
 		st.Transfers.Recent = append(st.Transfers.Recent, RecordReport{
 			ID: r.ID, PID: int(r.pid.Load()), Src: r.Src, Dst: r.Dst, Path: r.Path, BytesDone: r.BytesDone.Load(),
-			BytesTotal: r.BytesTotal.Load(), Tensors: r.Tensors.Load(), Error: r.err.Load().(string),
+			BytesTotal: r.BytesTotal.Load(), Tensors: r.Tensors.Load(), Mode: r.mode.Load().(string), Error: r.err.Load().(string),
 			Streams: r.Streams.Load(), PhaseUS: r.phaseReport(), TookUS: r.took.Load(),
 		})
 	}

@@ -6,16 +6,31 @@ import (
 	"hash/crc32"
 )
 
-// Meta describes one tensor of a transfer.
+// Meta is one descriptor of a transfer: NBytes bytes into the destination
+// tensor at Rel, either a whole new tensor (replacing what is there) or,
+// InPlace, bytes [Off, Off+NBytes) of the existing one. A transfer is a
+// list of them, moved by one prepare -> move -> commit (Deliver); the data
+// frames address descriptor i's bytes [0, NBytes).
 type Meta struct {
 	// Rel is the tensor's path relative to the transfer's root: "" when the
 	// root is the tensor itself, else "a/b" under the root directory.
 	Rel string `json:"rel"`
-	// DType is the canonical dtype ("F32"); Shape is comma-separated dims.
+	// DType is the canonical dtype ("F32"); Shape is comma-separated dims:
+	// the source's (a whole-tensor destination gets them; an in-place one
+	// keeps its own).
 	DType string `json:"dtype"`
 	Shape string `json:"shape"`
-	// NBytes is the tensor's size in bytes.
+	// NBytes is the descriptor's length in bytes: the source tensor's
+	// size, or its range's.
 	NBytes int64 `json:"nbytes"`
+	// InPlace: write into the existing tensor at Rel, at byte Off, without
+	// allocating, renaming or revoking anything (DESIGN.md "In-place
+	// copies"); the range must lie inside it.
+	InPlace bool  `json:"in_place,omitempty"`
+	Off     int64 `json:"off,omitempty"`
+	// Exact, with InPlace: the destination must hold exactly NBytes (the
+	// tensors of a directory's "@0" weight update).
+	Exact bool `json:"exact,omitempty"`
 }
 
 // request is what a client asks (client -> server).
@@ -42,6 +57,9 @@ type request struct {
 	Chunk int `json:"chunk,omitempty"`
 	// Token names the transfer that a join request's connection joins.
 	Token []byte `json:"token,omitempty"`
+	// Range, on a get, names bytes of the tensor at Path (not of a
+	// directory): the reply's one descriptor is that range.
+	Range *Range `json:"range,omitempty"`
 }
 
 // IPCDesc is where a tensor's bytes are in another process of this host.

@@ -42,8 +42,22 @@ type Live struct {
 	Bytes int64 `json:"bytes"`
 }
 
-// Copies is the "copies" object of Stats: completed copies by path.
+// Copies is the "copies" object of Stats: completed copies by path
+// (Paths' fields, inline), and by mode, bytes and descriptors.
 type Copies struct {
+	Paths
+	// InPlace counts, by path, the copies whose every descriptor was
+	// written in place (DESIGN.md "In-place copies").
+	InPlace Paths `json:"in_place"`
+	// Bytes is the bytes those copies moved, by path.
+	Bytes Paths `json:"bytes"`
+	// Descriptors is how many descriptors (whole tensors, or in-place
+	// ranges) those copies carried.
+	Descriptors int64 `json:"descriptors"`
+}
+
+// Paths is a count by the path a copy took.
+type Paths struct {
 	// Local counts copies inside one mount.
 	Local int64 `json:"local"`
 	// IPC counts copies between daemons of one host, through an IPC
@@ -82,8 +96,13 @@ type Record struct {
 	// BytesTotal is the bytes the transfer moves in all, 0 while unknown
 	// (a pull learns it from the peer).
 	BytesTotal int64 `json:"bytes_total"`
-	// Tensors is how many tensors the transfer carries.
+	// Tensors is how many descriptors the transfer carries (whole
+	// tensors, or in-place ranges).
 	Tensors int64 `json:"tensors"`
+	// Mode is "whole" (every descriptor replaces its tensor), "in_place"
+	// (every one is written into an existing tensor) or "mixed"; absent
+	// while unknown (a pull before the peer's reply).
+	Mode string `json:"mode,omitempty"`
 	// Error is the failure's text, "" while running and on success.
 	Error string `json:"error"`
 	// Streams is how many TCP streams carry the data (1 for local and IPC

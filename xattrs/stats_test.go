@@ -21,9 +21,12 @@ import (
 func TestStatsMatchesProducers(t *testing.T) {
 	var peer transfer.Stats
 	peer.Copies.Local, peer.Copies.IPC, peer.Copies.TCP = 1, 2, 3
+	peer.Copies.InPlace = transfer.PathCounts{Local: 21, IPC: 22, TCP: 23}
+	peer.Copies.Bytes = transfer.PathCounts{Local: 24, IPC: 25, TCP: 26}
+	peer.Copies.Descriptors = 27
 	peer.Transfers.Active = 4
 	peer.Transfers.Recent = []transfer.RecordReport{
-		{ID: 5, PID: 6, Src: "/a", Dst: "b:/a", Path: "tcp", BytesDone: 7, BytesTotal: 8, Tensors: 9, Error: "e",
+		{ID: 5, PID: 6, Src: "/a", Dst: "b:/a", Path: "tcp", BytesDone: 7, BytesTotal: 8, Tensors: 9, Mode: "in_place", Error: "e",
 			Streams: 10, PhaseUS: &transfer.PhaseReport{Prepare: 11, Data: 12, Commit: 13}, TookUS: 14},
 		{ID: 15, Src: "/c", Dst: "/d", Path: "local"},
 	}

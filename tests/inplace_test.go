@@ -1,0 +1,397 @@
+package tests
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/xattrs"
+)
+
+// inPlacePair starts two daemons that know each other: on one host (the
+// IPC path) or on two (the TCP path, different host ids).
+func inPlacePair(t *testing.T, sameHost bool) (a, b *daemon) {
+	t.Helper()
+	if !sameHost {
+		ds := cluster(t, []string{"a", "b"})
+		return ds["a"], ds["b"]
+	}
+	pa, pb := freePort(t), freePort(t)
+	secret := secretFile(t, "a shared secret of enough bytes")
+	common := []string{"--secret-file", secret, "--host-id", "one-host", "--timeout", "3s"}
+	a = startDaemon(t, append([]string{"--name", "a", "--listen", fmt.Sprintf("127.0.0.1:%d", pa), "--peer", fmt.Sprintf("b=127.0.0.1:%d", pb)}, common...)...)
+	b = startDaemon(t, append([]string{"--name", "b", "--listen", fmt.Sprintf("127.0.0.1:%d", pb), "--peer", fmt.Sprintf("a=127.0.0.1:%d", pa)}, common...)...)
+	return a, b
+}
+
+// ids are a tensor's registration: what an in-place copy must keep.
+func ids(t *testing.T, p string) [3]string {
+	t.Helper()
+	return [3]string{getx(t, p, xattrs.MRID), getx(t, p, xattrs.IPCID), getx(t, p, xattrs.Generation)}
+}
+
+// mapped is a tensor mapped through its exported memfd, as a local
+// importer maps it: the open file (its lease) and the mapping.
+type mapped struct {
+	f   *os.File
+	mem []byte // the tensor's bytes
+	all []byte // the whole mapping (page-aligned)
+}
+
+// mapTensor maps host tensor p read-only through its ipc_handle.
+func mapTensor(t *testing.T, p string) *mapped {
+	t.Helper()
+	f, err := os.Open(p)
+	require.NoError(t, err)
+	h := getx(t, p, xattrs.IPCHandle)
+	fdPath, ok := strings.CutPrefix(h, "memfd:")
+	require.True(t, ok, "a host tensor's handle: %s", h)
+	off, err := strconv.ParseInt(getx(t, p, xattrs.IPCOffset), 10, 64)
+	require.NoError(t, err)
+	n, err := strconv.ParseInt(getx(t, p, xattrs.NBytes), 10, 64)
+	require.NoError(t, err)
+	mf, err := os.Open(fdPath)
+	require.NoError(t, err)
+	defer mf.Close()
+	page := int64(os.Getpagesize())
+	base := off / page * page
+	all, err := unix.Mmap(int(mf.Fd()), base, int(off-base+n), unix.PROT_READ, unix.MAP_SHARED)
+	require.NoError(t, err)
+	m := &mapped{f: f, all: all, mem: all[off-base : off-base+n]}
+	t.Cleanup(m.close)
+	return m
+}
+
+func (m *mapped) close() {
+	if m.all != nil {
+		unix.Munmap(m.all)
+		m.all, m.mem = nil, nil
+		m.f.Close()
+	}
+}
+
+// zeros makes a tensor of n zero bytes at p.
+func zeros(t *testing.T, p string, n int64) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(p, nil, 0o644))
+	require.NoError(t, os.Truncate(p, n))
+}
+
+// TestInPlaceCopies: a range on the destination writes into the existing
+// tensor, on the local, IPC and TCP paths, by copy_to, copy_from and batch:
+// the destination keeps mr_id, ipc_id and generation; a process that mapped
+// it before the copy sees the new bytes through that mapping; bytes outside
+// the ranges are untouched; stats count the copies as in place.
+func TestInPlaceCopies(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		sameHost bool
+		path     string
+	}{{"ipc", true, "ipc"}, {"tcp", false, "tcp"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := inPlacePair(t, tc.sameHost)
+			const size = 256 << 10
+			src := fill(64<<10, 3)
+			writeTensor(t, a.path("src"), src)
+			zeros(t, b.path("cache"), size)
+			want := make([]byte, size)
+			before := ids(t, b.path("cache"))
+			m := mapTensor(t, b.path("cache"))
+
+			// The whole source at an offset.
+			setx(t, a.path("src"), xattrs.CopyTo, "b:/cache@131072")
+			copy(want[131072:], src)
+			// A range of the source (hex accepted), length given on both.
+			setx(t, a.path("src"), xattrs.CopyTo, "@0x1000+8192 b:/cache@0+8192")
+			copy(want[0:], src[4096:4096+8192])
+			// Several lines: one call, one transfer.
+			setx(t, a.path("src"), xattrs.CopyTo, "@0+100 b:/cache@200000\n@100+100 b:/cache@200100")
+			copy(want[200000:], src[:200])
+			// A pull in place, from a range of the peer's tensor.
+			zeros(t, a.path("local"), 4096)
+			writeTensor(t, b.path("blk"), fill(4096, 9))
+			setx(t, a.path("local"), xattrs.CopyFrom, "b:/blk@1024+1024 @2048")
+			wantLocal := make([]byte, 4096)
+			copy(wantLocal[2048:], fill(4096, 9)[1024:2048])
+			requireContent(t, a.path("local"), wantLocal)
+
+			require.True(t, bytes.Equal(want, m.mem), "the mapping made before the copies sees their bytes, and only theirs")
+			requireContent(t, b.path("cache"), want)
+			require.Equal(t, before, ids(t, b.path("cache")), "mr_id, ipc_id and generation are kept")
+			st := a.stats()
+			require.EqualValues(t, 4, st.Copies.InPlace.IPC+st.Copies.InPlace.TCP, "%+v", st.Copies)
+			if tc.path == "ipc" {
+				require.EqualValues(t, 4, st.Copies.InPlace.IPC, "%+v", st.Copies)
+			} else {
+				require.EqualValues(t, 4, st.Copies.InPlace.TCP, "%+v", st.Copies)
+			}
+			require.EqualValues(t, 64<<10+8192+200+1024, st.Copies.Bytes.IPC+st.Copies.Bytes.TCP, "%+v", st.Copies)
+			for _, r := range st.Transfers.Recent {
+				require.Equal(t, "in_place", r.Mode, "%+v", r)
+			}
+			m.close()
+			for _, d := range []*daemon{a, b} {
+				require.Zero(t, d.stats().Live.Pins)
+			}
+		})
+	}
+}
+
+// TestInPlaceLocal: inside one mount, a copy_to into a range of another
+// tensor, and into its own bytes elsewhere, writes in place (one batch);
+// a caller without write permission on the destination is refused.
+func TestInPlaceLocal(t *testing.T) {
+	d := startDaemon(t)
+	src := fill(8192, 5)
+	writeTensor(t, d.path("src"), src)
+	zeros(t, d.path("dst"), 32768)
+	before := ids(t, d.path("dst"))
+	setx(t, d.path("src"), xattrs.CopyTo, "/dst@4096\n@0+10 /dst@0")
+	want := make([]byte, 32768)
+	copy(want[4096:], src)
+	copy(want, src[:10])
+	requireContent(t, d.path("dst"), want)
+	require.Equal(t, before, ids(t, d.path("dst")))
+	// Onto itself, elsewhere in its own bytes: nothing is renamed.
+	setx(t, d.path("dst"), xattrs.CopyTo, "@4096+100 /dst@30000")
+	copy(want[30000:], want[4096:4196])
+	requireContent(t, d.path("dst"), want)
+	require.EqualValues(t, 2, d.stats().Copies.InPlace.Local)
+
+	needOtherUsers(t, "setfattr")
+	openToOthers(d.mnt)
+	require.NoError(t, os.Chmod(d.mnt, 0o777))
+	require.NoError(t, os.Chmod(d.path("dst"), 0o644))
+	writeTensor(t, d.path("theirs"), fill(100, 1))
+	require.NoError(t, os.Chown(d.path("theirs"), 65534, 65534))
+	out, err := asNobody("setfattr", "-n", xattrs.CopyTo, "-v", "/dst@0", d.path("theirs"))
+	require.Error(t, err, "nobody may not write root's 0644 tensor in place: %s", out)
+	require.Contains(t, out, "Permission denied")
+	requireContent(t, d.path("dst"), want)
+}
+
+// TestInPlaceBatch: 1000 lines across several tensors of the peer, at
+// unsorted, adjacent and overlapping offsets, ending with a whole-tensor
+// notification line: a watcher that reads the in-place bytes when the
+// notification appears finds them all there.
+func TestInPlaceBatch(t *testing.T) {
+	for _, sameHost := range []bool{true, false} {
+		t.Run(map[bool]string{true: "ipc", false: "tcp"}[sameHost], func(t *testing.T) {
+			a, b := inPlacePair(t, sameHost)
+			const block = 256
+			src := fill(1000*block, 1)
+			writeTensor(t, a.path("blocks"), src)
+			writeTensor(t, a.path("note"), []byte("request 7"))
+			require.NoError(t, os.Mkdir(b.path("kv"), 0o755))
+			var maps [4]*mapped
+			wants := make([][]byte, 4)
+			for l := range maps {
+				zeros(t, b.path("kv", fmt.Sprint(l)), 600*block)
+				maps[l] = mapTensor(t, b.path("kv", fmt.Sprint(l)))
+				wants[l] = make([]byte, 600*block)
+			}
+			rng := rand.New(rand.NewSource(1))
+			var lines []string
+			for i := 0; i < 999; i++ {
+				l := i % 4
+				// Mostly scattered whole blocks; some unaligned, so that
+				// ranges overlap their neighbours (later lines win: one
+				// descriptor list, moved in order on one stream).
+				off := int64(rng.Intn(599)) * block
+				if i%50 == 0 {
+					off += block / 2
+				}
+				lines = append(lines, fmt.Sprintf("/blocks@%d+%d b:/kv/%d@%d", i*block, block, l, off))
+				copy(wants[l][off:], src[i*block:(i+1)*block])
+			}
+			lines = append(lines, "/note b:/kv/ready")
+			fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+			require.NoError(t, err)
+			defer unix.Close(fd)
+			_, err = unix.InotifyAddWatch(fd, b.path("kv"), unix.IN_MOVED_TO|unix.IN_CREATE)
+			require.NoError(t, err)
+			seen := make(chan [][]byte, 1)
+			go func() {
+				buf := make([]byte, 4096)
+				for {
+					n, err := unix.Read(fd, buf)
+					if err != nil {
+						seen <- nil
+						return
+					}
+					for off := 0; off < n; {
+						ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+						name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
+						if name == "ready" {
+							var got [][]byte
+							for _, m := range maps {
+								got = append(got, bytes.Clone(m.mem))
+							}
+							seen <- got
+							return
+						}
+						off += unix.SizeofInotifyEvent + int(ev.Len)
+					}
+				}
+			}()
+			setx(t, a.mnt, xattrs.Batch, strings.Join(lines, "\n"))
+			var got [][]byte
+			select {
+			case got = <-seen:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no IN_MOVED_TO for the notification")
+			}
+			for l := range maps {
+				require.True(t, bytes.Equal(wants[l], got[l]), "layer %d complete when the notification appeared", l)
+				require.True(t, bytes.Equal(wants[l], maps[l].mem), "layer %d", l)
+			}
+			requireContent(t, b.path("kv", "ready"), []byte("request 7"))
+			st := a.stats()
+			require.EqualValues(t, 1, st.Copies.IPC+st.Copies.TCP, "one transfer: %+v", st.Copies)
+			require.EqualValues(t, 1000, st.Copies.Descriptors, "%+v", st.Copies)
+			for _, m := range maps {
+				m.close()
+			}
+		})
+	}
+}
+
+// TestInPlaceRefusals: an out-of-range destination, a missing one, a length
+// mismatch, a range on a directory other than @0, a @0 tree with one size
+// mismatch, a malformed range: EINVAL or ENOENT, and not one byte written
+// anywhere.
+func TestInPlaceRefusals(t *testing.T) {
+	a, b := inPlacePair(t, false)
+	writeTensor(t, a.path("src"), fill(4096, 2))
+	zeros(t, b.path("dst"), 8192)
+	require.NoError(t, os.Mkdir(a.path("tree"), 0o755))
+	require.NoError(t, os.Mkdir(b.path("tree"), 0o755))
+	for i, n := range []int{100, 200, 300} {
+		writeTensor(t, a.path("tree", fmt.Sprint(i)), fill(n, byte(i)))
+		size := n
+		if i == 2 {
+			size = 301 // one size mismatch
+		}
+		zeros(t, b.path("tree", fmt.Sprint(i)), int64(size))
+	}
+	snap := func() map[string][]byte {
+		m := map[string][]byte{}
+		filepath.Walk(b.mnt, func(p string, fi os.FileInfo, err error) error {
+			if err == nil && !fi.IsDir() {
+				data, _ := os.ReadFile(p)
+				m[p] = data
+			}
+			return nil
+		})
+		return m
+	}
+	before := snap()
+	for _, c := range []struct {
+		on, attr, v string
+		want        syscall.Errno
+	}{
+		{a.path("src"), xattrs.CopyTo, "b:/dst@8000", syscall.EINVAL},                 // past the end
+		{a.path("src"), xattrs.CopyTo, "b:/dst@4096+4097", syscall.EINVAL},            // length mismatch
+		{a.path("src"), xattrs.CopyTo, "@0+10 b:/dst@0+11", syscall.EINVAL},           // length mismatch
+		{a.path("src"), xattrs.CopyTo, "@4000+100 b:/dst@0", syscall.EINVAL},          // source range past its end
+		{a.path("src"), xattrs.CopyTo, "b:/missing@0", syscall.ENOENT},                // no destination
+		{a.path("src"), xattrs.CopyTo, "b:/dst@99999999999999999999", syscall.EINVAL}, // does not fit
+		{a.path("src"), xattrs.CopyTo, "b:/dst@0\nb:/dst@5000", syscall.EINVAL},       // one line of two out of range
+		{a.path("tree"), xattrs.CopyTo, "b:/tree@0", syscall.EINVAL},                  // one size mismatch
+		{a.path("tree"), xattrs.CopyTo, "b:/tree@100", syscall.EINVAL},                // a directory range other than @0
+		{a.path("tree"), xattrs.CopyTo, "@0 b:/tree@0", syscall.EINVAL},               // a source range on a directory
+		{a.mnt, xattrs.Batch, "/src b:/dst@0\n/src b:/missing@0", syscall.ENOENT},
+		{a.mnt, xattrs.Batch, "/src b:/dst@0+1", syscall.EINVAL},
+		{a.path("src"), xattrs.CopyTo, "@x b:/dst@0", syscall.EINVAL}, // not a range
+	} {
+		err := unix.Setxattr(c.on, c.attr, []byte(c.v), 0)
+		require.ErrorIs(t, err, c.want, "%s %q", c.attr, c.v)
+		require.Equal(t, before, snap(), "%s %q wrote something", c.attr, c.v)
+	}
+	for _, d := range []*daemon{a, b} {
+		require.Zero(t, d.stats().Live.Pins)
+	}
+	// The same tree with matching sizes is a weight update in place: each
+	// tensor keeps its registration, dtype and shape.
+	require.NoError(t, os.Truncate(b.path("tree", "2"), 300))
+	setx(t, b.path("tree", "2"), xattrs.DType, "U8")
+	reg := ids(t, b.path("tree", "1"))
+	setx(t, a.path("tree"), xattrs.CopyTo, "b:/tree@0")
+	for i, n := range []int{100, 200, 300} {
+		requireContent(t, b.path("tree", fmt.Sprint(i)), fill(n, byte(i)))
+	}
+	require.Equal(t, reg, ids(t, b.path("tree", "1")))
+}
+
+// TestInPlaceTruncateWaits: a truncate of an in-place copy's destination
+// waits for the copy (its memory and size stay until the bytes have
+// landed); an unlink takes the name at once and the memory goes after.
+func TestInPlaceTruncateWaits(t *testing.T) {
+	a, b := inPlacePair(t, false)
+	const n = 128 << 20
+	require.NoError(t, os.WriteFile(a.path("big"), nil, 0o644))
+	require.NoError(t, os.Truncate(a.path("big"), n))
+	zeros(t, b.path("dst"), n)
+	done := make(chan error, 1)
+	go func() { done <- unix.Setxattr(a.path("big"), xattrs.CopyTo, []byte("b:/dst@0"), 0) }()
+	require.Eventually(t, func() bool { return b.stats().Live.Pins > 0 || len(done) > 0 }, 10*time.Second, time.Millisecond)
+	if len(done) > 0 {
+		t.Log("the copy ended before its pin was seen")
+	}
+	require.NoError(t, os.Truncate(b.path("dst"), 4096), "the truncate waits, then succeeds")
+	select {
+	case err := <-done:
+		require.NoError(t, err, "the copy's range stayed inside the tensor")
+	case <-time.After(time.Second):
+		t.Fatal("the truncate returned before the copy")
+	}
+	// An unlink during a copy: the copy completes into memory that stays
+	// alive until it ends, then everything is freed.
+	zeros(t, b.path("dst2"), n)
+	go func() { done <- unix.Setxattr(a.path("big"), xattrs.CopyTo, []byte("b:/dst2@0"), 0) }()
+	require.Eventually(t, func() bool { return b.stats().Live.Pins > 0 || len(done) > 0 }, 10*time.Second, time.Millisecond)
+	require.NoError(t, os.Remove(b.path("dst2")))
+	require.NoError(t, <-done)
+	os.Remove(b.path("dst"))
+	os.Remove(a.path("big"))
+	b.requireClean()
+	a.requireClean()
+}
+
+// TestInPlacePeerKilled: the receiver killed during an in-place copy: the
+// sender's error comes within its --timeout, and its pins are back to 0.
+func TestInPlacePeerKilled(t *testing.T) {
+	a, b := inPlacePair(t, false)
+	const n = 256 << 20
+	require.NoError(t, os.WriteFile(a.path("big"), nil, 0o644))
+	require.NoError(t, os.Truncate(a.path("big"), n))
+	zeros(t, b.path("dst"), n)
+	done := make(chan error, 1)
+	go func() { done <- unix.Setxattr(a.path("big"), xattrs.CopyTo, []byte("b:/dst@0"), 0) }()
+	require.Eventually(t, func() bool { return b.stats().Live.Pins > 0 || len(done) > 0 }, 10*time.Second, time.Millisecond)
+	b.kill()
+	start := time.Now()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Log("the copy ended before the kill")
+		}
+	case <-time.After(3*time.Second + 5*time.Second):
+		t.Fatal("no error within the timeout")
+	}
+	t.Logf("error %v after the kill", time.Since(start))
+	require.Eventually(t, func() bool { return a.stats().Live.Pins == 0 }, 5*time.Second, 10*time.Millisecond)
+	os.Remove(a.path("big"))
+	a.requireClean()
+}
