@@ -378,6 +378,28 @@ class InPlace(Base):
         self.assertEqual(self.ids(self.b, "cache"), before)
         self.assertEqual(self.read(self.b, "notify/req1"), b'{"blocks": [29, 3, 17, 8]}')
 
+    def test_batch_split_in_place_notification_last(self):
+        # 3000 in-place lines (~100 KB of value) split into several calls:
+        # every byte lands, the notification arrives, and it is in the last call.
+        block, nblocks = 16, 3000
+        cache = self.cache(self.b, "cache", block * nblocks)
+        self.tensor(self.a, "staging", np.concatenate([pattern(block, k) for k in range(nblocks)]))
+        self.tensor(self.a, "note", b"done")
+        order = list(range(nblocks))[::-1]
+        lines = [(ref(self.p("staging"), k * block, block), ref(self.p("cache"), k * block, peer=NB)) for k in order]
+        lines.append((self.p("note"), NB + ":" + self.p("done")))
+        calls = []
+        real = self.a._setxattr
+        self.a._setxattr = lambda t, n, v: (calls.append(v), real(t, n, v))
+        n = self.a.batch(lines)
+        self.assertGreaterEqual(n, 2)
+        self.assertTrue(all(len(v) <= tensorfs.XATTR_SIZE_MAX for v in calls))
+        self.assertTrue(calls[-1].endswith((NB + ":" + self.p("done")).encode()))
+        self.assertNotIn(b"done", b"".join(calls[:-1]))
+        self.assertTrue(os.path.exists(self.b.path(self.p("done"))))
+        want = np.concatenate([pattern(block, k) for k in range(nblocks)])
+        np.testing.assert_array_equal(cache.array, want)
+
     def test_range_errors_write_nothing(self):
         cache = self.cache(self.b, "cache", 4096)
         self.tensor(self.a, "src", pattern(1024))
@@ -390,6 +412,11 @@ class InPlace(Base):
         with self.assertRaises(tensorfs.TensorfsError) as cm:
             self.a.copy_to(self.p("src"), ref(self.p("cache"), 0, 100, peer=NB))  # lengths disagree
         self.assertEqual(cm.exception.errno, errno.EINVAL, str(cm.exception))
+        with self.assertRaises(tensorfs.TensorfsError) as cm:                    # a bad line among good ones
+            self.a.batch([(ref(self.p("src"), 0, 512), ref(self.p("cache"), 0, peer=NB)),
+                          (ref(self.p("src"), 0, 512), ref(self.p("cache"), 4000, peer=NB))])
+        self.assertEqual(cm.exception.errno, errno.EINVAL, str(cm.exception))
+        print("  range error: %s" % cm.exception, file=sys.stderr)
         self.assertTrue((cache.array == 0xEE).all(), "a refused copy wrote bytes")
 
 
