@@ -420,5 +420,68 @@ class InPlace(Base):
         self.assertTrue((cache.array == 0xEE).all(), "a refused copy wrote bytes")
 
 
+GPU_DEV = os.environ.get("TENSORFS_TEST_GPU")
+
+
+@unittest.skipUnless(GPU_DEV, "TENSORFS_TEST_GPU (cuda:N) not set")
+class GPU(Base):
+    """open_cupy/open_torch on GPU tensors (python/gpu_check.sh runs these on a GPU host)."""
+
+    def gpu_tensor(self, m, name, dtype, shape, data=None):
+        m.create(self.p(name), dtype, shape, device=GPU_DEV)
+        if data is not None:
+            self.write(m, name, data)
+
+    def test_open_cupy_both_ways(self):
+        import cupy
+        self.gpu_tensor(self.a, "g", "BF16", (64, 1024), pattern(131072).tobytes())
+        with self.a.open_cupy(self.p("g")) as t:
+            self.assertEqual((t.array.dtype, t.array.shape), (cupy.dtype("uint16"), (64, 1024)))
+            self.assertEqual(cupy.asnumpy(t.array).tobytes(), pattern(131072).tobytes())
+            t.array[0] = 7
+            cupy.cuda.runtime.deviceSynchronize()
+            self.assertEqual(self.read(self.a, "g")[:2048], np.full(1024, 7, np.uint16).tobytes())
+
+    def test_open_torch(self):
+        import torch
+        self.gpu_tensor(self.a, "g", "BF16", (8, 16), pattern(256).tobytes())
+        with self.a.open_torch(self.p("g")) as t:
+            self.assertEqual((t.array.dtype, tuple(t.array.shape)), (torch.bfloat16, (8, 16)))
+            self.assertEqual(t.array.view(torch.uint8).cpu().numpy().tobytes(), pattern(256).tobytes())
+            t.array[1] = 2.0
+            torch.cuda.synchronize()
+            want = torch.full((16,), 2.0, dtype=torch.bfloat16).view(torch.uint8).numpy().tobytes()
+            self.assertEqual(self.read(self.a, "g")[32:64], want)
+
+    def test_shared_allocation_opened_once(self):
+        import cupy
+        for k in range(3):
+            self.gpu_tensor(self.a, "s%d" % k, "U8", (4096,), pattern(4096, k).tobytes())
+        ts = [self.a.open_cupy(self.p("s%d" % k)) for k in range(3)]
+        try:
+            for k, t in enumerate(ts):
+                self.assertEqual(cupy.asnumpy(t.array).tobytes(), pattern(4096, k).tobytes(),
+                                 "s%d at ipc_offset %d" % (k, t.info["ipc_offset"]))
+        finally:
+            for t in ts:
+                t.close()
+
+    def test_in_place_into_gpu_mapping(self):
+        import cupy
+        self.gpu_tensor(self.b, "cache", "U8", (1 << 20,))
+        with self.b.open_cupy(self.p("cache")) as cache:
+            cache.array[:] = 0xEE
+            cupy.cuda.runtime.deviceSynchronize()
+            before = self.b.info(self.p("cache"))
+            self.tensor(self.a, "src", pattern(65536))
+            self.a.copy_to(self.p("src"), ref(self.p("cache"), 131072, peer=NB))
+            got = cupy.asnumpy(cache.array)
+            np.testing.assert_array_equal(got[131072:196608], pattern(65536))
+            self.assertTrue((got[:131072] == 0xEE).all() and (got[196608:] == 0xEE).all())
+            after = self.b.info(self.p("cache"))
+            self.assertEqual([before[k] for k in ("mr_id", "ipc_id", "generation")],
+                             [after[k] for k in ("mr_id", "ipc_id", "generation")])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -61,7 +61,11 @@ mount_node() { # name port peer peerport
 }
 ready() { # name pid: until the stats xattr of the mount root answers
 	for _ in $(seq 300); do
-		getfattr -n user.tensorfs.stats "$work/$1" >/dev/null 2>&1 && return 0
+		if command -v getfattr >/dev/null; then
+			getfattr -n user.tensorfs.stats "$work/$1" >/dev/null 2>&1 && return 0
+		else # no attr package: the same getxattr from Python
+			"$py" -c 'import os, sys; os.getxattr(sys.argv[1], "user.tensorfs.stats")' "$work/$1" 2>/dev/null && return 0
+		fi
 		kill -0 "$2" 2>/dev/null || { echo "run.sh: the $1 daemon exited" >&2; return 1; }
 		sleep 0.1
 	done
