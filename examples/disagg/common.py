@@ -31,6 +31,8 @@ def parser(doc):
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", default="BF16", choices=sorted(ITEMSIZE))
     ap.add_argument("--device", default="host", help="host or cuda:N (decode maps with CuPy/PyTorch on a GPU)")
+    ap.add_argument("--mapper", default="auto", choices=["auto", "numpy", "cupy", "torch"],
+                    help="decode: how to map the cache (auto: numpy on host, CuPy else PyTorch on a GPU)")
     ap.add_argument("--num-blocks", type=int, default=12, help="prefill: blocks of the request")
     ap.add_argument("--block-ids", default=None, help="prefill: comma-separated block ids (default: scattered, from --seed)")
     ap.add_argument("--seed", type=int, default=1)

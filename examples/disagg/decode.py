@@ -82,7 +82,9 @@ def main():
             os.close(os.open(m.path(p), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644))  # allocated by the template
             layers.append(p)
         opener = m.open_numpy
-        if a.device.startswith("cuda"):
+        if a.mapper != "auto":
+            opener = getattr(m, "open_" + a.mapper)
+        elif a.device.startswith("cuda"):
             try:
                 import cupy  # noqa: F401
                 opener = m.open_cupy
