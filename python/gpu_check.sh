@@ -29,7 +29,7 @@ done
 rc=0
 (cd python && TENSORFS_MOUNT_A=$work/a TENSORFS_MOUNT_B=$work/b TENSORFS_TEST_GPU=$dev "$py" -m unittest -v test_tensorfs.Refs test_tensorfs.Copies test_tensorfs.GPU) || rc=1
 (cd python && TENSORFS_MOUNT_A=$work/a TENSORFS_MOUNT_B=$work/b TENSORFS_TEST_GPU=$dev TENSORFS_TEST_NO_CUPY=1 "$py" -m unittest -v test_tensorfs.GPU.test_open_torch) || rc=1
-[ $rc = 0 ] || { tail -20 "$work/a.log" "$work/b.log"; }
+[ $rc = 0 ] || { tail -n 20 "$work/a.log" "$work/b.log"; }
 cleanup; trap - EXIT
 TENSORFS_BIN=$tfs examples/disagg/run.sh --device "$dev" "$@" || rc=1
 TENSORFS_BIN=$tfs examples/disagg/run.sh --device "$dev" --mapper torch "$@" || rc=1

@@ -729,7 +729,9 @@ class Mount:
             def opener():
                 ptr = ctypes.c_uint64()
                 # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1; the 64-byte handle goes by value.
-                r = cu.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), _IpcHandle(rawh), ctypes.c_uint(1))
+                # from_buffer_copy: the constructor, _IpcHandle(rawh), stops at
+                # the first NUL byte of the handle (CUresult 1, seen on an H200).
+                r = cu.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), _IpcHandle.from_buffer_copy(rawh), ctypes.c_uint(1))
                 if r != 0:
                     raise TensorfsError(_errno.EIO, "cuIpcOpenMemHandle_v2: CUresult %d" % r)
                 return ptr.value
