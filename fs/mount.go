@@ -50,17 +50,13 @@ type Config struct {
 // Mount it next. The service, if any, is the caller's to Start and Close:
 // Peers returns it too. Errors: those of c.Peers.
 func NewRoot(c Config) (*Dir, *transfer.Service, error) {
-	f := &FS{tree: namespace.New(c.Store)}
+	tree, peers, err := namespace.New(c.Store, c.Peers)
+	if err != nil {
+		return nil, nil, err
+	}
+	f := &FS{tree: tree}
 	f.root = f.dirNode(f.tree.Root())
 	f.tree.Root().Front(func() namespace.Frontend { return f.root })
-	var peers *transfer.Service
-	if c.Peers != nil {
-		var err error
-		if peers, err = c.Peers(f.tree); err != nil {
-			return nil, nil, err
-		}
-		f.tree.SetPeers(peers)
-	}
 	return f.root, peers, nil
 }
 

@@ -24,7 +24,9 @@ func unmountedFS(t *testing.T) *Tree {
 	store, err := tensor.NewStore(tensor.Config{Devices: []gpu.Device{h}})
 	require.NoError(t, err)
 	t.Cleanup(store.Close)
-	return New(store)
+	tree, _, err := New(store, nil)
+	require.NoError(t, err)
+	return tree
 }
 
 func u8(rel string, n int) transfer.Meta {

@@ -121,3 +121,39 @@ func (d *dest) CopyFromMapping(i int, m transfer.Mapping, srcOff, n int64) (bool
 	t, at := d.at(i)
 	return true, t.CopyFromBuffer(at, bm.onDevice(t.Info().Device), srcOff, n)
 }
+
+// CopyFromMappings implements transfer.BatchMappingDest: a descriptor list
+// from imported allocations as one batch (tensor.CopyExtents: on CUDA one
+// gather/scatter kernel launch). done=false when one of the mappings is a
+// plain memfd (read through the caller's buffer).
+func (d *dest) CopyFromMappings(exts []transfer.MappingExtent) (bool, error) {
+	te := make([]tensor.Extent, len(exts))
+	// The import in each destination device's context, looked up once per
+	// mapping and device.
+	type onKey struct {
+		m   *bufferMapping
+		dev string
+	}
+	on := map[onKey]gpu.Buffer{}
+	devs := map[*tensor.Tensor]string{}
+	for i, e := range exts {
+		bm, ok := e.M.(*bufferMapping)
+		if !ok {
+			return false, nil
+		}
+		t, at := d.at(e.I)
+		dev, ok := devs[t]
+		if !ok {
+			dev = t.Info().Device
+			devs[t] = dev
+		}
+		k := onKey{bm, dev}
+		buf, ok := on[k]
+		if !ok {
+			buf = bm.onDevice(dev)
+			on[k] = buf
+		}
+		te[i] = tensor.Extent{Dst: t, DstOff: at, SrcBuf: buf, SrcOff: e.SrcOff, N: e.N}
+	}
+	return true, copyErr(tensor.CopyExtents(te))
+}

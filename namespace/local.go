@@ -50,11 +50,23 @@ type fileSource struct {
 }
 
 // openTensor is a tensor open for a call's sources: one handle and one
-// freeze, dropped with the last of them.
+// freeze, dropped with the last of them; and one export pin for all of
+// them (exp), when the call goes to a peer of this host.
 type openTensor struct {
 	h    *tensor.Handle
 	thaw func() // the tensor is frozen (tensor.Freeze) while the copy reads it
 	refs int
+	exp  *sharedExport
+}
+
+// sharedExport is one export pin of a tensor, shared by the sources of a
+// call that read it (its ranges): released with the last of them.
+type sharedExport struct {
+	holder  string
+	keep    bool
+	desc    transfer.IPCDesc
+	release func()
+	refs    int // 0: released (a later transfer of the call pins anew)
 }
 
 // Meta implements transfer.Source.
@@ -84,16 +96,36 @@ func (s *fileSource) Close() {
 
 // Export implements transfer.Exporter: a peer of this host opens the
 // tensor's allocation in place while the pin and lease are held.
+//
+// The sources of one call that read one tensor share its first export (one
+// pin; the lease only with the first: transfer leases the others alike).
 func (s *fileSource) Export(holder string, accept func(string) bool, keep bool) (transfer.IPCDesc, func(), transfer.PeerLease, bool) {
+	if e := s.ref.exp; e != nil && e.refs > 0 && e.holder == holder && e.keep == keep {
+		e.refs++
+		d := e.desc
+		d.Offset += s.off
+		return d, e.done, nil, true
+	}
 	p, ok := s.t.PinExport(holder, accept, keep)
 	if !ok {
 		return transfer.IPCDesc{}, nil, nil, false
 	}
-	d := transfer.IPCDesc{Handle: p.Handle, Offset: p.Offset + s.off, Alloc: p.AllocID, Export: p.ExportID, Generation: p.Generation}
+	e := &sharedExport{holder: holder, keep: keep, desc: transfer.IPCDesc{Handle: p.Handle, Offset: p.Offset, Alloc: p.AllocID, Export: p.ExportID, Generation: p.Generation}, release: p.Release, refs: 1}
+	s.ref.exp = e
+	d := e.desc
+	d.Offset += s.off
 	if p.Lease == nil {
-		return d, p.Release, nil, true
+		return d, e.done, nil, true
 	}
-	return d, p.Release, p.Lease, true
+	return d, e.done, p.Lease, true
+}
+
+// done is one source's release of the shared export: the pin ends with the
+// last.
+func (e *sharedExport) done() {
+	if e.refs--; e.refs == 0 {
+		e.release()
+	}
 }
 
 // sourceSet opens the sources of one call: a tensor named by several

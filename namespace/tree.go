@@ -29,7 +29,7 @@ type Tree struct {
 	store *tensor.Store
 	root  *Dir
 	// peers is the peer service (copies to other nodes, stats of copies);
-	// nil until SetPeers.
+	// nil for a node without peers.
 	peers *transfer.Service
 	// mnt is the mountpoint, for paths under it and for placer; "" until
 	// SetMount.
@@ -39,17 +39,25 @@ type Tree struct {
 }
 
 // New returns an empty tree over store whose root is mode 0755, owned by
-// root.
-func New(store *tensor.Store) *Tree {
+// root, with the peer service that peers builds over it (nil: a node
+// without peers, where a copy naming a peer fails with ENOENT). The service
+// reads and writes the tree (it is the service's transfer.Local) and the
+// tree sends its copies through the service, so the tree hands itself to
+// peers here rather than being given the service later. The service, if
+// any, is the caller's to Start and Close. Errors: those of peers.
+func New(store *tensor.Store, peers func(transfer.Local) (*transfer.Service, error)) (*Tree, *transfer.Service, error) {
 	t := &Tree{store: store}
 	t.root = t.newDir(tensor.Template{})
 	t.root.meta.Init(0o755, 0, 0)
-	return t
+	if peers != nil {
+		s, err := peers(t)
+		if err != nil {
+			return nil, nil, err
+		}
+		t.peers = s
+	}
+	return t, t.peers, nil
 }
-
-// SetPeers gives the tree its peer service: remote copies go through it, and
-// its counters fill the stats document. Call it before the tree is used.
-func (t *Tree) SetPeers(s *transfer.Service) { t.peers = s }
 
 // SetMount records that the tree is mounted at the absolute path mnt: copy
 // targets under mnt are taken as paths of this tree, and commits put

@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -99,12 +100,14 @@ func (t *Tensor) WriteRange(p []byte, off int64) error {
 	return err
 }
 
-// Extent is one descriptor of an in-place copy between tensors of one
-// store: N bytes of Src at byte SrcOff into Dst at byte DstOff.
+// Extent is one descriptor of a batched copy into a tensor: N bytes of Src
+// at byte SrcOff (or, with Src nil, of the buffer SrcBuf, e.g. another
+// daemon's allocation imported by IPC) into Dst at byte DstOff.
 type Extent struct {
 	Dst    *Tensor
 	DstOff int64
 	Src    *Tensor
+	SrcBuf gpu.Buffer
 	SrcOff int64
 	N      int64
 }
@@ -121,7 +124,10 @@ func CopyExtents(exts []Extent) error {
 	// between them.
 	ts := make([]*Tensor, 0, 2*len(exts))
 	for _, e := range exts {
-		ts = append(ts, e.Dst, e.Src)
+		ts = append(ts, e.Dst)
+		if e.Src != nil {
+			ts = append(ts, e.Src)
+		}
 	}
 	slices.SortFunc(ts, func(a, b *Tensor) int { return cmp.Compare(uintptr(unsafe.Pointer(a)), uintptr(unsafe.Pointer(b))) })
 	ts = slices.Compact(ts)
@@ -135,18 +141,31 @@ func CopyExtents(exts []Extent) error {
 	}()
 	g := make([]gpu.Extent, 0, len(exts))
 	for _, e := range exts {
-		for _, t := range [2]*Tensor{e.Dst, e.Src} {
-			if t.released {
-				return ErrReleased
-			}
+		if e.Dst.released || e.Src != nil && e.Src.released {
+			return ErrReleased
 		}
-		if e.N < 0 || e.DstOff < 0 || e.DstOff > e.Dst.size-e.N || e.SrcOff < 0 || e.SrcOff > e.Src.size-e.N {
-			return fmt.Errorf("copy [%d, +%d) of a %d-byte tensor to [%d, +%d) of a %d-byte one: %w", e.SrcOff, e.N, e.Src.size, e.DstOff, e.N, e.Dst.size, ErrInvalid)
+		if e.N < 0 || e.DstOff < 0 || e.DstOff > e.Dst.size-e.N {
+			return fmt.Errorf("copy %d bytes to [%d, +%d) of a %d-byte tensor: %w", e.N, e.DstOff, e.N, e.Dst.size, ErrInvalid)
+		}
+		src := e.SrcBuf
+		if e.Src != nil {
+			if e.SrcOff < 0 || e.SrcOff > e.Src.size-e.N {
+				return fmt.Errorf("copy [%d, +%d) of a %d-byte tensor: %w", e.SrcOff, e.N, e.Src.size, ErrInvalid)
+			}
+			if e.N > 0 {
+				src = e.Src.alloc.buf
+			}
 		}
 		if e.N == 0 {
 			continue
 		}
-		g = append(g, gpu.Extent{Dst: e.Dst.alloc.buf, DstOff: e.DstOff, Src: e.Src.alloc.buf, SrcOff: e.SrcOff, N: e.N})
+		g = append(g, gpu.Extent{Dst: e.Dst.alloc.buf, DstOff: e.DstOff, Src: src, SrcOff: e.SrcOff, N: e.N})
 	}
-	return gpu.CopyBatch(g)
+	if err := gpu.CopyBatch(g); err != nil {
+		if errors.Is(err, gpu.ErrInvalidSize) {
+			return fmt.Errorf("%v: %w", err, ErrInvalid)
+		}
+		return err
+	}
+	return nil
 }

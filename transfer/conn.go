@@ -74,8 +74,10 @@ func (c *conn) flush() error {
 	return c.w.Flush()
 }
 
+// sendJSON sends v as a JSON message (encodeMsg: a request's or reply's
+// descriptors as a table after it).
 func (c *conn) sendJSON(typ byte, v any) error {
-	if err := c.send(typ, marshal(v)); err != nil {
+	if err := c.send(typ, encodeMsg(v)); err != nil {
 		return err
 	}
 	return c.flush()
@@ -125,7 +127,7 @@ func (c *conn) recvJSON(want byte, v any) error {
 		return fmt.Errorf("%s: frame type %d, want %d: %w", c.peer, typ, want, ErrFrame)
 	}
 	if v != nil {
-		if err := json.Unmarshal(p, v); err != nil {
+		if err := decodeMsg(p, v); err != nil {
 			return fmt.Errorf("%s: %v: %w", c.peer, err, ErrFrame)
 		}
 	}

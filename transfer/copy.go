@@ -2,7 +2,6 @@ package transfer
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -150,7 +149,7 @@ func (c *conn) awaitReply(sent *atomic.Bool) <-chan pushReply {
 			res <- pushReply{err: netErr(err)}
 		case typ == frameError:
 			res <- pushReply{err: wireToError(c.peer, p)}
-		case typ != frameOK || json.Unmarshal(p, &r) != nil:
+		case typ != frameOK || decodeMsg(p, &r) != nil:
 			res <- pushReply{err: &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: unexpected frame %d", c.peer, typ)}}
 		default:
 			res <- pushReply{r: r}
@@ -305,9 +304,9 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 	if path == "ipc" && len(r.IPC) != len(r.Tensors) {
 		return 0, false, &Error{Errno: syscall.EPROTO, Msg: "ipc descriptors do not match the tensors"}
 	}
-	var entries []*importEntry
+	var entries, held []*importEntry
 	if path == "ipc" {
-		if entries, err = s.importAll(c, r.IPC); err != nil {
+		if entries, held, err = s.importAll(c, r.IPC); err != nil {
 			// Tell the peer to release its pins, then ask again over TCP.
 			// This attempt's record ends with the error (it is no ipc
 			// copy); the TCP one has its own.
@@ -315,7 +314,7 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 			c.sendError(err)
 			return 0, true, err
 		}
-		defer s.releaseAll(entries)
+		defer s.releaseAll(held)
 	}
 	n, err = Deliver(rec, descs, func(descs []Meta) (dest Dest, err error) {
 		prep := func() (err error) {
@@ -423,13 +422,13 @@ func (s *Service) servePutIPC(c *conn, req request) error {
 		c.sendError(err)
 		return err
 	}
-	entries, err := s.importAll(c, req.IPC)
+	entries, held, err := s.importAll(c, req.IPC)
 	if err != nil {
 		err := &Error{Errno: syscall.EXDEV, Msg: err.Error()}
 		c.sendError(err)
 		return err
 	}
-	defer s.releaseAll(entries)
+	defer s.releaseAll(held)
 	rec, end := s.Track(c.peer, req.Path, "ipc", req.Tensors)
 	var n int
 	// The sender hears how far the copy is (and that it is alive) every

@@ -62,6 +62,10 @@ func (s *Service) exports(srcs []Source, c *conn, lc *leaseChan) (descs []IPCDes
 		}
 	}
 	accept := func(h string) bool { return slices.Contains(c.imports, handleKind(h)) }
+	// Many descriptors of one call may read one tensor (its ranges): the
+	// source exports it once and gives no lease for the others, which are
+	// leased as the first one is.
+	leasedExport := map[uint64]bool{}
 	for _, sc := range srcs {
 		ex, is := sc.(Exporter)
 		if !is {
@@ -82,6 +86,9 @@ func (s *Service) exports(srcs []Source, c *conn, lc *leaseChan) (descs []IPCDes
 			} else {
 				leased = append(leased, d.Export)
 			}
+			leasedExport[d.Export] = d.Leased
+		} else {
+			d.Leased = leasedExport[d.Export]
 		}
 		descs = append(descs, d)
 		rels = append(rels, rel)
@@ -90,11 +97,18 @@ func (s *Service) exports(srcs []Source, c *conn, lc *leaseChan) (descs []IPCDes
 }
 
 // importAll opens (or finds in the cache) the allocation of every
-// descriptor the peer of c exported; the caller releases the entries.
-// Errors wrap errNoIPC.
-func (s *Service) importAll(c *conn, descs []IPCDesc) ([]*importEntry, error) {
+// descriptor the peer of c exported: one acquire per allocation and export
+// however many descriptors (ranges) name it. entries is per descriptor;
+// the caller releases held (each once). Errors wrap errNoIPC.
+func (s *Service) importAll(c *conn, descs []IPCDesc) (entries, held []*importEntry, err error) {
 	lc := s.chanTo(c.instance)
-	entries := make([]*importEntry, 0, len(descs))
+	entries = make([]*importEntry, 0, len(descs))
+	type key struct {
+		handle             string
+		alloc, export, gen uint64
+		leased             bool
+	}
+	seen := map[key]*importEntry{}
 	open := func(h string) (Mapping, error) {
 		if handleKind(h) == "memfd" {
 			if err := checkOwner(c, h); err != nil {
@@ -104,14 +118,21 @@ func (s *Service) importAll(c *conn, descs []IPCDesc) ([]*importEntry, error) {
 		return s.openHandle(h)
 	}
 	for _, d := range descs {
+		k := key{d.Handle, d.Alloc, d.Export, d.Generation, d.Leased}
+		if e := seen[k]; e != nil {
+			entries = append(entries, e)
+			continue
+		}
 		e, err := s.imports.acquire(c.instance, d, lc, open)
 		if err != nil {
-			s.releaseAll(entries)
-			return nil, err
+			s.releaseAll(held)
+			return nil, nil, err
 		}
+		seen[k] = e
+		held = append(held, e)
 		entries = append(entries, e)
 	}
-	return entries, nil
+	return entries, held, nil
 }
 
 func (s *Service) releaseAll(entries []*importEntry) {
@@ -201,10 +222,45 @@ type memfdMapping struct{ f *os.File }
 func (m memfdMapping) ReadAt(p []byte, off int64) (int, error) { return m.f.ReadAt(p, off) }
 func (m memfdMapping) Close() error                            { return m.f.Close() }
 
-// copyExports copies each tensor from its imported allocation into dest:
-// by the destination itself when it can (device to device), else through a
-// host buffer.
+// BatchMappingDest is implemented by destinations that copy a whole
+// descriptor list from imported allocations themselves, as one batch (on
+// CUDA one gather/scatter kernel launch: gpu.CopyBatch); done=false means
+// "not these: copy them one by one".
+type BatchMappingDest interface {
+	CopyFromMappings(exts []MappingExtent) (done bool, err error)
+}
+
+// MappingExtent is one descriptor of a batch from imported allocations: N
+// bytes of M at SrcOff (from the allocation's start) into the
+// destination's descriptor I, from its byte 0.
+type MappingExtent struct {
+	I      int
+	M      Mapping
+	SrcOff int64
+	N      int64
+}
+
+// copyExports copies each descriptor from its imported allocation into
+// dest: all at once by the destination when it can (BatchMappingDest), else
+// one by one by the destination (device to device), else through a host
+// buffer.
 func copyExports(entries []*importEntry, descs []IPCDesc, metas []Meta, dest Dest, chunk int, rec *Record) error {
+	if bd, ok := dest.(BatchMappingDest); ok && len(metas) > 1 {
+		exts := make([]MappingExtent, len(metas))
+		var total int64
+		for i, e := range entries {
+			exts[i] = MappingExtent{I: i, M: e.m, SrcOff: descs[i].Offset, N: metas[i].NBytes}
+			total += metas[i].NBytes
+		}
+		done, err := bd.CopyFromMappings(exts)
+		if err != nil {
+			return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("copy %d descriptors (%d bytes) from imports: %v", len(exts), total, err)}
+		}
+		if done {
+			rec.BytesDone.Add(total)
+			return nil
+		}
+	}
 	var buf []byte
 	md, _ := dest.(MappingDest)
 	for i, e := range entries {

@@ -1,7 +1,6 @@
 package transfer
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
@@ -22,8 +21,16 @@ func (s *Service) serve(nc net.Conn) {
 		if err != nil {
 			return // the peer hung up, or went silent past the timeout
 		}
-		if typ != frameRequest || json.Unmarshal(p, &req) != nil {
+		if typ != frameRequest {
 			c.sendError(&Error{Errno: syscall.EPROTO, Msg: "expected a request"})
+			return
+		}
+		if err := decodeMsg(p, &req); err != nil {
+			var te *Error
+			if !errors.As(err, &te) {
+				te = &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("malformed request: %v", err)}
+			}
+			c.sendError(te)
 			return
 		}
 		var rerr error

@@ -40,12 +40,13 @@ type request struct {
 	Op   string `json:"op"`
 	Path string `json:"path"`
 	// Dir says the put's source is a directory tree (Path names a directory).
-	Dir     bool   `json:"dir,omitempty"`
-	Tensors []Meta `json:"tensors,omitempty"`
+	Dir bool `json:"dir,omitempty"`
+	// Tensors and IPC travel as a table after the JSON (encodeMsg).
+	Tensors []Meta `json:"-"`
 	// IPC, on a put between daemons of one host, gives the exported memory
 	// of each tensor: the server copies from it and no bytes cross the
 	// socket. On a get, IPCOK asks the server for the same.
-	IPC   []IPCDesc `json:"ipc,omitempty"`
+	IPC   []IPCDesc `json:"-"`
 	IPCOK bool      `json:"ipc_ok,omitempty"`
 	// Streams is how many parallel TCP streams the client would use for
 	// the data (put and get; at most maxStreams); the server answers with
@@ -84,10 +85,11 @@ type IPCDesc struct {
 
 // reply is a frameOK payload.
 type reply struct {
-	Dir     bool      `json:"dir,omitempty"`
-	Tensors []Meta    `json:"tensors,omitempty"`
+	Dir bool `json:"dir,omitempty"`
+	// Tensors and IPC travel as a table after the JSON (encodeMsg).
+	Tensors []Meta    `json:"-"`
 	Copied  int       `json:"copied,omitempty"`
-	IPC     []IPCDesc `json:"ipc,omitempty"`
+	IPC     []IPCDesc `json:"-"`
 	// Streams, Token and Chunk answer a request's Streams: how many streams
 	// the data takes (0 or 1: only this connection, chunks in order), the
 	// token for the others to join with, and, on a get, the sender's chunk

@@ -6,6 +6,9 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"runtime/pprof"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -93,6 +96,11 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	// leaves a mount that hangs everyone who touches it (seen in the tests).
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	if stop, err := cpuProfile(os.Getenv("TENSORFS_CPUPROFILE")); err != nil {
+		return err
+	} else {
+		defer stop()
+	}
 	st, err := os.Stat(mountpoint)
 	if err != nil && !errors.Is(err, syscall.ENOTCONN) {
 		return fmt.Errorf("mountpoint: %w", err)
@@ -201,4 +209,27 @@ func newUnmountCmd() *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// cpuProfile writes the daemon's CPU profile (runtime/pprof) to path from
+// now until stop, when path is set ($TENSORFS_CPUPROFILE: how the
+// benchmarks' per-copy costs were found; docs/performance.md); "%p" in it
+// is replaced by the process id, so that several daemons can profile.
+func cpuProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	path = strings.ReplaceAll(path, "%p", strconv.Itoa(os.Getpid()))
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("TENSORFS_CPUPROFILE: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("TENSORFS_CPUPROFILE: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }

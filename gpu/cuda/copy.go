@@ -15,6 +15,11 @@ type stager struct {
 	stream cuStrm
 	ptr    [2]unsafe.Pointer
 	buf    [2][]byte
+	// descs is device memory for the descriptor arrays of batches run on
+	// this stager (2*stageSize bytes, one array per staging buffer),
+	// allocated at the stager's first batch. Not counted in MemInfo, like
+	// the staging buffers.
+	descs devptr
 }
 
 // getStager takes an idle stager, making one while fewer than maxStagers
@@ -80,6 +85,12 @@ func (s *stager) destroy(drv driver) error {
 			}
 			s.ptr[i], s.buf[i] = nil, nil
 		}
+	}
+	if s.descs != 0 {
+		if err := check(drv, "cuMemFree_v2", drv.memFree(s.descs)); err != nil && first == nil {
+			first = err
+		}
+		s.descs = 0
 	}
 	if s.stream != 0 {
 		if err := check(drv, "cuStreamDestroy_v2", drv.streamDestroy(s.stream)); err != nil && first == nil {
@@ -275,5 +286,20 @@ func (d *Device) enablePeer(from *Device) error {
 		err = fmt.Errorf("%s: peer access to %s: %w", d.name, from.name, err)
 	}
 	d.peers[from] = err
+	if err == nil && can {
+		d.peerOn[from] = true
+	}
 	return err
+}
+
+// peerReadable reports whether this device's context can address from's
+// memory directly (a kernel here may load from it): peer access is enabled,
+// enabling it the first time.
+func (d *Device) peerReadable(from *Device) bool {
+	if d.enablePeer(from) != nil {
+		return false
+	}
+	d.pmu.Lock()
+	defer d.pmu.Unlock()
+	return d.peerOn[from]
 }

@@ -38,6 +38,7 @@ func openFake(t *testing.T, ndev int, maxMemory int64) (*fakeDriver, []*Device) 
 		require.Empty(t, s.allocs, "device memory left allocated")
 		require.Zero(t, s.host, "page-locked memory left")
 		require.Zero(t, s.streams, "streams left")
+		require.Zero(t, s.modules, "modules left loaded")
 		require.Zero(t, s.retained, "primary contexts left retained")
 	})
 	return f, devs

@@ -77,13 +77,23 @@ type Device struct {
 	stagers  chan *stager // idle stagers
 	nstagers int          // stagers made so far (idle or in use)
 
-	pmu   sync.Mutex
-	peers map[*Device]error // peer access from this device's context, once per peer
+	pmu    sync.Mutex
+	peers  map[*Device]error // peer access from this device's context, once per peer
+	peerOn map[*Device]bool  // peers whose memory this device's context addresses directly
 
 	imu  sync.Mutex          // guards maps, and is held across cuIpcOpen/CloseMemHandle
 	maps map[string]*mapping // open IPC mappings in this device's context, by handle
 
 	linger time.Duration // how long an idle arena is kept (arenaLinger)
+
+	// The scatter kernel (batch.go), loaded into the primary context at the
+	// first batch and unloaded at Close; a failed load is kept (kerr), and
+	// batches then go through the copy engine.
+	kmu     sync.Mutex
+	kloaded bool
+	kmod    cuMod
+	kfn     cuFunc
+	kerr    error
 
 	closed atomic.Bool
 }
@@ -148,6 +158,7 @@ func openDevice(drv driver, ordinal int, maxMemory int64) (*Device, error) {
 		pools:   pools{},
 		stagers: make(chan *stager, maxStagers),
 		peers:   map[*Device]error{},
+		peerOn:  map[*Device]bool{},
 		maps:    map[string]*mapping{},
 		linger:  arenaLinger,
 	}
@@ -522,8 +533,8 @@ func (d *Device) reclaimIdleLocked() (int, error) {
 	return len(idle) + len(spares), first
 }
 
-// Close implements gpu.Device: it frees the staging buffers and streams and
-// releases the primary context (which frees any device memory still held).
+// Close implements gpu.Device: it frees the staging buffers, streams and
+// batch descriptor arrays, unloads the scatter kernel's module, and releases the primary context (which frees any device memory still held).
 // Errors: the first driver error, or one saying how many bytes were still
 // allocated (buffers must be freed first). A second Close does nothing.
 func (d *Device) Close() error {
@@ -548,6 +559,9 @@ func (d *Device) Close() error {
 	}
 	d.nstagers = 0
 	d.smu.Unlock()
+	if err := d.unloadKernel(); err != nil {
+		keep(err)
+	}
 	if u := d.used.Load(); u != 0 {
 		keep(fmt.Errorf("%s closed with %d bytes still allocated", d.name, u))
 	}

@@ -8,6 +8,8 @@ type (
 	cuDev   int32   // CUdevice: an ordinal-like device handle
 	cuCtx   uintptr // CUcontext
 	cuStrm  uintptr // CUstream
+	cuMod   uintptr // CUmodule
+	cuFunc  uintptr // CUfunction
 	ipcHndl [64]byte
 )
 
@@ -57,6 +59,20 @@ type driver interface {
 	deviceCanAccessPeer(d, peer cuDev) (bool, result)
 	// ctxEnablePeerAccess lets the current context access peer's memory.
 	ctxEnablePeerAccess(peer cuCtx) result
+	// moduleLoadData loads a module image (here: NUL-terminated PTX text,
+	// JIT-compiled by the driver for the current context's device) into the
+	// current context (cuModuleLoadData).
+	moduleLoadData(image []byte) (cuMod, result)
+	// moduleUnload unloads a module of the current context (cuModuleUnload).
+	moduleUnload(m cuMod) result
+	// moduleGetFunction finds the kernel named name (its extern "C" symbol)
+	// in m (cuModuleGetFunction).
+	moduleGetFunction(m cuMod, name string) (cuFunc, result)
+	// launchKernel enqueues fn on s with a grid of grid blocks of block
+	// threads each, shmem bytes of dynamic shared memory and params, a
+	// void*[] with one pointer to each kernel argument's value, read by
+	// the driver before it returns (cuLaunchKernel; extra is NULL).
+	launchKernel(fn cuFunc, grid, block [3]uint32, shmem uint32, s cuStrm, params unsafe.Pointer) result
 	// errorName is cuGetErrorName's answer, "" when it has none.
 	errorName(r result) string
 }

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"sort"
@@ -32,6 +33,11 @@ type fakeDriver struct {
 	retained map[cuDev]int
 	peerOn   map[[2]cuCtx]int // (ctx, peer ctx) -> cuCtxEnablePeerAccess calls
 
+	modules  map[cuMod]cuCtx  // loaded modules -> the context they were loaded in
+	funcs    map[cuFunc]cuMod // functions found in them
+	nextMod  uintptr
+	launches []int // descriptors of each scatter launch, in launch order
+
 	fail       map[string]result // op -> result every call returns until cleared
 	calls      map[string]int
 	violations []string
@@ -60,6 +66,7 @@ func newFake(ndev int, total uint64) *fakeDriver {
 		host: map[unsafe.Pointer][]byte{}, streams: map[cuStrm]*fakeStream{}, nextStrm: 1,
 		current: map[int]cuCtx{}, retained: map[cuDev]int{}, peerOn: map[[2]cuCtx]int{},
 		fail: map[string]result{}, calls: map[string]int{},
+		modules: map[cuMod]cuCtx{}, funcs: map[cuFunc]cuMod{}, nextMod: 0x5000,
 	}
 }
 
@@ -533,6 +540,152 @@ func (f *fakeDriver) ctxEnablePeerAccess(peer cuCtx) result {
 	return success
 }
 
+// moduleLoadData accepts any NUL-terminated image that names the scatter
+// kernel (the PTX is not compiled: the fake "kernel" is Go, in launchKernel).
+func (f *fakeDriver) moduleLoadData(image []byte) (cuMod, result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r := f.enter("cuModuleLoadData"); r != success {
+		return 0, r
+	}
+	c, ok := f.cur("cuModuleLoadData")
+	if !ok {
+		return 0, 201
+	}
+	if len(image) == 0 || image[len(image)-1] != 0 {
+		f.violations = append(f.violations, "cuModuleLoadData of an image without its NUL")
+		return 0, 200 // CUDA_ERROR_INVALID_IMAGE
+	}
+	f.nextMod++
+	m := cuMod(f.nextMod)
+	f.modules[m] = c
+	return m, success
+}
+
+func (f *fakeDriver) moduleUnload(m cuMod) result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.cur("cuModuleUnload")
+	if !ok {
+		return 201
+	}
+	if f.modules[m] != c {
+		f.violations = append(f.violations, fmt.Sprintf("cuModuleUnload of module %#x, not loaded in context %#x", m, c))
+		return 400
+	}
+	delete(f.modules, m)
+	for fn, fm := range f.funcs {
+		if fm == m {
+			delete(f.funcs, fn)
+		}
+	}
+	return f.enter("cuModuleUnload")
+}
+
+func (f *fakeDriver) moduleGetFunction(m cuMod, name string) (cuFunc, result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r := f.enter("cuModuleGetFunction"); r != success {
+		return 0, r
+	}
+	if _, ok := f.modules[m]; !ok {
+		return 0, 400
+	}
+	if name != scatterName {
+		return 0, 500 // CUDA_ERROR_NOT_FOUND
+	}
+	f.nextMod++
+	fn := cuFunc(f.nextMod)
+	f.funcs[fn] = m
+	return fn, success
+}
+
+// hostWord reads the 8 bytes at address p of page-locked memory; ok is
+// false when they are not inside one. f.mu is held.
+func (f *fakeDriver) hostWord(p uintptr) (uint64, bool) {
+	for base, b := range f.host {
+		if off := p - uintptr(base); p >= uintptr(base) && off+8 <= uintptr(len(b)) {
+			return binary.LittleEndian.Uint64(b[off:]), true
+		}
+	}
+	return 0, false
+}
+
+// readable reports whether a kernel running in context c may address
+// device memory at p: memory of c's device (its own allocations, or IPC
+// mappings made in c), or of a peer whose access c enabled; never another
+// process's memory except through a mapping. f.mu is held.
+func (f *fakeDriver) readable(c cuCtx, p devptr, n uint64) bool {
+	a := f.allocOf(p)
+	if a == nil || a.foreign || f.slice(p, n) == nil {
+		return false
+	}
+	return a.dev == ctxDev(c) || f.peerOn[[2]cuCtx{c, fakeCtx(a.dev)}] > 0
+}
+
+// launchKernel runs the scatter kernel in Go at the stream's next
+// synchronization, the way the GPU would run it after what was enqueued
+// before: it reads its arguments (descs, count) through params now, as the
+// driver does, and the descriptors from device memory when it runs.
+func (f *fakeDriver) launchKernel(fn cuFunc, grid, block [3]uint32, shmem uint32, s cuStrm, params unsafe.Pointer) result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r := f.enter("cuLaunchKernel"); r != success {
+		return r
+	}
+	st := f.stream("cuLaunchKernel", s)
+	if st == nil {
+		return 400
+	}
+	m, ok := f.funcs[fn]
+	if !ok || f.modules[m] != st.ctx {
+		f.violations = append(f.violations, "cuLaunchKernel of a function not loaded in the stream's context")
+		return 400
+	}
+	if grid[0] == 0 || grid[1] != 1 || grid[2] != 1 || block != [3]uint32{batchBlock, 1, 1} || shmem != 0 {
+		f.violations = append(f.violations, fmt.Sprintf("cuLaunchKernel with grid %v block %v shmem %d", grid, block, shmem))
+		return 1
+	}
+	pa, ok1 := f.hostWord(uintptr(params))
+	pn, ok2 := f.hostWord(uintptr(params) + 8)
+	var descs, count uint64
+	var ok3, ok4 bool
+	if ok1 && ok2 {
+		descs, ok3 = f.hostWord(uintptr(pa))
+		count, ok4 = f.hostWord(uintptr(pn))
+	}
+	if !ok3 || !ok4 {
+		f.violations = append(f.violations, "cuLaunchKernel: kernelParams not in page-locked memory")
+		return 1
+	}
+	if uint64(grid[0]) != count || f.slice(devptr(descs), count*descSize) == nil {
+		f.violations = append(f.violations, fmt.Sprintf("cuLaunchKernel: %d blocks for %d descriptors at %#x", grid[0], count, descs))
+		return 1
+	}
+	f.launches = append(f.launches, int(count))
+	ctx := st.ctx
+	st.queue = append(st.queue, func() {
+		arr := f.slice(devptr(descs), count*descSize)
+		for i := range count {
+			e := arr[i*descSize:]
+			dst, src, n := devptr(binary.LittleEndian.Uint64(e)), devptr(binary.LittleEndian.Uint64(e[8:])), binary.LittleEndian.Uint64(e[16:])
+			if !f.readable(ctx, dst, n) || !f.readable(ctx, src, n) {
+				f.violations = append(f.violations, fmt.Sprintf("scatter kernel: descriptor %d {%#x, %#x, %d} outside the context's memory", i, dst, src, n))
+				continue
+			}
+			copy(f.slice(dst, n), f.slice(src, n))
+		}
+	})
+	return success
+}
+
+// launched returns the descriptor counts of the scatter launches so far.
+func (f *fakeDriver) launched() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]int(nil), f.launches...)
+}
+
 // errorName knows a few codes, as an old driver would, so that the table
 // fallback is exercised too.
 func (f *fakeDriver) errorName(r result) string {
@@ -561,6 +714,7 @@ type fakeState struct {
 	allocs     []int // sizes of live device allocations, sorted
 	host       int   // live page-locked buffers
 	streams    int
+	modules    int
 	retained   int
 	violations []string
 }
@@ -573,7 +727,7 @@ func (f *fakeDriver) state() fakeState {
 		s.allocs = append(s.allocs, len(a.data))
 	}
 	sort.Ints(s.allocs)
-	s.host, s.streams = len(f.host), len(f.streams)
+	s.host, s.streams, s.modules = len(f.host), len(f.streams), len(f.modules)
 	for _, n := range f.retained {
 		s.retained += n
 	}

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"unsafe"
@@ -71,6 +72,10 @@ type symbols struct {
 	memsetD8Async       uintptr
 	deviceCanAccessPeer uintptr
 	ctxEnablePeerAccess uintptr
+	moduleLoadData      uintptr
+	moduleUnload        uintptr
+	moduleGetFunction   uintptr
+	launchKernel        uintptr
 }
 
 // table names the C symbol of every entry point. Where cuda.h maps a name to
@@ -110,6 +115,10 @@ func (s *symbols) table() []struct {
 		{"cuMemsetD8Async", &s.memsetD8Async},
 		{"cuDeviceCanAccessPeer", &s.deviceCanAccessPeer},
 		{"cuCtxEnablePeerAccess", &s.ctxEnablePeerAccess},
+		{"cuModuleLoadData", &s.moduleLoadData},
+		{"cuModuleUnload", &s.moduleUnload},
+		{"cuModuleGetFunction", &s.moduleGetFunction},
+		{"cuLaunchKernel", &s.launchKernel},
 	}
 }
 
@@ -322,6 +331,41 @@ func (d *libDriver) deviceCanAccessPeer(dev, peer cuDev) (bool, result) {
 
 func (d *libDriver) ctxEnablePeerAccess(peer cuCtx) result {
 	return call(d.sym.ctxEnablePeerAccess, uintptr(peer), 0)
+}
+
+// moduleLoadData passes image as it is: the caller NUL-terminates PTX text
+// (cuModuleLoadData reads a PTX image up to its NUL). The image is heap
+// memory, which the runtime does not move, kept alive across the call
+// (call's uintptr arguments do not keep it alive themselves); the driver
+// keeps no pointer to it after it returns.
+func (d *libDriver) moduleLoadData(image []byte) (cuMod, result) {
+	var m uintptr
+	r := call(d.sym.moduleLoadData, uintptr(unsafe.Pointer(&m)), uintptr(unsafe.Pointer(&image[0])))
+	runtime.KeepAlive(image) // nothing else refers to it once converted
+	return cuMod(m), r
+}
+
+func (d *libDriver) moduleUnload(m cuMod) result { return call(d.sym.moduleUnload, uintptr(m)) }
+
+func (d *libDriver) moduleGetFunction(m cuMod, name string) (cuFunc, result) {
+	var f uintptr
+	cname := append([]byte(name), 0)
+	r := call(d.sym.moduleGetFunction, uintptr(unsafe.Pointer(&f)), uintptr(m), uintptr(unsafe.Pointer(&cname[0])))
+	runtime.KeepAlive(cname)
+	return cuFunc(f), r
+}
+
+// launchKernel is cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ,
+// blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams,
+// extra): eleven integer words, which purego passes in registers and on
+// the stack by the C ABI (SyscallN takes up to 15). params points at C
+// memory (the stager's page-locked buffer holds the pointer array and the
+// values), so nothing the driver reads is Go memory the runtime may move.
+func (d *libDriver) launchKernel(fn cuFunc, grid, block [3]uint32, shmem uint32, s cuStrm, params unsafe.Pointer) result {
+	return call(d.sym.launchKernel, uintptr(fn),
+		uintptr(grid[0]), uintptr(grid[1]), uintptr(grid[2]),
+		uintptr(block[0]), uintptr(block[1]), uintptr(block[2]),
+		uintptr(shmem), uintptr(s), uintptr(params), 0)
 }
 
 // errorName reads the static C string cuGetErrorName points at.

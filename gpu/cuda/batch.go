@@ -1,0 +1,385 @@
+package cuda
+
+// Batched copies (gpu.CopyBatch): one gather/scatter kernel launch over a
+// descriptor array for the small extents, the copy engine for large ones,
+// one stream synchronization at the end.
+
+import (
+	"cmp"
+	_ "embed"
+	"encoding/binary"
+	"fmt"
+	"log"
+	"slices"
+	"unsafe"
+
+	"github.com/tensorfs/tensorfs/gpu"
+)
+
+// scatterPTX is the kernel's module image: PTX made by nvcc from scatter.cu
+// (gen-ptx.sh gives the command), JIT-compiled by the driver at the first
+// batch of each device. A variable so that a test can load another build of it.
+//
+//go:embed scatter.ptx
+var scatterPTX []byte
+
+// scatterName is the kernel's symbol in the module (extern "C" in scatter.cu).
+const scatterName = "tensorfs_scatter"
+
+const (
+	// descSize is the bytes of one descriptor as the kernel reads it:
+	// struct tensorfs_desc { u64 dst, src, n; } (scatter.cu).
+	descSize = 24
+	// batchBlock is the threads of each block (scatter.cu's
+	// __launch_bounds__): eight warps share one descriptor at a time.
+	batchBlock = 256
+	// batchPiece is the most bytes one descriptor carries: longer extents
+	// are split, so that a launch's blocks get similar work and a 1 MiB
+	// extent is copied by 16 blocks, not one.
+	batchPiece = 64 << 10
+	// paramsOff is where, in a staging buffer, the kernel's arguments and
+	// the void*[] pointing at them are written for cuLaunchKernel (its
+	// last 64 bytes); descriptors fill the bytes before it.
+	paramsOff = stageSize - 64
+)
+
+// batchDescMax is the descriptors of one launch: as many as fit a staging
+// buffer before paramsOff (43,688 of 24 bytes). A batch with more takes
+// several launches, alternating between the stager's two buffers. A
+// variable so that the tests can make launches small.
+var batchDescMax = paramsOff / descSize
+
+// batchEngineMin is the extent size in bytes from which an extent of a
+// batch goes to the copy engine (cuMemcpyDtoDAsync, or cuMemcpyPeerAsync
+// from another GPU) instead of the kernel: 16 MiB, chosen by measurement
+// (BenchmarkRealCopyBatch/sweep, one H200, driver 580.159.04, 2026-12-02;
+// GB/s of one CopyBatch of up to 1024 extents of that size, 256 MiB at
+// most, all in the kernel / all on the copy engine):
+//
+//	4 KiB     102 / 0.75    2 MiB   1489 / 432
+//	16 KiB    295 / 2.8     4 MiB   1361 / 877
+//	64 KiB    927 / 14      8 MiB   1359 / 1189
+//	256 KiB  1241 / 46     16 MiB   1485 / 1469
+//	1 MiB    1465 / 186    32 MiB   1391 / 1640
+//	                       64 MiB   1527 / 1805
+//
+// The copy engine costs 4-6 µs a call, so below a few MiB the kernel wins
+// by far; at 16 MiB they are even, above it the engine is faster, and it
+// leaves the SMs to the workload. A variable so that tests and the
+// benchmark can move it.
+var batchEngineMin int64 = 16 << 20
+
+// CopyBatch implements gpu.BatchCopier: done when every extent's Dst is a
+// buffer of b's device and every Src a CUDA buffer this device's context
+// can address: one of this device (its own, an alias of one, or an IPC
+// import mapped in this context, wherever its memory lives), or a buffer of
+// another GPU of this process with peer access enabled from this one.
+// Otherwise done is false and nothing is copied (an import mapped into
+// another device's context, host memory, another driver instance, or a GPU
+// without peer access: gpu.CopyBatch then copies extent by extent).
+//
+// Extents of at least batchEngineMin bytes are each one copy-engine call;
+// the others are split into descriptors of at most batchPiece bytes,
+// uploaded from a page-locked staging buffer with one cuMemcpyHtoDAsync
+// and copied by one launch of the scatter kernel (one launch per
+// batchDescMax descriptors), all on one stream and synchronized once. If
+// the kernel cannot be loaded (a driver older than the PTX, say) every
+// extent goes to the copy engine, still on one stream.
+//
+// Every buffer is held against Free for the copy. Errors: gpu.ErrInvalidSize
+// (nothing copied) for a range outside its buffers, gpu.ErrFreed, the
+// driver's *Error (cuLaunchKernel, or cuStreamSynchronize for a fault while
+// the kernel ran; some extents may then have been copied).
+func (b *buffer) CopyBatch(exts []gpu.Extent) (done bool, err error) {
+	d := b.dev
+	var set bufSet      // every buffer of the batch, once
+	var peers []*Device // other GPUs that sources live on
+	var lastDst, lastSrc *buffer
+	for i := range exts {
+		e := &exts[i]
+		dst, ok := e.Dst.(*buffer)
+		src, ok2 := e.Src.(*buffer)
+		if !ok || !ok2 {
+			return false, nil
+		}
+		if dst != lastDst || src != lastSrc { // most extents repeat the pair before
+			if dst.dev != d || src.dev.drv != d.drv {
+				return false, nil
+			}
+			if src.dev != d {
+				if src.a.imp != nil {
+					return false, nil // mapped in src.dev's context, not this one's
+				}
+				if !slices.Contains(peers, src.dev) {
+					peers = append(peers, src.dev)
+				}
+			}
+			set.add(dst)
+			set.add(src)
+			lastDst, lastSrc = dst, src
+		}
+		if !inRange(dst.size, e.DstOff, e.N) || !inRange(src.size, e.SrcOff, e.N) {
+			return true, fmt.Errorf("%s: copy batch: extent %d: %d bytes from %d/%d to %d/%d: %w",
+				d.name, i, e.N, e.SrcOff, src.size, e.DstOff, dst.size, gpu.ErrInvalidSize)
+		}
+	}
+	for _, p := range peers {
+		if !d.peerReadable(p) {
+			return false, nil
+		}
+	}
+	if err := set.rlock(); err != nil {
+		return true, err
+	}
+	defer set.runlock()
+	return true, d.runBatch(exts)
+}
+
+// inRange is checkRange's test alone (inlined: a batch checks thousands).
+func inRange(size, off, n int64) bool {
+	return off >= 0 && n >= 0 && off <= size && n <= size-off
+}
+
+// bufSet is the distinct buffers of a batch. A batch names few buffers
+// many times over (a block list between two tensors), so a lookup is a
+// comparison with the last one added or a scan of a short list; past
+// bufSetScan buffers a map takes over.
+type bufSet struct {
+	list []*buffer
+	last *buffer
+	m    map[*buffer]struct{}
+}
+
+// bufSetScan is the longest list bufSet.add searches by scanning.
+const bufSetScan = 16
+
+func (s *bufSet) add(x *buffer) {
+	if x == s.last {
+		return
+	}
+	s.last = x
+	if s.m != nil {
+		if _, ok := s.m[x]; !ok {
+			s.m[x] = struct{}{}
+			s.list = append(s.list, x)
+		}
+		return
+	}
+	if slices.Contains(s.list, x) {
+		return
+	}
+	s.list = append(s.list, x)
+	if len(s.list) > bufSetScan {
+		s.m = make(map[*buffer]struct{}, 2*len(s.list))
+		for _, y := range s.list {
+			s.m[y] = struct{}{}
+		}
+	}
+}
+
+// rlock takes every buffer of the set for I/O in the order of their
+// sequence numbers (as lockPair does, so that batches and copies with a
+// Free waiting cannot deadlock); on an error (gpu.ErrFreed) none is held.
+func (s *bufSet) rlock() error {
+	slices.SortFunc(s.list, func(x, y *buffer) int { return cmp.Compare(x.seq, y.seq) })
+	for i, x := range s.list {
+		if err := x.rlock(); err != nil {
+			for _, y := range s.list[:i] {
+				y.mu.RUnlock()
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *bufSet) runlock() {
+	for _, y := range s.list {
+		y.mu.RUnlock()
+	}
+}
+
+// runBatch issues the batch on one stager's stream and waits for it. The
+// buffers are held and every range is checked.
+func (d *Device) runBatch(exts []gpu.Extent) error {
+	fn, kernel := d.scatterKernel()
+	return d.withStager(func(s *stager) error {
+		if kernel {
+			if err := d.descArrays(s); err != nil {
+				return err
+			}
+		}
+		q := batchQueue{d: d, s: s, fn: fn}
+		err := q.issue(exts, kernel)
+		if err == nil {
+			err = q.flush()
+		}
+		if err != nil {
+			d.sync(s) // nothing in flight may outlive the call
+			return err
+		}
+		return d.sync(s)
+	})
+}
+
+// batchQueue fills a stager's staging buffers with descriptors and
+// launches the kernel over each buffer's worth.
+type batchQueue struct {
+	d  *Device
+	s  *stager
+	fn cuFunc
+
+	half    int     // the staging buffer being filled
+	n       int     // descriptors in it
+	pending [2]bool // an upload from that staging buffer may not have run yet
+}
+
+// issue enqueues every extent: copy-engine calls for the large ones (and
+// all of them without the kernel), descriptors for the others.
+func (q *batchQueue) issue(exts []gpu.Extent, kernel bool) error {
+	for i := range exts {
+		e := &exts[i]
+		if e.N == 0 {
+			continue
+		}
+		dst, src := e.Dst.(*buffer), e.Src.(*buffer)
+		dp, sp := dst.ptr(e.DstOff), src.ptr(e.SrcOff)
+		if !kernel || e.N >= batchEngineMin {
+			if err := q.engine(dp, src.dev, sp, e.N); err != nil {
+				return err
+			}
+			continue
+		}
+		for off := int64(0); off < e.N; off += batchPiece {
+			if err := q.add(dp+devptr(off), sp+devptr(off), min(batchPiece, e.N-off)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// engine enqueues one copy-engine copy of n bytes to dst from src, which
+// lives on from (this device, or a peer).
+func (q *batchQueue) engine(dst devptr, from *Device, src devptr, n int64) error {
+	d, s := q.d, q.s
+	if from == d {
+		return check(d.drv, "cuMemcpyDtoDAsync_v2", d.drv.memcpyDtoDAsync(dst, src, uint64(n), s.stream))
+	}
+	return check(d.drv, "cuMemcpyPeerAsync", d.drv.memcpyPeerAsync(dst, d.ctx, src, from.ctx, uint64(n), s.stream))
+}
+
+// add appends one descriptor, launching the full staging buffer first.
+func (q *batchQueue) add(dst, src devptr, n int64) error {
+	if q.n == batchDescMax {
+		if err := q.flush(); err != nil {
+			return err
+		}
+	}
+	p := q.s.buf[q.half][q.n*descSize : (q.n+1)*descSize]
+	binary.LittleEndian.PutUint64(p[0:], uint64(dst))
+	binary.LittleEndian.PutUint64(p[8:], uint64(src))
+	binary.LittleEndian.PutUint64(p[16:], uint64(n))
+	q.n++
+	return nil
+}
+
+// flush uploads the filled staging buffer's descriptors into its device
+// array and launches the kernel over them, then moves to the other buffer,
+// waiting first for the upload that last read it, if any (the stream runs
+// in order: one synchronization waits for it and for everything before).
+func (q *batchQueue) flush() error {
+	if q.n == 0 {
+		return nil
+	}
+	d, s, h := q.d, q.s, q.half
+	arr := s.descs + devptr(h*stageSize)
+	if r := d.drv.memcpyHtoDAsync(arr, s.ptr[h], uint64(q.n*descSize), s.stream); r != success {
+		return check(d.drv, "cuMemcpyHtoDAsync_v2", r)
+	}
+	// The kernel's arguments (descs, count) and the void*[] of pointers to
+	// them, in page-locked C memory: cuLaunchKernel reads them before it
+	// returns, and the uploads read only the bytes before paramsOff.
+	args := s.buf[h][paramsOff : paramsOff+32]
+	base := uintptr(s.ptr[h]) + paramsOff
+	binary.LittleEndian.PutUint64(args[0:], uint64(arr))
+	binary.LittleEndian.PutUint64(args[8:], uint64(q.n))
+	binary.LittleEndian.PutUint64(args[16:], uint64(base))
+	binary.LittleEndian.PutUint64(args[24:], uint64(base+8))
+	grid := [3]uint32{uint32(q.n), 1, 1}
+	block := [3]uint32{batchBlock, 1, 1}
+	if r := d.drv.launchKernel(q.fn, grid, block, 0, s.stream, unsafe.Add(s.ptr[h], paramsOff+16)); r != success {
+		return check(d.drv, "cuLaunchKernel", r)
+	}
+	q.n, q.half, q.pending[h] = 0, h^1, true
+	if q.pending[h^1] {
+		q.pending = [2]bool{}
+		return d.sync(s)
+	}
+	return nil
+}
+
+// descArrays gives a stager the device memory of its descriptor arrays,
+// once. The device's context is current.
+func (d *Device) descArrays(s *stager) error {
+	if s.descs != 0 {
+		return nil
+	}
+	p, r := d.drv.memAlloc(2 * stageSize)
+	if err := check(d.drv, "cuMemAlloc_v2", r); err != nil {
+		return fmt.Errorf("%s: batch descriptor arrays: %w", d.name, err)
+	}
+	s.descs = p
+	return nil
+}
+
+// scatterKernel returns the scatter kernel, loading its module into the
+// device's primary context at the first call; ok is false when the load
+// failed (logged once), and batches then use the copy engine only.
+func (d *Device) scatterKernel() (fn cuFunc, ok bool) {
+	d.kmu.Lock()
+	defer d.kmu.Unlock()
+	if !d.kloaded {
+		d.kloaded = true
+		d.kerr = d.withCtx(d.loadKernel)
+		if d.kerr != nil {
+			log.Printf("%s: scatter kernel not loaded, batched copies use the copy engine: %v", d.name, d.kerr)
+		}
+	}
+	return d.kfn, d.kerr == nil
+}
+
+// loadKernel is cuModuleLoadData of scatterPTX (NUL-terminated, as the
+// driver reads PTX text) and cuModuleGetFunction; the context is current.
+func (d *Device) loadKernel() error {
+	image := append(slices.Clip(scatterPTX), 0)
+	m, r := d.drv.moduleLoadData(image)
+	if err := check(d.drv, "cuModuleLoadData", r); err != nil {
+		return err
+	}
+	fn, r := d.drv.moduleGetFunction(m, scatterName)
+	if err := check(d.drv, "cuModuleGetFunction", r); err != nil {
+		d.drv.moduleUnload(m)
+		return err
+	}
+	d.kmod, d.kfn = m, fn
+	return nil
+}
+
+// unloadKernel unloads the scatter kernel's module, if it was loaded (Close).
+func (d *Device) unloadKernel() error {
+	d.kmu.Lock()
+	defer d.kmu.Unlock()
+	if d.kmod == 0 {
+		return nil
+	}
+	m := d.kmod
+	d.kmod, d.kfn = 0, 0
+	err := d.withCtx(func() error { return check(d.drv, "cuModuleUnload", d.drv.moduleUnload(m)) })
+	if err != nil {
+		return fmt.Errorf("%s: unload the scatter kernel: %w", d.name, err)
+	}
+	return nil
+}
+
+var _ gpu.BatchCopier = (*buffer)(nil)

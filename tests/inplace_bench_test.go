@@ -1,0 +1,279 @@
+package tests
+
+// Benchmarks of in-place copies (DESIGN.md "In-place copies"), each next to
+// its floor measured in the same benchmark, reported as a ratio:
+//
+//   - BenchmarkInPlace4K: the p50 of a 4 KiB copy_to into a range of an
+//     existing tensor on a peer, on the IPC path (one host id) and the TCP
+//     path (two), against the floor: a setxattr round trip on the mount
+//     (an ordinary user.* attribute), plus a small request and reply on an
+//     open loopback TCP connection, plus the 4 KiB copy (memmove here; on a
+//     GPU the device copy, measured by the caller: scripts/gpu-inplace.sh).
+//   - BenchmarkInPlaceScatter1000x8K: one copy_to of 1000 lines, each 8 KiB
+//     of one tensor into a scattered block of a tensor on the peer: µs per
+//     descriptor, and on TCP the ratio to raw TCP moving the same 8 MiB
+//     with the same streams into a reused buffer.
+//   - BenchmarkInPlace512M: 512 MiB in place over TCP against raw TCP into
+//     a reused buffer with the same streams; and on the IPC path.
+//
+// The daemons run on host memory unless $TENSORFS_TEST_DEVICE names a GPU
+// (the device's run: scripts/gpu-check.sh).
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// inPlaceBenchPair starts daemons a and b that know each other, on one
+// host id (the IPC path) or two (TCP).
+func inPlaceBenchPair(b *testing.B, sameHost bool) (a, d *daemon) {
+	b.Helper()
+	secret := filepath.Join(b.TempDir(), "secret")
+	mustNo(b, os.WriteFile(secret, []byte("a shared secret of enough bytes\n"), 0o600))
+	ports := map[string]int{}
+	for _, n := range []string{"a", "b"} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		mustNo(b, err)
+		ports[n] = ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+	}
+	ds := map[string]*daemon{}
+	for _, n := range []string{"a", "b"} {
+		host := "bench-host"
+		if !sameHost {
+			host += "-" + n
+		}
+		o := map[string]string{"a": "b", "b": "a"}[n]
+		ds[n] = peerBenchStart(b, "--name", n, "--listen", fmt.Sprintf("127.0.0.1:%d", ports[n]), "--secret-file", secret,
+			"--host-id", host, "--timeout", "30s", "--streams", strconv.Itoa(peerBenchStreams(b)),
+			"--peer", fmt.Sprintf("%s=127.0.0.1:%d", o, ports[o]))
+	}
+	// Before b's clean-up (clean-ups run last in, first out): a's tensors
+	// go first, so that b drops its imports of them (the IPC path) before
+	// it is checked idle.
+	b.Cleanup(func() {
+		ents, _ := os.ReadDir(ds["a"].mnt)
+		for _, e := range ents {
+			os.RemoveAll(filepath.Join(ds["a"].mnt, e.Name()))
+		}
+		waitTensorfsIdle(b, ds["a"].mnt)
+	})
+	return ds["a"], ds["b"]
+}
+
+// p50 is the median of lat, in µs.
+func p50(lat []time.Duration) float64 {
+	slices.Sort(lat)
+	return float64(lat[len(lat)/2]) / 1e3
+}
+
+// smallFloor measures the parts of the small-copy floor, in µs (p50 of n
+// each): a setxattr round trip on mount mnt, a 64-byte request and 16-byte
+// reply on an open loopback connection, a 4 KiB memmove.
+func smallFloor(b *testing.B, mnt string, n int) (setxattr, reqReply, move float64) {
+	f := filepath.Join(mnt, "floor")
+	mustNo(b, os.WriteFile(f, nil, 0o644))
+	defer os.Remove(f)
+	lat := make([]time.Duration, 0, n)
+	for range n {
+		t := time.Now()
+		mustNo(b, unix.Setxattr(f, "user.bench", []byte("0123"), 0))
+		lat = append(lat, time.Since(t))
+	}
+	setxattr = p50(lat)
+	c := peerBenchRawPeer(b, func(c net.Conn) error {
+		req, reply := make([]byte, 64), make([]byte, 16)
+		for {
+			if _, err := io.ReadFull(c, req); err != nil {
+				return err
+			}
+			if _, err := c.Write(reply); err != nil {
+				return err
+			}
+		}
+	})
+	req, reply := make([]byte, 64), make([]byte, 16)
+	lat = lat[:0]
+	for range n {
+		t := time.Now()
+		if _, err := c.Write(req); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, reply); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(t))
+	}
+	reqReply = p50(lat)
+	src, dst := make([]byte, 4096), make([]byte, 1<<20)
+	lat = lat[:0]
+	for i := range n {
+		t := time.Now()
+		copy(dst[(i%256)*4096:], src)
+		lat = append(lat, time.Since(t))
+	}
+	return setxattr, reqReply, p50(lat)
+}
+
+// BenchmarkInPlace4K: per op, 1000 copy_to of a 4 KiB tensor into a range
+// of a 1 MiB tensor on the peer, each timed; reported as the p50 ("p50-us"),
+// the floor measured right after ("floor-us", and its parts), and their
+// ratio ("x-floor"; goal: at most 2 on the IPC path, 2.5 on TCP).
+func BenchmarkInPlace4K(b *testing.B) {
+	for _, path := range []string{"ipc", "tcp"} {
+		b.Run(path, func(b *testing.B) {
+			a, d := inPlaceBenchPair(b, path == "ipc")
+			data := make([]byte, 4096)
+			rand.NewChaCha8([32]byte{4}).Read(data)
+			mustNo(b, os.WriteFile(a.path("small"), data, 0o644))
+			mustNo(b, os.WriteFile(d.path("cache"), nil, 0o644))
+			mustNo(b, os.Truncate(d.path("cache"), 1<<20))
+			peerBenchCopyTo(b, a.path("small"), "b:/cache@0")
+			var lat []time.Duration
+			for b.Loop() {
+				for i := range 1000 {
+					t := time.Now()
+					peerBenchCopyTo(b, a.path("small"), fmt.Sprintf("b:/cache@%d", (i%256)*4096))
+					lat = append(lat, time.Since(t))
+				}
+			}
+			got := make([]byte, 4096)
+			f, err := os.Open(d.path("cache"))
+			mustNo(b, err)
+			_, err = f.ReadAt(got, 4096)
+			f.Close()
+			mustNo(b, err)
+			if !bytes.Equal(got, data) {
+				b.Fatal("the destination range differs from the source")
+			}
+			st := a.stats()
+			if st.Copies.InPlace.IPC+st.Copies.InPlace.TCP != int64(len(lat)+1) {
+				b.Fatalf("copies %+v, want %d in place", st.Copies, len(lat)+1)
+			}
+			tf := p50(lat)
+			sx, rr, mv := smallFloor(b, a.mnt, 1000)
+			floor := sx + rr + mv
+			b.ReportMetric(tf, "p50-us")
+			b.ReportMetric(sx, "setxattr-us")
+			b.ReportMetric(rr, "reqreply-us")
+			b.ReportMetric(mv, "copy-us")
+			b.ReportMetric(floor, "floor-us")
+			b.ReportMetric(tf/floor, "x-floor")
+		})
+	}
+}
+
+// BenchmarkInPlaceScatter1000x8K: per op, one copy_to of 1000 lines moving
+// 8 KiB blocks of an 8 MiB tensor into a shuffled set of blocks of a 16 MiB
+// tensor on the peer; reported as µs per call and per descriptor, and on
+// TCP the MB/s against raw TCP moving the same 8 MiB with the same streams
+// into a reused buffer ("x-raw"; goal at least 0.8).
+func BenchmarkInPlaceScatter1000x8K(b *testing.B) {
+	const n, blk = 1000, 8 << 10
+	for _, path := range []string{"ipc", "tcp"} {
+		b.Run(path, func(b *testing.B) {
+			a, d := inPlaceBenchPair(b, path == "ipc")
+			data := make([]byte, n*blk)
+			rand.NewChaCha8([32]byte{5}).Read(data)
+			mustNo(b, os.WriteFile(a.path("blocks"), data, 0o644))
+			mustNo(b, os.WriteFile(d.path("cache"), nil, 0o644))
+			mustNo(b, os.Truncate(d.path("cache"), 2*n*blk))
+			perm := rand.New(rand.NewPCG(1, 2)).Perm(2 * n)[:n]
+			var lines []string
+			for i, j := range perm {
+				lines = append(lines, fmt.Sprintf("@%d+%d b:/cache@%d", i*blk, blk, j*blk))
+			}
+			value := strings.Join(lines, "\n")
+			peerBenchCopyTo(b, a.path("blocks"), value)
+			var lat []time.Duration
+			for b.Loop() {
+				t := time.Now()
+				peerBenchCopyTo(b, a.path("blocks"), value)
+				lat = append(lat, time.Since(t))
+			}
+			f, err := os.Open(d.path("cache"))
+			mustNo(b, err)
+			got := make([]byte, blk)
+			for _, i := range []int{0, n / 2, n - 1} {
+				_, err := f.ReadAt(got, int64(perm[i])*blk)
+				mustNo(b, err)
+				if !bytes.Equal(got, data[i*blk:(i+1)*blk]) {
+					b.Fatalf("block %d differs", i)
+				}
+			}
+			f.Close()
+			tf := p50(lat)
+			b.ReportMetric(tf, "p50-us")
+			b.ReportMetric(tf/n, "us/desc")
+			if path == "tcp" {
+				buf := make([]byte, n*blk)
+				send, got := peerBenchRawStreams(b, peerBenchStreams(b), func(int) []byte { return buf })
+				var raw []time.Duration
+				for range max(len(lat), 20) {
+					t := time.Now()
+					send(data)
+					<-got
+					raw = append(raw, time.Since(t))
+				}
+				r := p50(raw)
+				b.ReportMetric(r, "raw-p50-us")
+				b.ReportMetric(r/tf, "x-raw")
+			}
+		})
+	}
+}
+
+// BenchmarkInPlace512M: per op, one 512 MiB copy_to in place into an
+// existing tensor on the peer; on TCP against raw TCP into a reused buffer
+// with the same streams ("x-raw"; goal at least 0.9).
+func BenchmarkInPlace512M(b *testing.B) {
+	const size = 512 << 20
+	for _, path := range []string{"ipc", "tcp"} {
+		b.Run(path, func(b *testing.B) {
+			a, d := inPlaceBenchPair(b, path == "ipc")
+			data := peerBenchBigData()[:size]
+			peerBenchWriteFile(b, a.path("big"), data)
+			mustNo(b, os.WriteFile(d.path("dst"), nil, 0o644))
+			mustNo(b, os.Truncate(d.path("dst"), size))
+			peerBenchCopyTo(b, a.path("big"), "b:/dst@0")
+			var lat []time.Duration
+			for b.Loop() {
+				t := time.Now()
+				peerBenchCopyTo(b, a.path("big"), "b:/dst@0")
+				lat = append(lat, time.Since(t))
+			}
+			peerBenchCheckFile(b, d.path("dst"), data, false)
+			tf := p50(lat)
+			b.ReportMetric(float64(size)/tf, "MB/s")
+			if path == "tcp" {
+				buf := make([]byte, size)
+				for i := 0; i < size; i += 4096 {
+					buf[i] = 1
+				}
+				send, got := peerBenchRawStreams(b, peerBenchStreams(b), func(int) []byte { return buf })
+				var raw []time.Duration
+				for range max(len(lat), 3) {
+					t := time.Now()
+					send(data)
+					<-got
+					raw = append(raw, time.Since(t))
+				}
+				r := p50(raw)
+				b.ReportMetric(float64(size)/r, "raw-MB/s")
+				b.ReportMetric(r/tf, "x-raw")
+			}
+		})
+	}
+}

@@ -1,0 +1,66 @@
+package transfer
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestSplitRange: the range suffix is the last "@" followed only by a
+// range; a trailing bare "@" means none; anything else is the name's.
+func TestSplitRange(t *testing.T) {
+	for _, c := range []struct {
+		in, path string
+		r        Range
+	}{
+		{"/kv/cache", "/kv/cache", Range{}},
+		{"/kv/cache@131072", "/kv/cache", Range{Set: true, Off: 131072}},
+		{"/kv/cache@0+8192", "/kv/cache", Range{Set: true, Off: 0, Len: 8192, HasLen: true}},
+		{"/c@0x10+0X1", "/c@0x10+0X1", Range{}}, // 0X is not hex: part of the name
+		{"/c@0x10+0x1f", "/c", Range{Set: true, Off: 16, Len: 31, HasLen: true}},
+		{"/x@12@", "/x@12", Range{}},
+		{"/x@12@4", "/x@12", Range{Set: true, Off: 4}},
+		{"/a@b", "/a@b", Range{}},
+		{"/a@", "/a", Range{}},
+		{"/a@1+", "/a@1+", Range{}},
+		{"/a@-1", "/a@-1", Range{}},
+		{"b:/kv@8", "b:/kv", Range{Set: true, Off: 8}},
+		{"@0+10", "", Range{Set: true, Len: 10, HasLen: true}},
+	} {
+		p, r, err := SplitRange(c.in)
+		require.NoError(t, err, c.in)
+		require.Equal(t, c.path, p, c.in)
+		require.Equal(t, c.r, r, c.in)
+		if r.Set && !strings.Contains(c.in, "0x") {
+			require.Equal(t, c.in[len(p):], r.String(), "%s: String gives the suffix back (decimal)", c.in)
+		}
+	}
+	for _, in := range []string{"/a@99999999999999999999", "/a@1+9223372036854775807"} {
+		_, _, err := SplitRange(in)
+		require.ErrorIs(t, err, syscall.EINVAL, in)
+	}
+}
+
+// TestRangeApply: a file's destination range takes the source's length
+// (a given one must agree); a directory's is only @0, each tensor whole.
+func TestRangeApply(t *testing.T) {
+	src := []Meta{{NBytes: 100}}
+	got, err := Range{Set: true, Off: 8}.Apply(src, false)
+	require.NoError(t, err)
+	require.Equal(t, []Meta{{NBytes: 100, InPlace: true, Off: 8}}, got)
+	_, err = Range{Set: true, Off: 8, Len: 99, HasLen: true}.Apply(src, false)
+	require.ErrorIs(t, err, syscall.EINVAL)
+	got, err = Range{Set: true}.Apply([]Meta{{Rel: "a", NBytes: 1}, {Rel: "b", NBytes: 2}}, true)
+	require.NoError(t, err)
+	require.Equal(t, []Meta{{Rel: "a", NBytes: 1, InPlace: true, Exact: true}, {Rel: "b", NBytes: 2, InPlace: true, Exact: true}}, got)
+	_, err = Range{Set: true, Off: 1}.Apply(src, true)
+	require.ErrorIs(t, err, syscall.EINVAL)
+	got, err = Range{}.Apply(src, false)
+	require.NoError(t, err)
+	require.Equal(t, src, got)
+	require.NoError(t, checkMetas([]Meta{{Rel: "a", InPlace: true, NBytes: 1}, {Rel: "a", InPlace: true, Off: 1, NBytes: 1}}, true), "many ranges of one tensor")
+	require.Error(t, checkMetas([]Meta{{Rel: "a", NBytes: 1}, {Rel: "a", NBytes: 1}}, true), "one tensor replaced twice")
+	require.Error(t, checkMetas([]Meta{{Rel: "a", NBytes: 1, Off: 3}}, true), "an offset on a whole tensor")
+}
