@@ -113,13 +113,13 @@ func ImportFile(store *tensor.Store) func(f *os.File) (transfer.Mapping, error) 
 // CopyFromMapping implements transfer.MappingDest: an imported allocation
 // is copied by the device (e.g. GPU to GPU over NVLink); a plain memfd
 // mapping goes through the caller's buffer.
-func (d *dest) CopyFromMapping(i int, m transfer.Mapping, srcOff, n int64) (bool, error) {
+func (d *dest) CopyFromMapping(i int, m transfer.Mapping, srcOff, dstOff, n int64) (bool, error) {
 	bm, ok := m.(*bufferMapping)
 	if !ok {
 		return false, nil
 	}
 	t, at := d.at(i)
-	return true, t.CopyFromBuffer(at, bm.onDevice(t.Info().Device), srcOff, n)
+	return true, t.CopyFromBuffer(at+dstOff, bm.onDevice(t.Info().Device), srcOff, n)
 }
 
 // CopyFromMappings implements transfer.BatchMappingDest: a descriptor list

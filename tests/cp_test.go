@@ -264,3 +264,36 @@ func TestCopyRecordIDs(t *testing.T) {
 	a.requireClean()
 	b.requireClean()
 }
+
+// TestCpRanges: cp with ranges writes in place, pushed, pulled and inside
+// one mount (the summary counts the range's bytes); a range that does not
+// fit fails with one line and writes nothing.
+func TestCpRanges(t *testing.T) {
+	ds := cluster(t, []string{"a", "b"})
+	a, b := ds["a"], ds["b"]
+	src := fill(64<<10, 5)
+	require.NoError(t, os.WriteFile(a.path("src"), src, 0o644))
+	zeros(t, b.path("cache"), 1<<20)
+	zeros(t, a.path("local"), 1<<20)
+	before := ids(t, b.path("cache"))
+	want := make([]byte, 1<<20)
+
+	errOut := cpOK(t, a.path("src")+"@4096+8192", "b:/cache@65536")
+	copy(want[65536:], src[4096:4096+8192])
+	require.Contains(t, errOut, "8,192 bytes")
+	cpOK(t, a.path("src"), "b:/cache@0x80000")
+	copy(want[0x80000:], src)
+	sameFile(t, b.path("cache"), want)
+	require.Equal(t, before, ids(t, b.path("cache")), "in place: the same registration")
+
+	wantLocal := make([]byte, 1<<20)
+	cpOK(t, "b:/cache@65536+100", a.path("local")+"@10")
+	copy(wantLocal[10:], want[65536:65636])
+	cpOK(t, a.path("src")+"@0+16", a.path("local")+"@1000")
+	copy(wantLocal[1000:], src[:16])
+	sameFile(t, a.path("local"), wantLocal)
+
+	cpFails(t, []string{a.path("src"), "b:/cache@1048000"}, "Invalid argument")
+	cpFails(t, []string{"b:/cache@0+10", a.path("missing") + "@0"}, "No such file or directory")
+	sameFile(t, b.path("cache"), want)
+}

@@ -23,10 +23,18 @@ type Exporter interface {
 }
 
 // MappingDest is implemented by destinations that copy from an imported
-// allocation themselves (device to device); done=false means "use ReadAt".
+// allocation themselves (device to device): n bytes of m at srcOff into
+// descriptor i at its byte dstOff; done=false means "use ReadAt".
 type MappingDest interface {
-	CopyFromMapping(i int, m Mapping, srcOff, n int64) (done bool, err error)
+	CopyFromMapping(i int, m Mapping, srcOff, dstOff, n int64) (done bool, err error)
 }
+
+// progressPiece is the most one device-to-device call of an IPC copy moves,
+// in bytes: a large tensor is copied in pieces of it so that its progress
+// (stats, the sender's keepalives, tensorfs cp's bar) moves while it runs
+// (a 4 GiB copy sat at 0% until its end), at a cost of one call per 64 MiB
+// (tens of µs on a GPU, against the piece's own milliseconds).
+const progressPiece = 64 << 20
 
 // errNoIPC: the peer could not reach the exporter's memory (another PID
 // namespace, no permission, a handle kind it cannot open); the copy is
@@ -245,7 +253,11 @@ type MappingExtent struct {
 // one by one by the destination (device to device), else through a host
 // buffer.
 func copyExports(entries []*importEntry, descs []IPCDesc, metas []Meta, dest Dest, chunk int, rec *Record) error {
-	if bd, ok := dest.(BatchMappingDest); ok && len(metas) > 1 {
+	small := true
+	for _, m := range metas {
+		small = small && m.NBytes < progressPiece
+	}
+	if bd, ok := dest.(BatchMappingDest); ok && len(metas) > 1 && small {
 		exts := make([]MappingExtent, len(metas))
 		var total int64
 		for i, e := range entries {
@@ -266,12 +278,22 @@ func copyExports(entries []*importEntry, descs []IPCDesc, metas []Meta, dest Des
 	for i, e := range entries {
 		n := metas[i].NBytes
 		if md != nil {
-			done, err := md.CopyFromMapping(i, e.m, descs[i].Offset, n)
-			if err != nil {
-				return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("copy %d bytes from %s at %d: %v", n, descs[i].Handle, descs[i].Offset, err)}
+			done := true
+			for off := int64(0); done && (off < n || n == 0); {
+				k := min(n-off, progressPiece)
+				var err error
+				done, err = md.CopyFromMapping(i, e.m, descs[i].Offset+off, off, k)
+				if err != nil {
+					return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("copy %d bytes from %s at %d: %v", k, descs[i].Handle, descs[i].Offset+off, err)}
+				}
+				if done {
+					rec.BytesDone.Add(k)
+				}
+				if off += k; n == 0 {
+					break
+				}
 			}
 			if done {
-				rec.BytesDone.Add(n)
 				continue
 			}
 		}

@@ -53,6 +53,13 @@ a peer path; write ./a:b for a local file named a:b.
   tensorfs cp /mnt/tfs/kv/layer0 nodeB:/kv/layer0   push: copy_to on SRC
   tensorfs cp nodeB:/kv/layer0 /mnt/tfs/kv/layer0   pull: copy_from on DST
   tensorfs cp /mnt/tfs/kv /mnt/tfs/kv-old           local: copy_to on SRC
+  tensorfs cp /mnt/tfs/blk@0+8192 b:/kv/cache@65536  in place: 8 KiB into b's cache
+
+A range suffix @OFFSET or @OFFSET+LENGTH (bytes, decimal or 0x hex) names
+bytes inside a tensor; on DST it writes them in place into the existing
+tensor (same memory and ids: a process that mapped it sees the new bytes),
+as the xattrs' ranges do; a DST range without a length takes SRC's. A name
+that ends in @DIGITS is written with a trailing @ (x@12@).
 
 The destination names the target exactly, as for the xattrs: a file onto an
 existing directory is an error, not a copy into it. A pull into a missing DST
@@ -94,6 +101,8 @@ type cpEnd struct {
 	local  string // the path with symlinks resolved
 	mnt    string // its tensorfs mountpoint
 	exists bool
+	// r is the side's range ("@OFF[+LEN]"): on DST, an in-place copy.
+	r transfer.Range
 }
 
 // cpError is cp's one-line failure: "cp SRC DST: <errno text> (<detail>)".
@@ -148,14 +157,23 @@ func runCp(src, dst string, opt cpOptions, w io.Writer) error {
 		}
 		return e, nil
 	}
-	s, err := parse("SRC", src)
+	srcPath, sr, err := transfer.SplitRange(src)
+	if err != nil {
+		return fail(err, "SRC: %s", cpDetail(err))
+	}
+	dstPath, dr, err := transfer.SplitRange(dst)
+	if err != nil {
+		return fail(err, "DST: %s", cpDetail(err))
+	}
+	s, err := parse("SRC", srcPath)
 	if err != nil {
 		return err
 	}
-	d, err := parse("DST", dst)
+	d, err := parse("DST", dstPath)
 	if err != nil {
 		return err
 	}
+	s.r, d.r = sr, dr
 	for _, e := range []struct {
 		name string
 		end  *cpEnd
@@ -220,18 +238,30 @@ func planCp(src, dst string, s, d *cpEnd, fail func(error, string, ...any) error
 			return job, fail(syscall.ENOENT, "SRC %s does not exist", src)
 		}
 		job.mnt, job.target, job.attr = s.mnt, s.local, xattrs.CopyTo
-		job.srcs = []string{s.rel}
+		job.srcs = []string{s.rel + s.r.String()}
 		if d.peer == "" {
-			job.value = d.rel
-			job.dsts = []string{d.rel}
+			job.value = d.rel + d.r.String()
+			job.dsts = []string{job.value}
 		} else {
-			job.value = dst
-			job.dsts = []string{d.peer + ":" + d.rel, d.rel}
+			job.value = d.peer + ":" + d.rel + d.r.String()
+			job.dsts = []string{job.value, d.rel + d.r.String()}
+		}
+		if s.r.Set {
+			// copy_to's line: "@SRCRANGE DST".
+			job.value = s.r.String() + " " + job.value
 		}
 	default:
-		job.mnt, job.target, job.attr, job.value = d.mnt, d.local, xattrs.CopyFrom, src
-		job.srcs = []string{s.peer + ":" + s.rel, s.rel}
-		job.dsts = []string{d.rel}
+		job.mnt, job.target, job.attr = d.mnt, d.local, xattrs.CopyFrom
+		job.value = s.peer + ":" + s.rel + s.r.String()
+		job.srcs = []string{job.value, s.rel + s.r.String()}
+		job.dsts = []string{d.rel + d.r.String()}
+		if d.r.Set {
+			// copy_from's line: "SRC @DSTRANGE" (into DST's own bytes).
+			job.value += " " + d.r.String()
+			if !d.exists {
+				return job, fail(syscall.ENOENT, "DST %s does not exist (an in-place copy writes into an existing tensor)", dst)
+			}
+		}
 		if !d.exists {
 			// copy_from needs a node to set it on. A file is the guess: a
 			// directory source then fails with ENOTDIR, and the file goes.
@@ -250,6 +280,10 @@ func planCp(src, dst string, s, d *cpEnd, fail func(error, string, ...any) error
 		}
 	}
 
+	// The record names a range as its daemon saw it: a pushed one on the
+	// peer's side is not in the sender's record; match either form.
+	job.srcs = append(job.srcs, s.rel, s.peer+":"+s.rel)
+	job.dsts = append(job.dsts, d.rel, d.peer+":"+d.rel)
 	return job, nil
 }
 
