@@ -315,8 +315,11 @@ func (d *daemon) requireClean() {
 		used = (st.Blocks - st.Bfree) * uint64(st.Bsize)
 		fds = d.countFDs()
 		// Fewer fds than at the start is no leak (the CUDA driver closes
-		// some of its own; idle peer connections are reaped).
-		if s.Live == (xattrs.Live{}) && used == 0 && fds <= d.fds {
+		// some of its own). The peer connections kept open between copies
+		// (this daemon's idle ones, and its peers' it serves) are no leak
+		// either: stats counts them.
+		conns := int(s.Connections.Idle + s.Connections.Waiting)
+		if s.Live == (xattrs.Live{}) && used == 0 && fds <= d.fds+conns {
 			ok = true
 			break
 		}

@@ -215,9 +215,9 @@ func (lc *leaseChan) afterCopy(id uint64) {
 func (lc *leaseChan) run() {
 	go func() {
 		// Keepalives every third of the timeout; idle checks on the same
-		// beat: an unused channel closes after about idleLimit, so an idle
-		// node holds no sockets.
-		beat := min(lc.s.cfg.Timeout/3, lc.s.idleLimit()/2)
+		// beat: an unused channel closes after about leaseIdle, so an idle
+		// node holds no sockets for leases it no longer needs.
+		beat := min(lc.s.cfg.Timeout/3, lc.s.leaseIdle()/2)
 		tick := time.NewTicker(beat)
 		defer tick.Stop()
 		idleFor := time.Duration(0)
@@ -227,7 +227,7 @@ func (lc *leaseChan) run() {
 				return
 			case <-tick.C:
 				if lc.isIdle() {
-					if idleFor += beat; idleFor >= lc.s.idleLimit() && lc.closeIfIdle() {
+					if idleFor += beat; idleFor >= lc.s.leaseIdle() && lc.closeIfIdle() {
 						return
 					}
 				} else {

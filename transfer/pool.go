@@ -13,42 +13,94 @@ import (
 
 type idleConn struct {
 	c     *conn
-	since time.Time
+	since time.Time // idle since
+	beat  time.Time // the last keepalive sent on it (or since)
 }
 
 // maxIdle is how many idle connections are kept per peer (enough for the
-// streams of two transfers), and idleFor how long at most (also bounded by half the timeout, after which the peer drops
-// a silent connection); idle ones are closed then, so an idle node holds no
-// sockets.
+// streams of two transfers); more are closed. leaseIdleFor is how long an
+// unused lease channel stays open (bounded by half the timeout, after which
+// its peer would drop it).
 const (
-	maxIdle = 2 * MaxStreams
-	idleFor = 2 * time.Second
+	maxIdle      = 2 * MaxStreams
+	leaseIdleFor = 2 * time.Second
+	// DefaultIdleTimeout is Config.IdleTimeout's default.
+	DefaultIdleTimeout = 30 * time.Second
 )
 
-func (s *Service) idleLimit() time.Duration { return min(idleFor, s.cfg.Timeout/2) }
+// idleLimit is how long an idle copy connection is kept: Config.IdleTimeout.
+func (s *Service) idleLimit() time.Duration { return s.cfg.IdleTimeout }
 
-// reapIdle closes idle connections past idleLimit, and runs again while
-// any remain.
+// leaseIdle is how long an unused lease channel stays open.
+func (s *Service) leaseIdle() time.Duration { return min(leaseIdleFor, s.cfg.Timeout/2) }
+
+// idleBeat is how often an idle connection says it is alive: the peer
+// drops a connection silent for its timeout (a peer's may be shorter than
+// ours: at most a second apart).
+func (s *Service) idleBeat() time.Duration { return min(s.cfg.Timeout/3, time.Second) }
+
+// reapIdle closes idle connections past idleLimit, sends keepalives on the
+// others that are due one, and runs again while any remain.
 func (s *Service) reapIdle() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	left := 0
+	var due []idleConn
 	for peer, l := range s.idle {
 		kept := l[:0]
 		for _, ic := range l {
-			if time.Since(ic.since) >= s.idleLimit() {
+			switch {
+			case time.Since(ic.since) >= s.idleLimit():
 				ic.c.c.Close()
-			} else {
+			case time.Since(ic.beat) >= s.idleBeat():
+				due = append(due, ic) // out of the pool while it beats
+			default:
 				kept = append(kept, ic)
 			}
 		}
 		s.idle[peer] = kept
 		left += len(kept)
 	}
+	s.mu.Unlock()
+	for _, ic := range due {
+		err := ic.c.send(frameKeepalive, nil)
+		if err == nil {
+			err = ic.c.flush()
+		}
+		if err != nil || !alive(ic.c) {
+			ic.c.c.Close()
+			continue
+		}
+		ic.beat = time.Now()
+		s.mu.Lock()
+		if s.closed || len(s.idle[ic.c.peer]) >= maxIdle {
+			ic.c.c.Close()
+		} else {
+			s.idle[ic.c.peer] = append(s.idle[ic.c.peer], ic)
+			left++
+		}
+		s.mu.Unlock()
+	}
+	s.mu.Lock()
 	s.reaping = left > 0
 	if s.reaping {
-		time.AfterFunc(s.idleLimit()/2, s.reapIdle)
+		time.AfterFunc(s.reapEvery(), s.reapIdle)
 	}
+	s.mu.Unlock()
+}
+
+// reapEvery is the reaper's period.
+func (s *Service) reapEvery() time.Duration { return min(s.idleLimit(), s.idleBeat()) / 2 }
+
+// IdleConns is the number of idle authenticated connections this node
+// keeps to its peers now (stats' connections.idle).
+func (s *Service) IdleConns() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, l := range s.idle {
+		n += len(l)
+	}
+	return n
 }
 
 // conn returns an authenticated connection to peer: an idle one that is
@@ -64,9 +116,10 @@ func (s *Service) conn(ctx context.Context, peer string) (*conn, error) {
 		ic := l[len(l)-1]
 		s.idle[peer] = l[:len(l)-1]
 		s.mu.Unlock()
-		// The peer drops a connection silent for its timeout; give up on one
-		// idle for half of ours, and on one that the peer has closed (a read
-		// that does not wait finds EOF rather than a timeout).
+		// Kept alive by keepalives (reapIdle); give up on one past the idle
+		// limit, and on one that the peer has closed (a read that does not
+		// wait finds EOF rather than a timeout): a broken connection is
+		// replaced by a new one.
 		if time.Since(ic.since) < s.idleLimit() && alive(ic.c) {
 			return ic.c, nil
 		}
@@ -85,6 +138,10 @@ func alive(c *conn) bool {
 	if err != nil {
 		return false
 	}
+	// A read deadline left by the last exchange would make raw.Read fail
+	// without looking (a connection idle past its timeout, kept by
+	// keepalives, then seemed dead); the next exchange arms its own.
+	c.c.SetReadDeadline(time.Time{})
 	idle := false
 	var b [1]byte
 	raw.Read(func(fd uintptr) bool {
@@ -111,10 +168,11 @@ func (s *Service) done(peer string, c *conn, open bool, err error) {
 	if s.idle == nil {
 		s.idle = map[string][]idleConn{}
 	}
-	s.idle[peer] = append(s.idle[peer], idleConn{c: c, since: time.Now()})
+	now := time.Now()
+	s.idle[peer] = append(s.idle[peer], idleConn{c: c, since: now, beat: now})
 	if !s.reaping {
 		s.reaping = true
-		time.AfterFunc(s.idleLimit()/2, s.reapIdle)
+		time.AfterFunc(s.reapEvery(), s.reapIdle)
 	}
 }
 

@@ -17,7 +17,9 @@ func (s *Service) serve(nc net.Conn) {
 	}
 	for {
 		var req request
+		s.waiting.Add(1)
 		typ, p, err := c.recv()
+		s.waiting.Add(-1)
 		if err != nil {
 			return // the peer hung up, or went silent past the timeout
 		}

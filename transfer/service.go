@@ -90,6 +90,11 @@ type Config struct {
 	// a mapping of it when it is sealed against shrinking, so that a copy
 	// is one memmove into the destination. nil: pread from the file.
 	ImportFile func(f *os.File) (Mapping, error)
+	// IdleTimeout is how long an authenticated connection to a peer, idle
+	// after a copy, is kept for the next one (default DefaultIdleTimeout),
+	// alive by keepalives: a copy then pays no dial or handshake. At most
+	// maxIdle per peer.
+	IdleTimeout time.Duration
 	// Streams is how many parallel TCP streams a large transfer asks for
 	// (default DefaultStreams, at most MaxStreams; 1: one connection). The
 	// receiving side of a put and the sending side of a get decide: one
@@ -126,6 +131,10 @@ type Service struct {
 	chansClosed bool       // closeChans ran: no new channels
 	dialMu      sync.Mutex // one lease-channel dial at a time
 
+	// waiting counts the served connections waiting for their next
+	// request (a peer's idle connections, seen from this side).
+	waiting atomic.Int64
+
 	nextID atomic.Uint64 // the last record id given
 	// The completed copies' counters, by path (PathLocal, ...): all, the
 	// in-place ones, their bytes; and their descriptors.
@@ -146,6 +155,9 @@ var ErrConfig = errors.New("invalid peer configuration")
 func New(cfg Config, local Local) (*Service, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
 	}
 	if cfg.ChunkSize <= 0 {
 		cfg.ChunkSize = 1 << 20

@@ -1592,6 +1592,35 @@ func TestConnectionReuse(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// TestIdleConnectionKeptAlive: a connection idle for several of both
+// sides' timeouts (a server drops a silent connection at its timeout) stays
+// open by keepalives and serves the next copy, with no new dial; stats count
+// it on both sides; past IdleTimeout it is closed.
+func TestIdleConnectionKeptAlive(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	b := newMemLocal()
+	srv := startServer(t, "b", b, testSecret, func(c *Config) { c.Timeout = timeout })
+	a := newMemLocal()
+	a.put("/x", []byte("payload"))
+	cli := newClient(t, "a", a, testSecret, map[string]string{"b": addrOf(srv)}, func(c *Config) {
+		c.Timeout, c.IdleTimeout = timeout, 2*time.Second
+	})
+	_, err := push(context.Background(), cli, a, "/x", "b", "/y0")
+	require.NoError(t, err)
+	time.Sleep(4 * timeout)
+	require.EqualValues(t, 1, cli.Stats().Connections.Idle)
+	require.EqualValues(t, 1, srv.Stats().Connections.Waiting)
+	_, err = push(context.Background(), cli, a, "/x", "b", "/y1")
+	require.NoError(t, err)
+	srv.mu.Lock()
+	open := len(srv.conns)
+	srv.mu.Unlock()
+	require.Equal(t, 1, open, "the idle connection served the second copy")
+	require.Eventually(t, func() bool {
+		return cli.Stats().Connections.Idle == 0 && srv.Stats().Connections.Waiting == 0
+	}, 5*time.Second, 20*time.Millisecond, "closed past IdleTimeout")
+}
+
 // TestCallerLookup: a caller pid that takes a while to look up is absent
 // from the record while the lookup runs, and the record does not show as
 // finished (took_us) before its pid and error are in it, however short the

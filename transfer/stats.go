@@ -204,6 +204,14 @@ type Stats struct {
 		Recent []RecordReport `json:"recent"`
 	} `json:"transfers"`
 	Peers map[string]PeerReport `json:"peers"`
+	// Connections counts the authenticated peer connections open between
+	// copies: Idle, kept by this node for its next copies (Config.
+	// IdleTimeout); Waiting, peers' idle connections to this node, served
+	// and waiting for their next request.
+	Connections struct {
+		Idle    int64 `json:"idle"`
+		Waiting int64 `json:"waiting"`
+	} `json:"connections"`
 	// Imports counts lookups in the import cache (allocations of daemons of
 	// this host, opened for IPC copies): a hit reuses an open import, a miss
 	// opens one (a CUDA IPC open costs about 9.4 ms on an H200).
@@ -283,6 +291,8 @@ func (s *Service) Stats() Stats {
 	for name, addr := range s.cfg.Peers {
 		st.Peers[name] = PeerReport{Addr: addr}
 	}
+	st.Connections.Idle = int64(s.IdleConns())
+	st.Connections.Waiting = s.waiting.Load()
 	st.Imports.Hits = s.imports.hits.Load()
 	st.Imports.Misses = s.imports.misses.Load()
 	return st

@@ -15,6 +15,9 @@ type Stats struct {
 	Transfers Transfers `json:"transfers"`
 	// Peers are the configured peers, by name.
 	Peers map[string]Peer `json:"peers"`
+	// Connections counts the authenticated peer connections open between
+	// copies.
+	Connections Connections `json:"connections"`
 	// Imports counts lookups in the import cache of other daemons' (same
 	// host) allocations opened for IPC copies.
 	Imports ImportCache `json:"imports"`
@@ -142,4 +145,14 @@ type ImportCache struct {
 	Hits int64 `json:"hits"`
 	// Misses counts lookups that opened an import.
 	Misses int64 `json:"misses"`
+}
+
+// Connections is the "connections" object of Stats.
+type Connections struct {
+	// Idle is how many connections this node keeps open to its peers for
+	// its next copies (--idle-timeout), kept alive by keepalives.
+	Idle int64 `json:"idle"`
+	// Waiting is how many of its peers' idle connections this node serves,
+	// waiting for their next request.
+	Waiting int64 `json:"waiting"`
 }

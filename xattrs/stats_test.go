@@ -32,6 +32,7 @@ func TestStatsMatchesProducers(t *testing.T) {
 	}
 	peer.Peers = map[string]transfer.PeerReport{"b": {Addr: "10.0.0.2:7000"}}
 	peer.Imports.Hits, peer.Imports.Misses = 16, 17
+	peer.Connections.Idle, peer.Connections.Waiting = 18, 19
 	doc := struct {
 		Live tensor.Stats `json:"live"`
 		transfer.Stats

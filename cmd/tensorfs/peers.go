@@ -17,7 +17,7 @@ import (
 type peerFlags struct {
 	name, listen, secretFile, hostID string
 	peers                            []string
-	timeout                          time.Duration
+	timeout, idle                    time.Duration
 	streams                          int
 }
 
@@ -28,6 +28,7 @@ func (p *peerFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&p.secretFile, "secret-file", "", "file holding the shared peer secret (>= 16 bytes, mode 0600)")
 	f.StringVar(&p.hostID, "host-id", "", "host identity (default: the kernel's boot id)")
 	f.DurationVar(&p.timeout, "timeout", 10*time.Second, "how long a copy waits on a silent peer")
+	f.DurationVar(&p.idle, "idle-timeout", transfer.DefaultIdleTimeout, "how long a connection to a peer is kept open after a copy, for the next one")
 	f.IntVar(&p.streams, "streams", transfer.DefaultStreams, fmt.Sprintf("parallel TCP streams per large copy (1 to %d)", transfer.MaxStreams))
 }
 
@@ -35,7 +36,7 @@ func (p *peerFlags) register(f *pflag.FlagSet) {
 // an unreadable secret file, one readable by group or others (as ssh refuses
 // such keys), or one under 16 bytes.
 func (p *peerFlags) config() (transfer.Config, error) {
-	cfg := transfer.Config{Name: p.name, Listen: p.listen, HostID: p.hostID, Timeout: p.timeout, Streams: p.streams, Peers: map[string]string{}}
+	cfg := transfer.Config{Name: p.name, Listen: p.listen, HostID: p.hostID, Timeout: p.timeout, IdleTimeout: p.idle, Streams: p.streams, Peers: map[string]string{}}
 	if cfg.Name == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -65,6 +66,9 @@ func (p *peerFlags) config() (transfer.Config, error) {
 	}
 	if p.timeout <= 0 {
 		return cfg, fmt.Errorf("--timeout %v: must be positive", p.timeout)
+	}
+	if p.idle <= 0 {
+		return cfg, fmt.Errorf("--idle-timeout %v: must be positive", p.idle)
 	}
 	if p.streams < 1 || p.streams > transfer.MaxStreams {
 		return cfg, fmt.Errorf("--streams %d: want 1 to %d", p.streams, transfer.MaxStreams)
