@@ -34,8 +34,8 @@ import (
 	"syscall"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/tensorfs/tensorfs/transfer"
@@ -135,10 +135,11 @@ type Member struct {
 	prefix string
 	logf   func(string, ...any)
 
-	ctx    context.Context // ends at Close
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	resync chan struct{} // asks the watch loop to reload the view
+	ctx       context.Context // ends at Close
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	resync    chan struct{} // asks the watch loop to reload the view
+	closeOnce sync.Once
 
 	mu      sync.RWMutex
 	nodes   map[string]Record
@@ -246,12 +247,18 @@ func (m *Member) TTL() time.Duration { return m.cfg.TTL }
 // and deleted (its lease revoked), within Config.Timeout at most, so that
 // peers see it go at once and why; then the watch stops and the client
 // closes. An unreachable etcd only costs the timeout (the lease then
-// expires on its own). Always returns nil.
+// expires on its own). A nil Member, or a second Close, does nothing.
+// Always returns nil.
 func (m *Member) Close() error {
-	m.cancel()
-	m.wg.Wait()
-	m.deregister()
-	m.cli.Close()
+	if m == nil {
+		return nil
+	}
+	m.closeOnce.Do(func() {
+		m.cancel()
+		m.wg.Wait()
+		m.deregister()
+		m.cli.Close()
+	})
 	return nil
 }
 
