@@ -19,9 +19,14 @@ type etcdFlags struct {
 	ttl                                                time.Duration
 }
 
-// register adds the flags to f; withTTL for mount (nodes keeps no lease).
+// register adds the flags to f; withTTL for mount (--etcd-ttl and
+// --advertise: nodes registers nothing).
 func (e *etcdFlags) register(f *pflag.FlagSet, withTTL bool) {
-	f.StringVar(&e.endpoints, "etcd", "", "etcd endpoints, comma-separated (e.g. http://10.0.0.1:2379): register here and find peers by name")
+	use := "etcd endpoints, comma-separated (e.g. http://10.0.0.1:2379): read the cluster's records there"
+	if withTTL {
+		use = "etcd endpoints, comma-separated (e.g. http://10.0.0.1:2379): register there and find peers by name"
+	}
+	f.StringVar(&e.endpoints, "etcd", "", use)
 	f.StringVar(&e.cluster, "cluster", cluster.DefaultCluster, "cluster name: records live under /tensorfs/CLUSTER/nodes/")
 	f.StringVar(&e.cert, "etcd-cert", "", "client certificate for etcd's TLS (PEM)")
 	f.StringVar(&e.key, "etcd-key", "", "client key for etcd's TLS (PEM)")
