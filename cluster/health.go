@@ -50,7 +50,7 @@ func (m *Member) setState(err error) {
 	case err != nil && m.state == "connected":
 		m.state, m.since, m.lastErr = "lost", time.Now(), err.Error()
 		m.logf("cluster %s: etcd %s unreachable (%v): serving peers from the last view (%d nodes), retrying every %v",
-			m.cfg.Cluster, strings.Join(m.cfg.Endpoints, ","), err, len(m.nodes), m.interval())
+			m.cfg.Cluster, strings.Join(m.cfg.Endpoints, ","), err, len(m.nodes), m.interval().Round(time.Millisecond))
 		m.notify()
 	case err != nil:
 		m.lastErr = err.Error()

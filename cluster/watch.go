@@ -81,6 +81,8 @@ func (m *Member) forget(name string, at time.Time, reason string) {
 // previous one, zero if none).
 func (m *Member) logArrival(old, r Record) {
 	switch {
+	case r.Name == m.cfg.Name:
+		// This node's own record: Register logs nothing either.
 	case old.Instance == "":
 		m.logf("cluster %s: node %s joined at %s (host %s, instance %s)", m.cfg.Cluster, r.Name, r.Addr, r.HostID, r.Instance)
 	case old.Instance != r.Instance:

@@ -188,15 +188,15 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	for _, n := range notes {
 		log.Print(n)
 	}
+	if member != nil {
+		log.Printf("cluster %s: registered %s at %s (etcd lease TTL %v; %d nodes in view)", member.Cluster(), peerCfg.Name, advertise, member.TTL(), len(member.Nodes()))
+	}
 	mi := devs[0].MemInfo()
 	if limit > mi.Total {
 		log.Printf("--max-memory %s is more than %s can give; capped at %s", humanize.IBytes(uint64(limit)), devs[0].Name(), humanize.IBytes(uint64(mi.Total)))
 	}
 	log.Printf("mounted %s: default device %s, capacity %s", mountpoint, devs[0].Name(), humanize.IBytes(uint64(mi.Total)))
 
-	if member != nil {
-		log.Printf("cluster %s: registered %s at %s (etcd lease TTL %v; %d nodes in view)", member.Cluster(), peerCfg.Name, advertise, member.TTL(), len(member.Nodes()))
-	}
 
 	serveUntilSignal(srv, mountpoint, sig)
 	// Out of the cluster first: peers see this node go at once.
