@@ -256,3 +256,43 @@ func TestLost(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, resp.Kvs, 1, "a's record is in etcd")
 }
+
+// TestTLS: a member reaches an etcd that requires TLS client certificates
+// with --etcd-cert/--etcd-key/--etcd-ca's files; without them it is
+// refused.
+func TestTLS(t *testing.T) {
+	ca, cert, key := etcdtest.Certs(t)
+	srv := etcdtest.StartWith(t, etcdtest.Options{CertFile: cert, KeyFile: key, CAFile: ca})
+	require.True(t, strings.HasPrefix(srv.Endpoint, "https://"))
+	m, err := cluster.Open(cluster.Config{Endpoints: []string{srv.Endpoint}, Name: "a", CertFile: cert, KeyFile: key, CAFile: ca, Timeout: 2 * time.Second, TTL: 2 * time.Second})
+	require.NoError(t, err)
+	defer m.Close()
+	require.NoError(t, m.Register(record("a", listen(t), "ia")))
+	require.Contains(t, m.Nodes(), "a")
+	_, err = cluster.Open(cluster.Config{Endpoints: []string{srv.Endpoint}, Name: "b", CAFile: ca, Timeout: time.Second})
+	require.Error(t, err, "no client certificate")
+}
+
+// TestAuth: with etcd's auth on, the right user and password work; a
+// wrong password is refused at Open with etcd's reason, at once.
+func TestAuth(t *testing.T) {
+	srv := etcdtest.Start(t)
+	c := rawClient(t, srv)
+	ctx := context.Background()
+	_, err := c.UserAdd(ctx, "root", "rootpw")
+	require.NoError(t, err)
+	_, err = c.UserGrantRole(ctx, "root", "root")
+	require.NoError(t, err)
+	_, err = c.AuthEnable(ctx)
+	require.NoError(t, err)
+	m, err := cluster.Open(cluster.Config{Endpoints: []string{srv.Endpoint}, Name: "a", Username: "root", Password: "rootpw", Timeout: 2 * time.Second, TTL: 2 * time.Second})
+	require.NoError(t, err)
+	defer m.Close()
+	require.NoError(t, m.Register(record("a", listen(t), "ia")))
+	start := time.Now()
+	_, err = cluster.Open(cluster.Config{Endpoints: []string{srv.Endpoint}, Name: "b", Username: "root", Password: "wrong", Timeout: 2 * time.Second})
+	require.Error(t, err)
+	require.NotErrorIs(t, err, cluster.ErrUnreachable)
+	require.Contains(t, err.Error(), "authentication failed")
+	require.Less(t, time.Since(start), time.Second)
+}

@@ -5,6 +5,7 @@ package etcdtest
 
 import (
 	"bytes"
+	"crypto/tls"
 	"fmt"
 	"math/rand"
 	"net"
@@ -18,10 +19,21 @@ import (
 	"time"
 )
 
+// Options are a Server's extras.
+type Options struct {
+	// CertFile and KeyFile, when set, serve the client URL over TLS
+	// (https) with this certificate (which must also allow client auth:
+	// the health check presents it), and CAFile then requires client
+	// certificates signed by that CA.
+	CertFile, KeyFile, CAFile string
+}
+
 // Server is one etcd process (a single-member cluster).
 type Server struct {
-	// Endpoint is its client URL, http://127.0.0.1:PORT.
+	// Endpoint is its client URL, http://127.0.0.1:PORT (https:// with
+	// Options.CertFile).
 	Endpoint string
+	opt      Options
 	t        testing.TB
 	bin, dir string
 	peerURL  string
@@ -70,15 +82,25 @@ func Binary() string {
 // timeouts). Stopped at the test's cleanup.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return StartWith(t, Options{})
+}
+
+// StartWith is Start with options (TLS).
+func StartWith(t testing.TB, opt Options) *Server {
+	t.Helper()
 	bin := Binary()
 	if bin == "" {
 		t.Skip("no etcd server (apt-get install etcd-server, or set $TENSORFS_ETCD)")
 	}
-	s := &Server{t: t, bin: bin, dir: t.TempDir()}
+	s := &Server{t: t, bin: bin, dir: t.TempDir(), opt: opt}
+	scheme := "http"
+	if opt.CertFile != "" {
+		scheme = "https"
+	}
 	var err error
 	for try := 0; try < 5; try++ {
 		c, p := freePort(t), freePort(t)
-		s.Endpoint = fmt.Sprintf("http://127.0.0.1:%d", c)
+		s.Endpoint = fmt.Sprintf("%s://127.0.0.1:%d", scheme, c)
 		s.peerURL = fmt.Sprintf("http://127.0.0.1:%d", p)
 		if err = s.start(); err == nil {
 			t.Cleanup(s.Stop)
@@ -98,11 +120,26 @@ func (s *Server) start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.log = &syncBuffer{}
-	s.cmd = exec.Command(s.bin, "--name", "t", "--data-dir", s.dir,
+	args := []string{"--name", "t", "--data-dir", s.dir,
 		"--listen-client-urls", s.Endpoint, "--advertise-client-urls", s.Endpoint,
 		"--listen-peer-urls", s.peerURL, "--initial-advertise-peer-urls", s.peerURL,
-		"--initial-cluster", "t="+s.peerURL, "--heartbeat-interval", "50", "--election-timeout", "500",
-		"--log-level", "warn")
+		"--initial-cluster", "t=" + s.peerURL, "--heartbeat-interval", "50", "--election-timeout", "500",
+		"--log-level", "warn"}
+	cl := http.Client{Timeout: time.Second}
+	if s.opt.CertFile != "" {
+		args = append(args, "--cert-file", s.opt.CertFile, "--key-file", s.opt.KeyFile)
+		tc := &tls.Config{InsecureSkipVerify: true}
+		if s.opt.CAFile != "" {
+			args = append(args, "--trusted-ca-file", s.opt.CAFile, "--client-cert-auth")
+			cert, err := tls.LoadX509KeyPair(s.opt.CertFile, s.opt.KeyFile)
+			if err != nil {
+				return err
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		cl.Transport = &http.Transport{TLSClientConfig: tc}
+	}
+	s.cmd = exec.Command(s.bin, args...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := s.cmd.Start(); err != nil {
@@ -111,7 +148,6 @@ func (s *Server) start() error {
 	s.exit = make(chan error, 1)
 	go func(cmd *exec.Cmd, exit chan error) { exit <- cmd.Wait() }(s.cmd, s.exit)
 	deadline := time.Now().Add(20 * time.Second)
-	cl := http.Client{Timeout: time.Second}
 	for {
 		select {
 		case err := <-s.exit:
