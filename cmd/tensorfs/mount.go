@@ -197,7 +197,6 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	}
 	log.Printf("mounted %s: default device %s, capacity %s", mountpoint, devs[0].Name(), humanize.IBytes(uint64(mi.Total)))
 
-
 	serveUntilSignal(srv, mountpoint, sig)
 	// Out of the cluster first: peers see this node go at once.
 	member.Close()
