@@ -25,7 +25,10 @@ type Resolver interface {
 // Stats.Peers, under the names Config.Peers does not give) and its state
 // (Stats.Cluster).
 type ResolverReport struct {
+	// Nodes are the nodes it lists, by name (it may list only some: the
+	// stats document is an xattr value, at most 64 KiB).
 	Nodes map[string]PeerReport
+	// State is the directory's state; nil when it has none to report.
 	State *ClusterReport
 }
 
