@@ -203,6 +203,23 @@ func TestDuplicate(t *testing.T) {
 	require.NoError(t, d.Register(record("d", listen(t), "new")))
 	require.Equal(t, 1, l.count("took over name d from instance old"))
 	waitFor(t, a, "a sees d's new instance", func() bool { return a.Nodes()["d"].Instance == "new" })
+
+	// Restarted on the same host and port at once: the old record (live
+	// lease) names the address the new daemon listens on.
+	addr := listen(t)
+	g, err = c.Grant(context.Background(), 30)
+	require.NoError(t, err)
+	v, _ = json.Marshal(record("e", addr, "old"))
+	_, err = c.Put(context.Background(), cluster.Key("t", "e"), string(v), clientv3.WithLease(g.ID))
+	require.NoError(t, err)
+	e := open(t, srv, "e", l)
+	require.NoError(t, e.Register(record("e", addr, "new")))
+	require.Equal(t, 1, l.count("took over name e from instance old"))
+	// On another host, the same address is someone else's: refused.
+	other := record("e", addr, "newer")
+	other.HostID = "elsewhere"
+	e2 := open(t, srv, "e", nil)
+	require.ErrorIs(t, e2.Register(other), cluster.ErrNameTaken)
 }
 
 // TestUnreachable: Open fails with ErrUnreachable within its timeout when

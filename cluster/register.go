@@ -18,8 +18,10 @@ import (
 // for longer than the TTL), the record is written again under a new one
 // once etcd answers. Call it once, after the peer service listens at
 // r.Addr. The name is claimed by a transaction: the key is absent, or its
-// holder is stale (no lease, a leaving record, this very instance, or an
-// address that refuses connections: a daemon that died within its TTL).
+// holder is stale (no lease, a leaving record, this very instance, an
+// expired lease, the same host and address as r (which this daemon now
+// listens on), or an address that refuses connections: a daemon that died
+// within its TTL).
 // Errors: ErrNameTaken (wrapped with the holder's address, host and
 // instance) when a live node holds the name; ErrUnreachable and etcd's own.
 func (m *Member) Register(r Record) error {
@@ -127,6 +129,10 @@ func (m *Member) stale(ctx context.Context, lease clientv3.LeaseID, old, r Recor
 		return "it was shutting down", nil
 	case lease == 0:
 		return "its record has no lease", nil
+	case old.Addr == r.Addr && old.HostID == r.HostID:
+		// Restarted on the same host and port: this daemon's listener
+		// holds the address now, so the old one listens no more.
+		return "its address " + old.Addr + " is now this daemon's listener (the old daemon is gone)", nil
 	}
 	ttl, err := m.cli.TimeToLive(ctx, lease)
 	// TTL is the whole seconds left, rounded down (0 for a live lease's

@@ -296,3 +296,23 @@ func TestEtcdNone(t *testing.T) {
 	require.Len(t, rows, 1)
 	require.Equal(t, "peer", rows[0]["source"])
 }
+
+// TestEtcdRestartAtOnce: a node SIGKILLed and started again at once on the
+// same port (its old record's lease still running) takes its name over; its
+// peers pick up the new instance and the next copy reaches it.
+func TestEtcdRestartAtOnce(t *testing.T) {
+	srv := etcdtest.Start(t)
+	secret := secretFile(t, "a shared secret of enough bytes")
+	a := startEtcdNode(t, srv, "t3", "a", secret, "", "--etcd-ttl", "30s")
+	b := startEtcdNode(t, srv, "t3", "b", secret, "", "--etcd-ttl", "30s")
+	st := a.waitView("b in a's view", func(st xattrs.Stats) bool { return st.Peers["b"].Addr == b.addr })
+	old := st.Peers["b"].Instance
+	push(t, a, &etcdNode{daemon: b.daemon, name: "b"}, "x", fill(4096, 1))
+	b.kill()
+	b2 := &etcdNode{daemon: b.relaunch(), name: "b", addr: b.addr}
+	b2.requireLog("took over name b from instance " + old)
+	a.waitView("b's new instance", func(st xattrs.Stats) bool { return st.Peers["b"].Instance != old && st.Peers["b"].Instance != "" })
+	push(t, a, b2, "x", fill(4096, 2))
+	a.requireClean()
+	b2.requireClean()
+}
