@@ -285,7 +285,7 @@ func TestTLS(t *testing.T) {
 	require.NoError(t, err)
 	defer m.Close()
 	require.NoError(t, m.Register(record("a", listen(t), "ia")))
-	require.Contains(t, m.Nodes(), "a")
+	waitFor(t, m, "a's own record in its view", func() bool { _, ok := m.Nodes()["a"]; return ok })
 	_, err = cluster.Open(cluster.Config{Endpoints: []string{srv.Endpoint}, Name: "b", CAFile: ca, Timeout: time.Second})
 	require.Error(t, err, "no client certificate")
 }
