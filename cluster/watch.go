@@ -9,6 +9,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// reloadLogMax is how many changes a reload of the view logs one by one.
+const reloadLogMax = 10
+
 // Reasons a node left the view, as Resolve's EHOSTUNREACH says them.
 const (
 	reasonShutdown = "its daemon shut down and deregistered"
@@ -25,12 +28,16 @@ func (m *Member) load(ctx context.Context, logChanges bool) (int64, error) {
 		return 0, err
 	}
 	fresh := make(map[string]Record, len(resp.Kvs))
-	bad := map[string]bool{}
+	why := map[string]string{} // the records that are there but not live
 	for _, kv := range resp.Kvs {
 		name := strings.TrimPrefix(string(kv.Key), m.prefix)
 		r, err := decode(name, kv.Value)
-		if err != nil || r.Leaving {
-			bad[name] = err != nil
+		if err != nil {
+			why[name] = reasonBad
+			continue
+		}
+		if r.Leaving {
+			why[name] = reasonShutdown
 			continue
 		}
 		fresh[name] = r
@@ -38,23 +45,43 @@ func (m *Member) load(ctx context.Context, logChanges bool) (int64, error) {
 	now := time.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	// After a long loss of etcd many records may have changed: the first
+	// few are logged one by one, the rest counted.
+	logged, more := 0, 0
+	logf := func(format string, args ...any) {
+		if !logChanges {
+			return
+		}
+		if logged < reloadLogMax {
+			logged++
+			m.logf(format, args...)
+		} else {
+			more++
+		}
+	}
 	for name, old := range m.nodes {
 		if _, ok := fresh[name]; !ok {
 			reason := reasonReload
-			if bad[name] {
-				reason = reasonBad
+			if w, ok := why[name]; ok {
+				reason = w
 			}
 			m.forget(name, now, reason)
-			if logChanges {
-				m.logf("cluster %s: node %s (%s, instance %s) gone: %s", m.cfg.Cluster, name, old.Addr, old.Instance, reason)
-			}
+			logf("cluster %s: node %s (%s, instance %s) gone: %s", m.cfg.Cluster, name, old.Addr, old.Instance, reason)
 		}
 	}
 	for name, r := range fresh {
-		if logChanges {
-			m.logArrival(m.nodes[name], r)
+		if old := m.nodes[name]; logChanges && (old.Instance != r.Instance || old.Addr != r.Addr) {
+			if logged < reloadLogMax {
+				logged++
+				m.logArrival(old, r)
+			} else {
+				more++
+			}
 		}
 		delete(m.gone, name)
+	}
+	if more > 0 {
+		m.logf("cluster %s: and %d more nodes changed while etcd was unreachable (tensorfs nodes --etcd lists them)", m.cfg.Cluster, more)
 	}
 	m.nodes = fresh
 	m.rev = resp.Header.Revision
