@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sort"
-	"strings"
 	"syscall"
 	"time"
 )
@@ -176,18 +174,14 @@ func (s *Service) done(peer string, c *conn, open bool, err error) {
 	}
 }
 
-// dial connects and authenticates to a named peer. Errors: ENOENT for an
-// unknown peer, the dial's errno (ECONNREFUSED, EHOSTUNREACH, ETIMEDOUT),
+// dial connects and authenticates to a named peer, found by resolve (no
+// network round trip). Errors: ENOENT for an unknown peer, EHOSTUNREACH for
+// one the Resolver saw leave, the dial's errno (ECONNREFUSED, EHOSTUNREACH, ETIMEDOUT),
 // EACCES for a refused authentication, EPROTO for a version mismatch.
 func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
-	addr, ok := s.cfg.Peers[peer]
-	if !ok {
-		known := make([]string, 0, len(s.cfg.Peers))
-		for n := range s.cfg.Peers {
-			known = append(known, n)
-		}
-		sort.Strings(known)
-		return nil, &Error{Errno: syscall.ENOENT, Msg: fmt.Sprintf("unknown peer %q (known peers: %s; add one with --peer NAME=HOST:PORT)", peer, strings.Join(known, ", "))}
+	addr, err := s.resolve(peer)
+	if err != nil {
+		return nil, err
 	}
 	d := net.Dialer{Timeout: s.cfg.Timeout}
 	nc, err := d.DialContext(ctx, "tcp", addr)

@@ -71,8 +71,11 @@ type Config struct {
 	HostID string
 	// Listen is HOST:PORT to accept peers on; "" accepts none.
 	Listen string
-	// Peers maps peer names to HOST:PORT.
+	// Peers maps peer names to HOST:PORT (--peer); they win over Resolver.
 	Peers map[string]string
+	// Resolver, when set, finds the peers Peers does not name (package
+	// cluster's etcd view); nil: Peers only.
+	Resolver Resolver
 	// Secret is the shared secret for peer authentication (HMAC challenge-
 	// response); nil means none, allowed only on loopback.
 	Secret []byte
@@ -231,6 +234,11 @@ func (s *Service) Name() string { return s.cfg.Name }
 
 // HostID is this node's host identity.
 func (s *Service) HostID() string { return s.cfg.HostID }
+
+// Instance is the id of this run of the node (32 hex digits, fresh at New):
+// peers key what they imported from it by this id, so a restarted node's
+// new id retires the old imports.
+func (s *Service) Instance() string { return s.instance }
 
 // Addr is the listening address (useful with port 0), or nil.
 func (s *Service) Addr() net.Addr {

@@ -203,6 +203,8 @@ type Stats struct {
 		Active int64          `json:"active"`
 		Recent []RecordReport `json:"recent"`
 	} `json:"transfers"`
+	// Peers are the nodes this one can reach by name: Config.Peers and
+	// the Resolver's view.
 	Peers map[string]PeerReport `json:"peers"`
 	// Connections counts the authenticated peer connections open between
 	// copies: Idle, kept by this node for its next copies (Config.
@@ -212,6 +214,8 @@ type Stats struct {
 		Idle    int64 `json:"idle"`
 		Waiting int64 `json:"waiting"`
 	} `json:"connections"`
+	// Cluster is the Resolver's state (an etcd view's); nil without one.
+	Cluster *ClusterReport `json:"cluster,omitempty"`
 	// Imports counts lookups in the import cache (allocations of daemons of
 	// this host, opened for IPC copies): a hit reuses an open import, a miss
 	// opens one (a CUDA IPC open costs about 9.4 ms on an H200).
@@ -260,9 +264,29 @@ type PhaseReport struct {
 	Commit  int64 `json:"commit"`
 }
 
-// PeerReport is one configured peer in stats.
+// PeerReport is one peer in stats: a --peer (Config.Peers) gives only
+// Addr (and Source "peer" beside a Resolver); a Resolver's node says more.
 type PeerReport struct {
+	// Addr is the peer's HOST:PORT.
 	Addr string `json:"addr"`
+	// Source is where the address comes from: "peer" (Config.Peers, which
+	// wins) or the Resolver's kind ("etcd"); absent without a Resolver.
+	Source string `json:"source,omitempty"`
+	// Self marks this node's own record in the Resolver's view.
+	Self bool `json:"self,omitempty"`
+	// HostID is the node's host identity, as it registered it.
+	HostID string `json:"host_id,omitempty"`
+	// SameHost: HostID is this node's (copies to it take the IPC path).
+	SameHost bool `json:"same_host,omitempty"`
+	// Instance is the id of the node's current run (a restart changes it).
+	Instance string `json:"instance,omitempty"`
+	// Transports are the ways the node moves bytes ("tcp").
+	Transports []string `json:"transports,omitempty"`
+	// Since is when the node's current run started (RFC 3339, UTC).
+	Since string `json:"since,omitempty"`
+	// Stale: the directory is unreachable and this entry is from the last
+	// view seen.
+	Stale bool `json:"stale,omitempty"`
 }
 
 // Stats returns the copies, transfers and peers now. A nil service (no peer
@@ -288,11 +312,9 @@ func (s *Service) Stats() Stats {
 		})
 	}
 	s.recentMu.Unlock()
-	for name, addr := range s.cfg.Peers {
-		st.Peers[name] = PeerReport{Addr: addr}
-	}
 	st.Connections.Idle = int64(s.IdleConns())
 	st.Connections.Waiting = s.waiting.Load()
+	st.Peers, st.Cluster = s.peerReports()
 	st.Imports.Hits = s.imports.hits.Load()
 	st.Imports.Misses = s.imports.misses.Load()
 	return st

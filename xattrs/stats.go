@@ -13,11 +13,16 @@ type Stats struct {
 	Copies Copies `json:"copies"`
 	// Transfers are the copies in flight and the latest ones.
 	Transfers Transfers `json:"transfers"`
-	// Peers are the configured peers, by name.
+	// Peers are the nodes this one reaches by name: the configured ones
+	// (--peer) and, with --etcd, the cluster's view (this node's own
+	// record included, marked Self).
 	Peers map[string]Peer `json:"peers"`
 	// Connections counts the authenticated peer connections open between
 	// copies.
 	Connections Connections `json:"connections"`
+	// Cluster is the state of the etcd view (--etcd); nil (absent)
+	// without one.
+	Cluster *Cluster `json:"cluster,omitempty"`
 	// Imports counts lookups in the import cache of other daemons' (same
 	// host) allocations opened for IPC copies.
 	Imports ImportCache `json:"imports"`
@@ -131,10 +136,52 @@ type Phases struct {
 	Commit int64 `json:"commit"`
 }
 
-// Peer is one configured peer in Stats.Peers.
+// Peer is one peer in Stats.Peers. Without --etcd only Addr is set.
 type Peer struct {
-	// Addr is the peer's address, host:port, as configured (--peer).
+	// Addr is the peer's address, host:port, as configured (--peer) or
+	// registered in etcd.
 	Addr string `json:"addr"`
+	// Source is "peer" (a --peer, which wins for its name) or "etcd";
+	// absent without --etcd.
+	Source string `json:"source,omitempty"`
+	// Self marks this node's own record in the etcd view.
+	Self bool `json:"self,omitempty"`
+	// HostID is the node's host identity (its boot id or --host-id).
+	HostID string `json:"host_id,omitempty"`
+	// SameHost: the node is on this node's host (copies take the IPC path).
+	SameHost bool `json:"same_host,omitempty"`
+	// Instance is the id of the node's current run; a restart changes it.
+	Instance string `json:"instance,omitempty"`
+	// Transports are the ways the node moves bytes ("tcp").
+	Transports []string `json:"transports,omitempty"`
+	// Since is when the node's current run started (RFC 3339, UTC).
+	Since string `json:"since,omitempty"`
+	// Stale: etcd is unreachable and this entry is from the last view.
+	Stale bool `json:"stale,omitempty"`
+}
+
+// Cluster is the "cluster" object of Stats: the etcd view's state.
+type Cluster struct {
+	// Backend is "etcd".
+	Backend string `json:"backend"`
+	// Endpoints are the etcd endpoints, as given to --etcd.
+	Endpoints []string `json:"endpoints"`
+	// Cluster is the cluster's name (--cluster).
+	Cluster string `json:"cluster"`
+	// State is "connected" or "lost" (etcd did not answer: peers are
+	// resolved from the last view while the daemon retries).
+	State string `json:"state"`
+	// Since is when State began (RFC 3339, UTC).
+	Since string `json:"since"`
+	// Error is the last failure while State is "lost".
+	Error string `json:"error,omitempty"`
+	// Registered is whether this node's record is in etcd under a live
+	// lease, as last seen.
+	Registered bool `json:"registered"`
+	// Nodes is how many live records the view holds, this node's included.
+	Nodes int `json:"nodes"`
+	// Revision is the etcd revision the view reflects.
+	Revision int64 `json:"revision"`
 }
 
 // ImportCache is the "imports" object of Stats: lookups in the import

@@ -30,7 +30,10 @@ func TestStatsMatchesProducers(t *testing.T) {
 			Streams: 10, PhaseUS: &transfer.PhaseReport{Prepare: 11, Data: 12, Commit: 13}, TookUS: 14},
 		{ID: 15, Src: "/c", Dst: "/d", Path: "local"},
 	}
-	peer.Peers = map[string]transfer.PeerReport{"b": {Addr: "10.0.0.2:7000"}}
+	peer.Peers = map[string]transfer.PeerReport{"b": {Addr: "10.0.0.2:7000"}, "c": {Addr: "10.0.0.3:7000", Source: "etcd", Self: true,
+		HostID: "h", SameHost: true, Instance: "i", Transports: []string{"tcp"}, Since: "2026-12-02T00:00:00Z", Stale: true}}
+	peer.Cluster = &transfer.ClusterReport{Backend: "etcd", Endpoints: []string{"http://127.0.0.1:2379"}, Cluster: "default", State: "lost",
+		Since: "2026-12-02T00:00:00Z", Error: "e", Registered: true, Nodes: 3, Revision: 18}
 	peer.Imports.Hits, peer.Imports.Misses = 16, 17
 	peer.Connections.Idle, peer.Connections.Waiting = 18, 19
 	doc := struct {

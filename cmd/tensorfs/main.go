@@ -32,6 +32,6 @@ func newRootCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		Run:   func(cmd *cobra.Command, args []string) { fmt.Println("tensorfs", version) },
 	})
-	root.AddCommand(newCpCmd())
+	root.AddCommand(newCpCmd(), newNodesCmd())
 	return root
 }

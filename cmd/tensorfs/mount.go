@@ -16,7 +16,9 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/spf13/cobra"
 
+	"github.com/tensorfs/tensorfs/cluster"
 	"github.com/tensorfs/tensorfs/fs"
+	"github.com/tensorfs/tensorfs/gpu"
 	"github.com/tensorfs/tensorfs/mountpoint"
 	"github.com/tensorfs/tensorfs/namespace"
 	"github.com/tensorfs/tensorfs/tensor"
@@ -31,6 +33,7 @@ func newMountCmd() *cobra.Command {
 		debug      bool
 		revoke     time.Duration
 		pc         peerFlags
+		ec         etcdFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "mount MOUNTPOINT",
@@ -57,6 +60,18 @@ peer (1 to 8; default 2): chunks of at least 4 per stream, each checked by
 CRC32C and counted exactly once; a stream that dies fails the whole copy. The
 receiving side of a copy decides, up to what the asking side offers.
 
+Cluster through etcd: --etcd ENDPOINTS (comma-separated) registers this node
+at /tensorfs/CLUSTER/nodes/NAME (--cluster, default "default") under a lease
+of --etcd-ttl that it keeps alive, and finds peers by name through a watch of
+the cluster (no --peer lists; --peer still wins for the names it gives). It
+needs --listen; --advertise HOST:PORT is the address registered (default: the
+listener's). The mount appears once the record is written; SIGTERM deletes it.
+A name held by another live node, or etcd not answering within --timeout at
+start, is refused. etcd lost later: peers are resolved from the last view
+while the daemon retries (stats "cluster" says so). --etcd-cert, --etcd-key,
+--etcd-ca: etcd's TLS; --etcd-user USER[:PASSWORD] (USER alone: the password
+from $ETCD_PASSWORD). The shared secret still authenticates every peer.
+
 --revoke-timeout bounds how long freeing a tensor waits for the peer daemons
 that cached an import of it (a dead peer's leases end with its connection; a
 silent one's after this time, logged).`,
@@ -76,7 +91,20 @@ silent one's after this time, logged).`,
 			if revoke <= 0 {
 				return fmt.Errorf("--revoke-timeout %v: must be positive", revoke)
 			}
-			return runMount(args[0], device, int64(limit), revoke, fs.Options{AllowOther: allowOther, Debug: debug}, cfg)
+			var cc *cluster.Config
+			if ec.enabled() {
+				if cfg.Listen == "" {
+					return fmt.Errorf("--etcd needs --listen HOST:PORT: the address this node registers for its peers")
+				}
+				c, err := ec.config(cfg.Name, cfg.HostID, cfg.Timeout)
+				if err != nil {
+					return err
+				}
+				cc = &c
+			} else if cmd.Flags().Changed("advertise") {
+				return fmt.Errorf("--advertise needs --etcd")
+			}
+			return runMount(args[0], device, int64(limit), revoke, fs.Options{AllowOther: allowOther, Debug: debug}, cfg, cc, ec.advertise)
 		},
 	}
 	f := cmd.Flags()
@@ -86,10 +114,14 @@ silent one's after this time, logged).`,
 	f.BoolVar(&debug, "debug", false, "log every FUSE request")
 	f.DurationVar(&revoke, "revoke-timeout", 10*time.Second, "how long freeing a tensor waits for peers holding an import of it")
 	pc.register(f)
+	ec.register(f, true)
 	return cmd
 }
 
-func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs.Options, peerCfg transfer.Config) error {
+// runMount serves a mount until a signal; with cc (--etcd) the node joins
+// the cluster, registered at advertise (or its listener's address), before
+// the mount appears.
+func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs.Options, peerCfg transfer.Config, cc *cluster.Config, advertise string) error {
 	// Catch signals before mounting: go-fuse's mount makes a request on the
 	// new mount from this process (its poll check), and a process killed by a
 	// default-action SIGINT while waiting for its own reply hangs in exit and
@@ -111,6 +143,17 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	// Before opening devices, so that a refusal is the only line printed.
 	if err := fs.CleanStale(mountpoint); err != nil {
 		return err
+	}
+	// etcd before the devices too: unreachable is a one-line refusal.
+	var member *cluster.Member
+	if cc != nil {
+		m, err := cluster.Open(*cc)
+		if err != nil {
+			return err
+		}
+		member = m
+		peerCfg.Resolver = m
+		defer member.Close()
 	}
 	devs, notes, err := openDevices(device, limit)
 	if err != nil {
@@ -135,14 +178,26 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 		store.Close()
 		return err
 	}
+	// Registered before the mount appears: a mounted node is findable.
+	if member != nil {
+		if advertise, err = register(member, peers, devs, advertise); err != nil {
+			peers.Close()
+			store.Close()
+			return err
+		}
+	}
 	srv, err := fs.Mount(mountpoint, root, o)
 	if err != nil {
+		member.Close()
 		peers.Close()
 		store.Close()
 		return err
 	}
 	for _, n := range notes {
 		log.Print(n)
+	}
+	if member != nil {
+		log.Printf("cluster %s: registered %s at %s (etcd lease TTL %v; %d nodes in view)", member.Cluster(), peerCfg.Name, advertise, member.TTL(), len(member.Nodes()))
 	}
 	mi := devs[0].MemInfo()
 	if limit > mi.Total {
@@ -151,6 +206,8 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	log.Printf("mounted %s: default device %s, capacity %s", mountpoint, devs[0].Name(), humanize.IBytes(uint64(mi.Total)))
 
 	serveUntilSignal(srv, mountpoint, sig)
+	// Out of the cluster first: peers see this node go at once.
+	member.Close()
 	peers.Close()
 	store.Close()
 	for _, d := range devs {
@@ -232,4 +289,20 @@ func cpuProfile(path string) (stop func(), err error) {
 		pprof.StopCPUProfile()
 		f.Close()
 	}, nil
+}
+
+// register writes this node's record in the cluster: its advertised
+// address, host, instance, protocol, transports, devices and start time.
+// It returns the address registered.
+func register(m *cluster.Member, peers *transfer.Service, devs []gpu.Device, advertise string) (string, error) {
+	addr, err := advertised(advertise, peers.Addr())
+	if err != nil {
+		return "", err
+	}
+	names := make([]string, len(devs))
+	for i, d := range devs {
+		names[i] = d.Name()
+	}
+	return addr, m.Register(cluster.Record{Name: peers.Name(), Addr: addr, HostID: peers.HostID(), Instance: peers.Instance(),
+		Protocol: transfer.ProtocolVersion, Transports: []string{"tcp"}, Devices: names, Started: time.Now().UTC()})
 }
