@@ -17,6 +17,7 @@ import (
 
 	tfcluster "github.com/tensorfs/tensorfs/cluster"
 	"github.com/tensorfs/tensorfs/cluster/etcdtest"
+	"github.com/tensorfs/tensorfs/transfer"
 	"github.com/tensorfs/tensorfs/xattrs"
 )
 
@@ -123,7 +124,7 @@ func TestEtcdCluster(t *testing.T) {
 	require.Equal(t, b.addr, rec.Addr)
 	require.Equal(t, "host-b", rec.HostID)
 	require.Len(t, rec.Instance, 32)
-	require.Equal(t, 2, rec.Protocol)
+	require.Equal(t, transfer.ProtocolVersion, rec.Protocol)
 	require.Equal(t, []string{"tcp"}, rec.Transports)
 	require.NotEmpty(t, rec.Devices)
 	require.WithinDuration(t, time.Now(), rec.Started, time.Minute)
