@@ -119,7 +119,7 @@ func (d *dest) CopyFromMapping(i int, m transfer.Mapping, srcOff, dstOff, n int6
 		return false, nil
 	}
 	t, at := d.at(i)
-	return true, t.CopyFromBuffer(at+dstOff, bm.onDevice(t.Info().Device), srcOff, n)
+	return true, t.CopyFromBuffer(at+dstOff, bm.onDevice(t.Device()), srcOff, n)
 }
 
 // CopyFromMappings implements transfer.BatchMappingDest: a descriptor list
@@ -144,7 +144,7 @@ func (d *dest) CopyFromMappings(exts []transfer.MappingExtent) (bool, error) {
 		t, at := d.at(e.I)
 		dev, ok := devs[t]
 		if !ok {
-			dev = t.Info().Device
+			dev = t.Device()
 			devs[t] = dev
 		}
 		k := onKey{bm, dev}

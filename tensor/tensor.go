@@ -162,6 +162,14 @@ func (t *Tensor) lockToResize() {
 	}
 }
 
+// Device is the canonical name of the tensor's device ("host", "cuda:0"):
+// Info's Device without the rest of the snapshot.
+func (t *Tensor) Device() string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.device
+}
+
 // Size is the tensor's size in bytes.
 func (t *Tensor) Size() int64 {
 	t.mu.RLock()

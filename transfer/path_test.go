@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"context"
 	"strings"
 	"syscall"
 	"testing"
@@ -63,4 +64,13 @@ func TestRangeApply(t *testing.T) {
 	require.NoError(t, checkMetas([]Meta{{Rel: "a", InPlace: true, NBytes: 1}, {Rel: "a", InPlace: true, Off: 1, NBytes: 1}}, true), "many ranges of one tensor")
 	require.Error(t, checkMetas([]Meta{{Rel: "a", NBytes: 1}, {Rel: "a", NBytes: 1}}, true), "one tensor replaced twice")
 	require.Error(t, checkMetas([]Meta{{Rel: "a", NBytes: 1, Off: 3}}, true), "an offset on a whole tensor")
+}
+
+// TestCallerPID: a known caller pid is in the record at once.
+func TestCallerPID(t *testing.T) {
+	s, err := New(Config{}, nil)
+	require.NoError(t, err)
+	_, end := s.TrackCtx(WithCallerPID(context.Background(), 99), "/a", "b:/a", "tcp", []Meta{{NBytes: 1}})
+	require.Equal(t, 99, s.Stats().Transfers.Recent[0].PID)
+	end(nil)
 }

@@ -79,9 +79,22 @@ func WithCallerLookup(ctx context.Context, lookup func() int) context.Context {
 	return context.WithValue(ctx, callerKey{}, sync.OnceValue(lookup))
 }
 
+type callerPIDKey struct{}
+
+// WithCallerPID is WithCallerLookup for a process id already known (a
+// thread whose process was looked up a moment ago): its records name it at
+// once, with no lookup beside the copy.
+func WithCallerPID(ctx context.Context, pid int) context.Context {
+	return context.WithValue(ctx, callerPIDKey{}, pid)
+}
+
 // setCaller fills rec's pid from ctx's caller once it is known; wait
 // returns when it is.
 func setCaller(ctx context.Context, rec *Record) (wait func()) {
+	if pid, ok := ctx.Value(callerPIDKey{}).(int); ok {
+		rec.pid.Store(int64(pid))
+		return func() {}
+	}
 	lookup, ok := ctx.Value(callerKey{}).(func() int)
 	if !ok {
 		return func() {}
