@@ -370,7 +370,9 @@ func TestInPlaceTruncateWaits(t *testing.T) {
 }
 
 // TestInPlacePeerKilled: the receiver killed during an in-place copy: the
-// sender's error comes within its --timeout, and its pins are back to 0.
+// sender's error comes within its --timeout, and its pins are back to 0;
+// the sender killed during one: the receiver's pin on its destination ends
+// within its --timeout, and the destination keeps its registration.
 func TestInPlacePeerKilled(t *testing.T) {
 	a, b := inPlacePair(t, false)
 	const n = 256 << 20
@@ -394,4 +396,21 @@ func TestInPlacePeerKilled(t *testing.T) {
 	require.Eventually(t, func() bool { return a.stats().Live.Pins == 0 }, 5*time.Second, 10*time.Millisecond)
 	os.Remove(a.path("big"))
 	a.requireClean()
+
+	// The other way: a pushes into c, and a dies.
+	ds := cluster(t, []string{"a2", "c"})
+	a2, c := ds["a2"], ds["c"]
+	require.NoError(t, os.WriteFile(a2.path("big"), nil, 0o644))
+	require.NoError(t, os.Truncate(a2.path("big"), n))
+	zeros(t, c.path("dst"), n)
+	reg := ids(t, c.path("dst"))
+	go func() { done <- unix.Setxattr(a2.path("big"), xattrs.CopyTo, []byte("c:/dst@0"), 0) }()
+	require.Eventually(t, func() bool { return c.stats().Live.Pins > 0 || len(done) > 0 }, 10*time.Second, time.Millisecond)
+	a2.kill()
+	<-done
+	require.Eventually(t, func() bool { return c.stats().Live.Pins == 0 }, 3*time.Second+5*time.Second, 10*time.Millisecond,
+		"the receiver's pin ends within its timeout")
+	require.Equal(t, reg, ids(t, c.path("dst")))
+	require.NoError(t, os.Remove(c.path("dst")))
+	c.requireClean()
 }
