@@ -281,6 +281,12 @@ func (rs *recvStream) data(dlen int64) bool {
 			return false
 		}
 	}
+	if w.n <= inlineMax {
+		// A small chunk (a KV block) is checked here: handing it to the
+		// checker cost a goroutine wake-up per chunk, more than its CRC.
+		rs.check(w)
+		return true
+	}
 	rs.todo <- w
 	return true
 }

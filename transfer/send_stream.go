@@ -32,7 +32,18 @@ type sender struct {
 	curMu  sync.Mutex
 	curI   int
 	curOff int64
+
+	// inline: each writer reads its own chunks (no reader goroutines),
+	// for transfers of small chunks (descriptor lists of KV blocks),
+	// where handing each chunk from a reader to a writer cost a goroutine
+	// wake-up per chunk, more than reading it.
+	inline bool
 }
+
+// inlineMax is the largest chunk sent inline (sender.inline), in bytes:
+// past it, reading and checksumming a chunk costs more than the hand-off,
+// and the readers' pipelining wins.
+const inlineMax = 64 << 10
 
 // newSender prepares the buffers for k streams sending srcs in chunks of
 // chunk bytes.
@@ -48,6 +59,7 @@ func newSender(srcs []Source, chunk int64, k int, rec *Record, ss *streamSet) *s
 		sd.free <- make([]byte, dataHeaderLen+size)
 	}
 	sd.full = make(chan []byte, cap(sd.free))
+	sd.inline = size <= inlineMax
 	return sd
 }
 
@@ -123,13 +135,63 @@ func (sd *sender) read() {
 	}
 }
 
-// write is one stream's writer: it sends chunks from full on c until they
-// run out, then ends the stream with a done frame (or an error frame for a
-// source that could not be read). False: the stream failed, or the
-// transfer did (c is out of step).
+// produce reads the next chunk into buf (its header and bytes), for an
+// inline writer; false when the chunks ran out, a read failed (readErr)
+// or the transfer halted.
+func (sd *sender) produce(buf []byte) ([]byte, bool) {
+	select {
+	case <-sd.stop:
+		return nil, false
+	default:
+	}
+	i, off, n, ok := sd.next()
+	if !ok {
+		return nil, false
+	}
+	data := buf[dataHeaderLen : dataHeaderLen+n]
+	got, err := sd.srcs[i].ReadAt(data, off)
+	if err == nil && got != len(data) {
+		err = &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%d of %d bytes: the tensor shrank during the copy", got, len(data))}
+	}
+	if err != nil {
+		sd.readErrOnce.Do(func() { sd.readErr = fmt.Errorf("read %s at %d: %w", sd.srcs[i].Meta().Rel, off, err) })
+		sd.halt()
+		return nil, false
+	}
+	putChunkHeader(buf, chunkHeader{index: uint32(i), offset: off, crc: crc32.Checksum(data, crcTable)})
+	return buf[:dataHeaderLen+n], true
+}
+
+// chunks yields the chunks a writer sends: from the readers (full), or,
+// inline, read by the writer itself into one buffer of its own.
+func (sd *sender) chunks(yield func([]byte) bool) {
+	if !sd.inline {
+		for buf := range sd.full {
+			if !yield(buf) {
+				for range sd.full {
+				}
+				return
+			}
+		}
+		return
+	}
+	buf := <-sd.free
+	defer func() { sd.free <- buf }()
+	for !sd.ss.failed.Load() {
+		b, ok := sd.produce(buf[:cap(buf)])
+		if !ok || !yield(b) {
+			return
+		}
+	}
+}
+
+// write is one stream's writer: it sends chunks on c until they run out,
+// then ends the stream with a done frame (or an error frame for a source
+// that could not be read). False: the stream failed, or the transfer did
+// (c is out of step).
 func (sd *sender) write(c *conn) bool {
 	var chunks int64
-	for buf := range sd.full {
+	for buf := range sd.chunks {
 		if sd.ss.failed.Load() {
 			continue
 		}
@@ -140,7 +202,9 @@ func (sd *sender) write(c *conn) bool {
 		}
 		chunks++
 		sd.rec.BytesDone.Add(int64(len(buf) - dataHeaderLen))
-		sd.free <- buf[:cap(buf)]
+		if !sd.inline {
+			sd.free <- buf[:cap(buf)]
+		}
 	}
 	if sd.ss.failed.Load() {
 		return false
@@ -171,7 +235,11 @@ func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all boo
 	if k > 1 {
 		readers = min(k, runtime.GOMAXPROCS(0))
 	}
-	sd.startReaders(readers)
+	if sd.inline {
+		close(sd.full) // no readers: the writers read
+	} else {
+		sd.startReaders(readers)
+	}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
