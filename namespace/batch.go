@@ -25,84 +25,112 @@ import (
 // It stops at the first failure and returns it. label names the call's
 // source in records and logs.
 func (f *Tree) runLines(ctx context.Context, lines []copyLine, viaMount bool, label string) error {
-	set := sourceSet{}
-	var opened []transfer.Source
-	defer func() { closeAll(opened) }()
-	type push struct {
-		inPlace, whole []transfer.Source
-	}
-	pushes := map[string]*push{}
-	var peers []string // in the order they first appear
-	var local []transfer.Source
-	var first, then []func() error // the in-place work, the whole-tensor work
-	later := func(inPlace bool, fn func() error) {
-		if inPlace {
-			first = append(first, fn)
-		} else {
-			then = append(then, fn)
-		}
-	}
+	p := &linePlan{set: sourceSet{}, pushes: map[string]*push{}}
+	defer func() { closeAll(p.opened) }()
 	for _, l := range lines {
-		inPlace := l.dst.r.Set
-		if l.src.peer != "" {
-			if l.dst.peer != "" {
-				return errf(syscall.EINVAL, "%s -> %s: one side of a line must be this mount", l.src, l.dst)
-			}
-			later(inPlace, func() error { return f.pullLine(ctx, l) })
-			continue
+		if err := f.planLine(ctx, p, l, viaMount); err != nil {
+			return err
 		}
-		node := l.node
-		if node == nil {
-			n, err := f.Resolve(l.src.path)
-			if err != nil {
-				return err
-			}
-			node = n
+	}
+	f.schedule(ctx, p, label)
+	for _, fn := range append(p.first, p.then...) {
+		if err := fn(); err != nil {
+			return err
 		}
-		file, ok := node.(*File)
-		if !ok {
-			later(inPlace, func() error { return f.copyNode(ctx, node, l, viaMount) })
-			continue
+	}
+	return nil
+}
+
+// linePlan is a call's lines sorted into work: pushes by peer (in the order
+// the peers first appear), in-place lines into this mount, and the rest, as
+// the in-place work (first) and the whole-tensor work (then).
+type linePlan struct {
+	set         sourceSet
+	opened      []transfer.Source
+	pushes      map[string]*push
+	peers       []string
+	local       []transfer.Source
+	first, then []func() error
+}
+
+// push is one peer's share of a call: its in-place and whole descriptors.
+type push struct {
+	inPlace, whole []transfer.Source
+}
+
+func (p *linePlan) later(inPlace bool, fn func() error) {
+	if inPlace {
+		p.first = append(p.first, fn)
+	} else {
+		p.then = append(p.then, fn)
+	}
+}
+
+// planLine sorts line l into p, opening its source when this mount's
+// tensor goes out as a descriptor. Errors: EINVAL for a line between two
+// peers or a range that does not fit; the source's lookup's.
+func (f *Tree) planLine(ctx context.Context, p *linePlan, l copyLine, viaMount bool) error {
+	inPlace := l.dst.r.Set
+	if l.src.peer != "" {
+		if l.dst.peer != "" {
+			return errf(syscall.EINVAL, "%s -> %s: one side of a line must be this mount", l.src, l.dst)
 		}
-		if l.dst.peer == "" && !inPlace {
-			later(false, func() error { return f.copyNode(ctx, node, l, viaMount) })
-			continue
-		}
-		s, err := set.open(file, strings.TrimPrefix(l.dst.path, "/"), l.src.r)
+		p.later(inPlace, func() error { return f.pullLine(ctx, l) })
+		return nil
+	}
+	node := l.node
+	if node == nil {
+		n, err := f.Resolve(l.src.path)
 		if err != nil {
 			return err
 		}
-		opened = append(opened, s)
-		if inPlace {
-			if s.meta, err = l.dst.r.Dest(s.meta); err != nil {
-				return err
-			}
-		}
-		if l.dst.peer == "" {
-			local = append(local, s)
-			continue
-		}
-		p := pushes[l.dst.peer]
-		if p == nil {
-			p = &push{}
-			pushes[l.dst.peer] = p
-			peers = append(peers, l.dst.peer)
-		}
-		if inPlace {
-			p.inPlace = append(p.inPlace, s)
-		} else {
-			p.whole = append(p.whole, s)
+		node = n
+	}
+	file, ok := node.(*File)
+	if !ok || l.dst.peer == "" && !inPlace {
+		// A tree, or a whole tensor inside this mount: a copy of its own.
+		p.later(inPlace, func() error { return f.copyNode(ctx, node, l, viaMount) })
+		return nil
+	}
+	s, err := p.set.open(file, strings.TrimPrefix(l.dst.path, "/"), l.src.r)
+	if err != nil {
+		return err
+	}
+	p.opened = append(p.opened, s)
+	if inPlace {
+		if s.meta, err = l.dst.r.Dest(s.meta); err != nil {
+			return err
 		}
 	}
-	if len(local) > 0 {
-		first = append(first, func() error { return f.localLines(ctx, label, local) })
+	if l.dst.peer == "" {
+		p.local = append(p.local, s)
+		return nil
 	}
-	// One peer's push is all the whole-tensor work: its in-place
-	// descriptors go with it.
+	ps := p.pushes[l.dst.peer]
+	if ps == nil {
+		ps = &push{}
+		p.pushes[l.dst.peer] = ps
+		p.peers = append(p.peers, l.dst.peer)
+	}
+	if inPlace {
+		ps.inPlace = append(ps.inPlace, s)
+	} else {
+		ps.whole = append(ps.whole, s)
+	}
+	return nil
+}
+
+// schedule adds the local batch and the pushes to p's work. When one
+// peer's push is all the whole-tensor work, its in-place descriptors go
+// with it.
+func (f *Tree) schedule(ctx context.Context, p *linePlan, label string) {
+	if len(p.local) > 0 {
+		p.first = append(p.first, func() error { return f.localLines(ctx, label, p.local) })
+	}
 	merge := ""
-	if len(then) == 0 {
-		for _, peer := range peers {
-			if len(pushes[peer].whole) == 0 {
+	if len(p.then) == 0 {
+		for _, peer := range p.peers {
+			if len(p.pushes[peer].whole) == 0 {
 				continue
 			}
 			if merge != "" {
@@ -112,24 +140,18 @@ func (f *Tree) runLines(ctx context.Context, lines []copyLine, viaMount bool, la
 			merge = peer
 		}
 	}
-	for _, peer := range peers {
-		p := pushes[peer]
+	for _, peer := range p.peers {
+		ps := p.pushes[peer]
 		if peer == merge {
-			p.whole, p.inPlace = append(p.inPlace, p.whole...), nil
+			ps.whole, ps.inPlace = append(ps.inPlace, ps.whole...), nil
 		}
-		if len(p.inPlace) > 0 {
-			first = append(first, func() error { return f.pushLines(ctx, peer, label, p.inPlace) })
+		if len(ps.inPlace) > 0 {
+			p.first = append(p.first, func() error { return f.pushLines(ctx, peer, label, ps.inPlace) })
 		}
-		if len(p.whole) > 0 {
-			then = append(then, func() error { return f.pushLines(ctx, peer, label, p.whole) })
-		}
-	}
-	for _, fn := range append(first, then...) {
-		if err := fn(); err != nil {
-			return err
+		if len(ps.whole) > 0 {
+			p.then = append(p.then, func() error { return f.pushLines(ctx, peer, label, ps.whole) })
 		}
 	}
-	return nil
 }
 
 // pushLines sends a call's descriptors to peer as one transfer, rooted at

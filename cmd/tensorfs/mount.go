@@ -25,6 +25,9 @@ import (
 	"github.com/tensorfs/tensorfs/transfer"
 )
 
+// newMountCmd is the mount command: its flags, their checks, and its --help,
+// which is most of its length (the help is the flags' manual, kept beside
+// them so that it stays true to them).
 func newMountCmd() *cobra.Command {
 	var (
 		device     string
@@ -53,7 +56,10 @@ accepts peers (the mount appears once the listener is up); --peer NAME=HOST:PORT
 holds the shared secret (at least 16 bytes, one trailing newline stripped, not
 readable by group or others); listening on a non-loopback address needs one.
 --host-id overrides the host identity (default: the kernel's boot id).
---timeout bounds how long a copy waits on a silent peer.
+--timeout bounds how long a copy waits on a silent peer. --idle-timeout
+(default 30s) is how long a connection to a peer stays open after a copy, for
+the next one (kept alive by keepalives, at most 16 per peer): a copy then pays
+no dial or handshake.
 
 --streams N spreads each large copy over N parallel TCP connections to the
 peer (1 to 8; default 2): chunks of at least 4 per stream, each checked by
@@ -133,15 +139,8 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	} else {
 		defer stop()
 	}
-	st, err := os.Stat(mountpoint)
-	if err != nil && !errors.Is(err, syscall.ENOTCONN) {
-		return fmt.Errorf("mountpoint: %w", err)
-	}
-	if err == nil && !st.IsDir() {
-		return fmt.Errorf("mountpoint %s is not a directory", mountpoint)
-	}
 	// Before opening devices, so that a refusal is the only line printed.
-	if err := fs.CleanStale(mountpoint); err != nil {
+	if err := checkMountpoint(mountpoint); err != nil {
 		return err
 	}
 	// etcd before the devices too: unreachable is a one-line refusal.
@@ -199,11 +198,7 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	if member != nil {
 		log.Printf("cluster %s: registered %s at %s (etcd lease TTL %v; %d nodes in view)", member.Cluster(), peerCfg.Name, advertise, member.TTL(), len(member.Nodes()))
 	}
-	mi := devs[0].MemInfo()
-	if limit > mi.Total {
-		log.Printf("--max-memory %s is more than %s can give; capped at %s", humanize.IBytes(uint64(limit)), devs[0].Name(), humanize.IBytes(uint64(mi.Total)))
-	}
-	log.Printf("mounted %s: default device %s, capacity %s", mountpoint, devs[0].Name(), humanize.IBytes(uint64(mi.Total)))
+	logMounted(mountpoint, devs[0], limit)
 
 	serveUntilSignal(srv, mountpoint, sig)
 	// Out of the cluster first: peers see this node go at once.
@@ -214,6 +209,29 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 		d.Close()
 	}
 	return nil
+}
+
+// checkMountpoint refuses a mountpoint that is not a directory, and cleans
+// up a stale mount left there (fs.CleanStale).
+func checkMountpoint(mountpoint string) error {
+	st, err := os.Stat(mountpoint)
+	if err != nil && !errors.Is(err, syscall.ENOTCONN) {
+		return fmt.Errorf("mountpoint: %w", err)
+	}
+	if err == nil && !st.IsDir() {
+		return fmt.Errorf("mountpoint %s is not a directory", mountpoint)
+	}
+	return fs.CleanStale(mountpoint)
+}
+
+// logMounted logs the ready line the tests and scripts wait for ("mounted
+// "), after a note when --max-memory was capped.
+func logMounted(mountpoint string, def gpu.Device, limit int64) {
+	mi := def.MemInfo()
+	if limit > mi.Total {
+		log.Printf("--max-memory %s is more than %s can give; capped at %s", humanize.IBytes(uint64(limit)), def.Name(), humanize.IBytes(uint64(mi.Total)))
+	}
+	log.Printf("mounted %s: default device %s, capacity %s", mountpoint, def.Name(), humanize.IBytes(uint64(mi.Total)))
 }
 
 // serveUntilSignal serves the mount until it is unmounted from outside, or

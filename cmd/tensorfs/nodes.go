@@ -31,6 +31,8 @@ type nodeRow struct {
 	Stale  bool   `json:"stale,omitempty"`
 }
 
+// newNodesCmd is the nodes command; most of its length is its --help and
+// its two sources (a mount's stats, or etcd itself), each a few lines.
 func newNodesCmd() *cobra.Command {
 	var (
 		asJSON bool
