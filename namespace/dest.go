@@ -113,7 +113,8 @@ func (f *Tree) prepare(p string, isDir bool, metas []transfer.Meta, o prepOpts) 
 			d.Abort()
 		}
 	}()
-	whole := false
+	// An empty tree is a whole copy (of its directories) too.
+	whole := len(metas) == 0
 	for _, m := range metas {
 		if m.InPlace {
 			if err := d.addInPlace(path.Join(p, m.Rel), m, o.caller); err != nil {

@@ -163,10 +163,10 @@ func (c *conn) whileCopying(rec *Record, fn func() error) error {
 	if rec != nil {
 		every = min(every, progressEvery)
 	}
-	var mu sync.Mutex
+	var mu sync.Mutex // held by the callback while it writes; guards t
 	stopped := false
 	var t *time.Timer
-	t = time.AfterFunc(every, func() {
+	beat := func() {
 		mu.Lock()
 		defer mu.Unlock()
 		if stopped {
@@ -180,7 +180,10 @@ func (c *conn) whileCopying(rec *Record, fn func() error) error {
 			c.flush()
 		}
 		t.Reset(every)
-	})
+	}
+	mu.Lock()
+	t = time.AfterFunc(every, beat)
+	mu.Unlock()
 	err := fn()
 	mu.Lock()
 	stopped = true
