@@ -137,15 +137,36 @@ func (r ref) String() string {
 	return r.peer + ":" + r.path + r.r.String()
 }
 
+// refParser parses the ends of one call's lines: the lines of a KV-cache
+// batch name one tensor with a thousand ranges, so the path before the
+// range is parsed once per distinct path.
+type refParser struct {
+	f    *Tree
+	seen map[string]ref
+}
+
 // parseRef parses one end of a copy line (see parseTarget and
 // transfer.SplitRange). Errors: EINVAL.
-func (f *Tree) parseRef(v string) (ref, error) {
+func (rp *refParser) parseRef(v string) (ref, error) {
 	rest, r, err := transfer.SplitRange(strings.TrimSpace(v))
 	if err != nil {
 		return ref{}, err
 	}
-	peer, p, err := f.parseTarget(rest)
-	return ref{peer: peer, path: p, r: r}, err
+	if x, ok := rp.seen[rest]; ok {
+		x.r = r
+		return x, nil
+	}
+	peer, p, err := rp.f.parseTarget(rest)
+	if err != nil {
+		return ref{}, err
+	}
+	if rp.seen == nil {
+		rp.seen = map[string]ref{}
+	}
+	x := ref{peer: peer, path: p}
+	rp.seen[rest] = x
+	x.r = r
+	return x, nil
 }
 
 // bareRange parses "@RANGE", a line's range of the node whose xattr is
@@ -208,6 +229,7 @@ func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool
 		return err
 	}
 	lines := make([]copyLine, len(fields))
+	rp := refParser{f: f}
 	for i, fl := range fields {
 		l := copyLine{node: src}
 		if len(fl) == 2 {
@@ -215,7 +237,7 @@ func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool
 				return err
 			}
 		}
-		if l.dst, err = f.parseRef(fl[len(fl)-1]); err != nil {
+		if l.dst, err = rp.parseRef(fl[len(fl)-1]); err != nil {
 			return err
 		}
 		lines[i] = l
@@ -304,9 +326,10 @@ func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error)
 		return err
 	}
 	var inPlace, whole []copyLine
+	rp := refParser{f: f}
 	for _, fl := range fields {
 		var l copyLine
-		if l.src, err = f.parseRef(fl[0]); err != nil {
+		if l.src, err = rp.parseRef(fl[0]); err != nil {
 			return err
 		}
 		if len(fl) == 2 {
@@ -425,14 +448,15 @@ func (f *Tree) Batch(ctx context.Context, value string) (err error) {
 		return err
 	}
 	lines := make([]copyLine, len(fields))
+	rp := refParser{f: f}
 	for i, fl := range fields {
 		if len(fl) != 2 {
 			return errf(syscall.EINVAL, "batch line %d: want SRC DST, got %q", i+1, strings.Join(fl, " "))
 		}
-		if lines[i].src, err = f.parseRef(fl[0]); err != nil {
+		if lines[i].src, err = rp.parseRef(fl[0]); err != nil {
 			return err
 		}
-		if lines[i].dst, err = f.parseRef(fl[1]); err != nil {
+		if lines[i].dst, err = rp.parseRef(fl[1]); err != nil {
 			return err
 		}
 	}

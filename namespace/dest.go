@@ -70,8 +70,10 @@ type dest struct {
 	rename bool              // put in place by renames through the mount
 	placed int
 	// pins hold the in-place destinations, one per tensor however many
-	// ranges of it the copy writes, until Commit or Abort.
-	pins map[*File]*pinned
+	// ranges of it the copy writes, until Commit or Abort; inPlaceAt is
+	// their files by path.
+	pins      map[*File]*pinned
+	inPlaceAt map[string]*File
 }
 
 // pinned is an in-place destination held for a copy: open (alive after an
@@ -385,13 +387,21 @@ func (d *dest) at(i int) (*tensor.Tensor, int64) {
 // caller of this mount, be writable by it. Errors: ENOENT, EISDIR, EINVAL,
 // EACCES.
 func (d *dest) addInPlace(p string, m transfer.Meta, c *Caller) error {
-	n, err := d.tree.Resolve(p)
-	if err != nil {
-		return errf(syscall.ENOENT, "in-place destination %s does not exist", p)
-	}
-	file, ok := n.(*File)
-	if !ok {
-		return errf(syscall.EISDIR, "in-place destination %s is a directory", p)
+	file := d.inPlaceAt[p] // a thousand ranges of one tensor resolve it once
+	if file == nil {
+		n, err := d.tree.Resolve(p)
+		if err != nil {
+			return errf(syscall.ENOENT, "in-place destination %s does not exist", p)
+		}
+		f, ok := n.(*File)
+		if !ok {
+			return errf(syscall.EISDIR, "in-place destination %s is a directory", p)
+		}
+		file = f
+		if d.inPlaceAt == nil {
+			d.inPlaceAt = map[string]*File{}
+		}
+		d.inPlaceAt[p] = file
 	}
 	pin := d.pins[file]
 	if pin == nil {

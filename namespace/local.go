@@ -57,6 +57,7 @@ type openTensor struct {
 	thaw func() // the tensor is frozen (tensor.Freeze) while the copy reads it
 	refs int
 	exp  *sharedExport
+	meta transfer.Meta // metaOf at the open (frozen: it cannot change)
 }
 
 // sharedExport is one export pin of a tensor, shared by the sources of a
@@ -146,9 +147,11 @@ func (ss sourceSet) open(f *File, rel string, r transfer.Range) (*fileSource, er
 		// Frozen before its metadata is read: the copy sends this size and
 		// these bytes, whoever writes the tensor meanwhile (the write waits).
 		ref = &openTensor{h: h, thaw: f.t.Freeze()}
+		ref.meta = metaOf(f.t, "")
 		ss[f.t] = ref
 	}
-	meta := metaOf(f.t, rel)
+	meta := ref.meta
+	meta.Rel = rel
 	s := &fileSource{t: f.t, meta: meta}
 	if r.Set {
 		size := meta.NBytes

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,31 +15,29 @@ import (
 	"github.com/tensorfs/tensorfs/xattrs"
 )
 
-// cudaMapperScript maps a GPU tensor as a local importer does: it holds the
-// file open (its lease), opens its CUDA IPC handle once, and views the
-// tensor's bytes at ipc_offset. Args: path, ipc_offset, nbytes, handle. It
-// prints "ready", then answers "read OFF N" with the hex of those bytes, read
-// through that one mapping, and "exit".
+// cudaMapperScript maps a GPU tensor as a local importer does, with the
+// Python client (python/tensorfs.py: Mount.open_cupy holds the file open,
+// its lease, and opens the CUDA IPC handle once). Args: the client's
+// directory, the mountpoint, the tensor's path. It prints "ready", then
+// answers "read OFF N" with the hex of those bytes, read through that one
+// mapping, and "exit".
 const cudaMapperScript = `
-import sys, cupy
-path, off, n, h = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-lease = open(path, "rb")
-cupy.cuda.Device(0).use()
-base = cupy.cuda.runtime.ipcOpenMemHandle(bytes.fromhex(h[len("cuda:"):]))
-mem = cupy.cuda.UnownedMemory(base + off, n, None)
-arr = cupy.ndarray((n,), cupy.uint8, cupy.cuda.MemoryPointer(mem, 0))
+import sys
+sys.path.insert(0, sys.argv[1])
+import cupy, tensorfs
+m = tensorfs.Mount(sys.argv[2]).open_cupy(sys.argv[3])
+flat = m.array.reshape(-1).view(cupy.uint8)
 print("ready", flush=True)
 for line in sys.stdin:
     c = line.split()
     if c[0] == "read":
         cupy.cuda.runtime.deviceSynchronize()
         o, k = int(c[1]), int(c[2])
-        print(cupy.asnumpy(arr[o:o + k]).tobytes().hex(), flush=True)
+        print(cupy.asnumpy(flat[o:o + k]).tobytes().hex(), flush=True)
     elif c[0] == "exit":
         break
-del arr, mem
-cupy.cuda.runtime.ipcCloseMemHandle(base)
-lease.close()
+del flat
+m.close()
 `
 
 // TestGPUInPlace: on cuda:0, between two daemons on the IPC path and on the
@@ -73,8 +72,9 @@ func TestGPUInPlace(t *testing.T) {
 			writeTensor(t, a.path("src"), src)
 			zeros(t, b.path("cache"), size)
 			before := ids(t, b.path("cache"))
-			m := startScript(t, py, cudaMapperScript, []string{b.path("cache"), getx(t, b.path("cache"), xattrs.IPCOffset),
-				fmt.Sprint(size), getx(t, b.path("cache"), xattrs.IPCHandle)}, nil)
+			client, err := filepath.Abs("../python")
+			require.NoError(t, err)
+			m := startScript(t, py, cudaMapperScript, []string{client, b.mnt, b.path("cache")}, nil)
 			require.Equal(t, "ready", m.first)
 			read := func(off, n int) []byte {
 				got, err := hex.DecodeString(m.do(fmt.Sprintf("read %d %d", off, n)))

@@ -164,6 +164,8 @@ func BenchmarkInPlace4K(b *testing.B) {
 			if st.Copies.InPlace.IPC+st.Copies.InPlace.TCP != int64(len(lat)+1) {
 				b.Fatalf("copies %+v, want %d in place", st.Copies, len(lat)+1)
 			}
+			reportPhases(b, d.mnt, 16)
+			reportTook(b, a.mnt, 16, "src-us")
 			tf := p50(lat)
 			sx, rr, mv := smallFloor(b, a.mnt, 1000)
 			floor := sx + rr + mv
@@ -216,6 +218,8 @@ func BenchmarkInPlaceScatter1000x8K(b *testing.B) {
 				}
 			}
 			f.Close()
+			reportPhases(b, d.mnt, 16)
+			reportTook(b, a.mnt, 16, "src-us")
 			tf := p50(lat)
 			b.ReportMetric(tf, "p50-us")
 			b.ReportMetric(tf/n, "us/desc")

@@ -87,11 +87,18 @@ func (s *Service) sameHost(c *conn) bool {
 // the extra streams the peer takes (their connections go back to the idle
 // pool after a success), then the peer's reply once it has committed.
 func (s *Service) send(ctx context.Context, peer string, c *conn, remotePath string, srcs []Source, metas []Meta, isDir bool, rec *Record) (int, error) {
-	if err := c.sendJSON(frameRequest, request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, Streams: s.cfg.Streams, Chunk: s.cfg.ChunkSize}); err != nil {
+	req := request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, Streams: s.cfg.Streams, Chunk: s.cfg.ChunkSize}
+	eager := eagerPut(rec.BytesTotal.Load(), s.cfg.Streams, s.cfg.ChunkSize)
+	if eager {
+		if sd := newSender(srcs, int64(s.cfg.ChunkSize), 1, rec, &streamSet{dead: make(chan struct{})}); sd.inline {
+			return s.sendSmall(c, req, sd)
+		}
+	}
+	if err := c.sendJSON(frameRequest, req); err != nil {
 		return 0, netErr(err)
 	}
 	var ok reply
-	if !eagerPut(rec.BytesTotal.Load(), s.cfg.Streams, s.cfg.ChunkSize) {
+	if !eager {
 		if err := c.recvJSON(frameOK, &ok); err != nil {
 			return 0, err
 		}
@@ -119,6 +126,37 @@ func (s *Service) send(ctx context.Context, peer string, c *conn, remotePath str
 	case sr := <-sendErr:
 		return s.sentFirst(peer, c, sr, res, &sent)
 	}
+}
+
+// sendSmall runs a put whose data is small chunks (sender.inline) that go
+// right behind the request (eagerPut) on this goroutine: the request, the
+// chunks and the done frame in one write, then the reply. No goroutine is
+// started and no other wakes up: a KV block's copy is one round trip.
+func (s *Service) sendSmall(c *conn, req request, sd *sender) (int, error) {
+	close(sd.full) // no readers: the writer reads
+	if err := c.send(frameRequest, encodeMsg(req)); err != nil {
+		return 0, netErr(err)
+	}
+	if !sd.write(c) {
+		// The destination may have refused the put and hung up: its
+		// reason, if it came, beats the broken pipe.
+		c.c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if typ, p, err := readFrame(c.r, c.buf, c.max); err == nil && typ == frameError {
+			return 0, wireToError(c.peer, p)
+		}
+		c.c.Close()
+		_, err := sd.ss.result()
+		return 0, err
+	}
+	var r reply
+	err := c.recvJSON(frameOK, &r)
+	if sd.readErr != nil { // the source failed: the destination's answer is about that
+		return 0, sd.readErr
+	}
+	if err != nil {
+		return 0, err
+	}
+	return r.Copied, nil
 }
 
 // pushReply is the destination's answer to a push: its reply, or why not.

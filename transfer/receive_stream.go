@@ -107,6 +107,15 @@ func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all boo
 	inPlace, _ := dest.(inPlaceDest)
 	var wg sync.WaitGroup
 	var firstDone atomic.Pointer[conn] // first, once it has ended in step
+	if want == 0 {
+		// One stream: received on this goroutine (no hand-off).
+		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, rec).run()
+		if err := tr.complete(); err != nil {
+			ss.fail(err)
+		}
+		extras, err = ss.result()
+		return extras, firstInStep, err
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -153,11 +162,15 @@ type recvStream struct {
 	inPlace inPlaceDest // dest, when it takes bytes in place; else nil
 	rec     *Record
 
-	free   chan []byte // buffers the checker gave back
-	made   int         // buffers made, at most cap(free)
-	todo   chan work   // to the checker
-	chunks int64       // data frames claimed, for the done frame's count
-	hdr    [dataHeaderLen]byte
+	free chan []byte // buffers the checker gave back
+	made int         // buffers made, at most cap(free)
+	todo chan work   // to the checker
+	// checked is closed when the checker has stopped; nil until the first
+	// chunk too large to check inline starts it (a small copy starts no
+	// goroutine).
+	checked chan struct{}
+	chunks  int64 // data frames claimed, for the done frame's count
+	hdr     [dataHeaderLen]byte
 }
 
 func newRecvStream(c *conn, ss *streamSet, tr *tracker, dest Dest, inPlace inPlaceDest, rec *Record) *recvStream {
@@ -178,16 +191,11 @@ const (
 // step) or its failure (false). After the transfer has failed it reads on
 // and discards, so that the stream ends in step if the sender ends it.
 func (rs *recvStream) run() (inStep bool) {
-	checked := make(chan struct{})
-	go func() {
-		defer close(checked)
-		for w := range rs.todo {
-			rs.check(w)
-		}
-	}()
 	defer func() {
-		close(rs.todo)
-		<-checked
+		if rs.checked != nil {
+			close(rs.todo)
+			<-rs.checked
+		}
 	}()
 	c, ss := rs.c, rs.ss
 	for {
@@ -286,6 +294,15 @@ func (rs *recvStream) data(dlen int64) bool {
 		// checker cost a goroutine wake-up per chunk, more than its CRC.
 		rs.check(w)
 		return true
+	}
+	if rs.checked == nil {
+		rs.checked = make(chan struct{})
+		go func() {
+			defer close(rs.checked)
+			for w := range rs.todo {
+				rs.check(w)
+			}
+		}()
 	}
 	rs.todo <- w
 	return true
