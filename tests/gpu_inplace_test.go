@@ -98,7 +98,6 @@ func TestGPUInPlace(t *testing.T) {
 			if path == "ipc" {
 				require.EqualValues(t, 2, st.Copies.InPlace.IPC, "%+v", st.Copies)
 			}
-			m.do("exit")
 		})
 	}
 }

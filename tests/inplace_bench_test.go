@@ -51,6 +51,12 @@ func inPlaceBenchPair(b *testing.B, sameHost bool) (a, d *daemon) {
 		ports[n] = ln.Addr().(*net.TCPAddr).Port
 		ln.Close()
 	}
+	// Host memory unless the run names a device (--device auto would take
+	// a GPU where there is one).
+	var dev []string
+	if os.Getenv("TENSORFS_TEST_DEVICE") == "" {
+		dev = []string{"--device", "host"}
+	}
 	ds := map[string]*daemon{}
 	for _, n := range []string{"a", "b"} {
 		host := "bench-host"
@@ -58,9 +64,9 @@ func inPlaceBenchPair(b *testing.B, sameHost bool) (a, d *daemon) {
 			host += "-" + n
 		}
 		o := map[string]string{"a": "b", "b": "a"}[n]
-		ds[n] = peerBenchStart(b, "--name", n, "--listen", fmt.Sprintf("127.0.0.1:%d", ports[n]), "--secret-file", secret,
+		ds[n] = peerBenchStart(b, append(dev, "--name", n, "--listen", fmt.Sprintf("127.0.0.1:%d", ports[n]), "--secret-file", secret,
 			"--host-id", host, "--timeout", "30s", "--streams", strconv.Itoa(peerBenchStreams(b)),
-			"--peer", fmt.Sprintf("%s=127.0.0.1:%d", o, ports[o]))
+			"--peer", fmt.Sprintf("%s=127.0.0.1:%d", o, ports[o]))...)
 	}
 	// Before b's clean-up (clean-ups run last in, first out): a's tensors
 	// go first, so that b drops its imports of them (the IPC path) before
