@@ -1,6 +1,7 @@
 package namespace
 
 import (
+	"fmt"
 	"syscall"
 	"testing"
 
@@ -34,3 +35,21 @@ func TestPathWalksParents(t *testing.T) {
 
 // u8tmpl is the template of an empty tensor on the default device.
 func u8tmpl() tensor.Template { return tensor.Template{} }
+
+// TestActionLines: one or two fields per line, split at any run of spaces
+// or tabs; comments and blank lines skipped; a third field is EINVAL.
+func TestActionLines(t *testing.T) {
+	got, err := actionLines("a b\n\n# c\n  x\t\t y \n@0+1\tb:/k@2\nsolo", "SRC DST")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]string{{"a", "b"}, {"x", "y"}, {"@0+1", "b:/k@2"}, {"solo"}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	for _, bad := range []string{"a\tb c", "a b c", "", "# only"} {
+		if _, err := actionLines(bad, "SRC DST"); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}

@@ -29,6 +29,15 @@ type MappingDest interface {
 	CopyFromMapping(i int, m Mapping, srcOff, dstOff, n int64) (done bool, err error)
 }
 
+// PieceSizer is implemented by a MappingDest whose copies into some
+// descriptors are so fast that splitting them for progress costs more than
+// it shows (GPU memory: a GiB in half a millisecond, where each piece's
+// synchronize costs tens of µs): Piece(i) is the most bytes one call moves
+// into descriptor i, 0 for all at once, negative for the engine's default.
+type PieceSizer interface {
+	Piece(i int) int64
+}
+
 // progressPiece is the most one device-to-device call of an IPC copy moves,
 // in bytes: a large tensor is copied in pieces of it so that its progress
 // (stats, the sender's keepalives, tensorfs cp's bar) moves while it runs
@@ -278,9 +287,18 @@ func copyExports(entries []*importEntry, descs []IPCDesc, metas []Meta, dest Des
 	for i, e := range entries {
 		n := metas[i].NBytes
 		if md != nil {
+			piece := int64(progressPiece)
+			if ps, ok := dest.(PieceSizer); ok {
+				switch p := ps.Piece(i); {
+				case p == 0:
+					piece = max(n, 1)
+				case p > 0:
+					piece = p
+				}
+			}
 			done := true
 			for off := int64(0); done && (off < n || n == 0); {
-				k := min(n-off, progressPiece)
+				k := min(n-off, piece)
 				var err error
 				done, err = md.CopyFromMapping(i, e.m, descs[i].Offset+off, off, k)
 				if err != nil {
