@@ -2,6 +2,7 @@ package namespace
 
 import (
 	"fmt"
+	"strconv"
 	"syscall"
 
 	"github.com/tensorfs/tensorfs/dtype"
@@ -170,7 +171,7 @@ func (ss sourceSet) open(f *File, rel string, r transfer.Range) (*fileSource, er
 		s.off, s.meta.NBytes = r.Off, n
 		if n != size {
 			// A part of the tensor: no shape of its own.
-			s.meta.DType, s.meta.Shape = "U8", fmt.Sprint(n)
+			s.meta.DType, s.meta.Shape = "U8", strconv.FormatInt(n, 10)
 		}
 	}
 	ref.refs++
