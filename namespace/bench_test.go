@@ -12,7 +12,7 @@ import (
 // the per-line cost of parsing, planning and the local batch, without FUSE
 // or a peer (ns/op per call; "ns/line").
 func BenchmarkCopyToLines1000(b *testing.B) {
-	tr := unmountedFS(&testing.T{})
+	tr := unmountedFS(b)
 	const n, blk = 1000, 8 << 10
 	mk := func(name string, size int64) *File {
 		ten, err := tr.store.New(u8tmpl())

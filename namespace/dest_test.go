@@ -17,7 +17,7 @@ import (
 // unmountedFS is a tensor tree on host memory with no mount: copies into it
 // put tensors in place inside the daemon (there is no mount to rename
 // through).
-func unmountedFS(t *testing.T) *Tree {
+func unmountedFS(t testing.TB) *Tree {
 	t.Helper()
 	h, err := gpu.NewHost(256 << 20)
 	require.NoError(t, err)
