@@ -161,8 +161,7 @@ func (f *Tree) pushLines(ctx context.Context, peer, label string, srcs []transfe
 		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
 	}
 	n, err := f.peers.Send(ctx, peer, "/", srcs, true, label)
-	logCopy(label, peer+":/", n, err, allInPlace(srcs))
-	return err
+	return logCopy(label, peer+":/", n, err, allInPlace(srcs))
 }
 
 // localLines writes a call's in-place descriptors into this mount, as one
@@ -171,8 +170,7 @@ func (f *Tree) localLines(ctx context.Context, label string, srcs []transfer.Sou
 	n, err := f.localCopy(ctx, label, "/", srcs, true, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
 		return f.prepare("/", isDir, metas, prepOpts{caller: callerOf(ctx)})
 	})
-	logCopy(label, "/", n, err, true)
-	return err
+	return logCopy(label, "/", n, err, true)
 }
 
 // pullLine copies one line's peer source into this mount. It renames into
@@ -193,8 +191,7 @@ func (f *Tree) pullLine(ctx context.Context, l copyLine) error {
 		}
 		return f.prepare(dst, isDir, metas, prepOpts{caller: callerOf(ctx)})
 	})
-	logCopy(l.src.String(), l.dst.String(), n, err, l.dst.r.Set)
-	return err
+	return logCopy(l.src.String(), l.dst.String(), n, err, l.dst.r.Set)
 }
 
 // allInPlace reports whether every descriptor of srcs is written in place.

@@ -2,6 +2,7 @@ package namespace
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"strings"
@@ -232,7 +233,10 @@ func actionLines(value, want string) ([][]string, error) {
 // error gets its errno), never ESTALE (see copyErr), or an error of no
 // known errno.
 func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool) (err error) {
-	defer func() { err = copyErr(err) }()
+	defer func() {
+		logRefusal("copy_to", f.Path(src), value, err)
+		err = copyErr(err)
+	}()
 	fields, err := actionLines(value, "[@SRCRANGE ]DST")
 	if err != nil {
 		return err
@@ -275,8 +279,7 @@ func (f *Tree) copyNode(ctx context.Context, src Node, l copyLine, viaMount bool
 			return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
 		}
 		n, err := f.peers.Send(ctx, peer, dst, srcs, isDir, label)
-		logCopy(label, l.dst.String(), n, err, l.dst.r.Set)
-		return err
+		return logCopy(label, l.dst.String(), n, err, l.dst.r.Set)
 	}
 	inPlace := l.dst.r.Set
 	target, terr := f.Resolve(dst)
@@ -298,8 +301,7 @@ func (f *Tree) copyNode(ctx context.Context, src Node, l copyLine, viaMount bool
 	n, err := f.localCopy(ctx, label, l.dst.String(), srcs, isDir, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
 		return f.prepare(dst, isDir, metas, prepOpts{viaMount: viaMount, caller: callerOf(ctx)})
 	})
-	logCopy(label, l.dst.String(), n, err, l.dst.r.Set)
-	return err
+	return logCopy(label, l.dst.String(), n, err, l.dst.r.Set)
 }
 
 // applyRange makes the sources' descriptors those of a copy whose
@@ -329,7 +331,10 @@ func applyRange(srcs []transfer.Source, r transfer.Range, isDir bool) error {
 // for this call). The in-place lines run first. Errors as for CopyTo;
 // ENOENT when dst has no name any more.
 func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error) {
-	defer func() { err = copyErr(err) }()
+	defer func() {
+		logRefusal("copy_from", f.Path(dst), value, err)
+		err = copyErr(err)
+	}()
 	fields, err := actionLines(value, "SRC[ @DSTRANGE]")
 	if err != nil {
 		return err
@@ -380,8 +385,7 @@ func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine) error {
 			return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
 		}
 		n, err := f.peers.Receive(ctx, transfer.Pull{Peer: peer, Path: l.src.path, Range: l.src.r, Dst: dstPath, DstRange: l.dst.r}, prepare)
-		logCopy(l.src.String(), dstLabel, n, err, l.dst.r.Set)
-		return err
+		return logCopy(l.src.String(), dstLabel, n, err, l.dst.r.Set)
 	}
 	srcNode, err := f.Resolve(l.src.path)
 	if err != nil {
@@ -406,8 +410,7 @@ func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine) error {
 		return err
 	}
 	n, err := f.localCopy(ctx, l.src.String(), dstLabel, srcs, isDir, prepare)
-	logCopy(l.src.String(), dstLabel, n, err, l.dst.r.Set)
-	return err
+	return logCopy(l.src.String(), dstLabel, n, err, l.dst.r.Set)
 }
 
 // localCopy copies descriptors of this daemon device to device into dst:
@@ -451,7 +454,10 @@ func (f *Tree) localCopy(ctx context.Context, label, dst string, srcs []transfer
 // Batch runs the copies of a batch xattr: one "SRC DST" per line, each
 // side "[PEER:]PATH[@RANGE]", as one call (runLines). Errors as CopyTo's.
 func (f *Tree) Batch(ctx context.Context, value string) (err error) {
-	defer func() { err = copyErr(err) }()
+	defer func() {
+		logRefusal("batch", "/", value, err)
+		err = copyErr(err)
+	}()
 	fields, err := actionLines(value, "SRC DST")
 	if err != nil {
 		return err
@@ -478,14 +484,14 @@ func (f *Tree) Batch(ctx context.Context, value string) (err error) {
 // put in place. Successful in-place copies (the KV-cache path: thousands a
 // second) are logged at most once per inPlaceLogEvery, with how many others
 // succeeded since: their counts are in stats.
-func logCopy(src, dst string, n int, err error, inPlace bool) {
+func logCopy(src, dst string, n int, err error, inPlace bool) error {
 	if err != nil {
 		log.Printf("copy %s -> %s: %v", src, dst, err)
-		return
+		return loggedError{err}
 	}
 	if !inPlace {
 		log.Printf("copy %s -> %s: %d tensor(s)", src, dst, n)
-		return
+		return nil
 	}
 	inPlaceLog.Lock()
 	defer inPlaceLog.Unlock()
@@ -496,9 +502,30 @@ func logCopy(src, dst string, n int, err error, inPlace bool) {
 		}
 		log.Printf("copy %s -> %s: %d descriptor(s) in place%s", src, dst, n, more)
 		inPlaceLog.last, inPlaceLog.quiet = now, 0
-		return
+		return nil
 	}
 	inPlaceLog.quiet++
+	return nil
+}
+
+// loggedError is a copy's error that logCopy has logged (refused checks
+// before any transfer are logged by logRefusal instead).
+type loggedError struct{ error }
+
+func (e loggedError) Unwrap() error { return e.error }
+
+// logRefusal logs a copy action's error that no transfer logged (a bad
+// line, a range that does not fit, a copy onto itself: refused before
+// anything moved), so that every refusal has its reason in the log.
+func logRefusal(action, on, value string, err error) {
+	var le loggedError
+	if err == nil || errors.As(err, &le) {
+		return
+	}
+	if len(value) > 200 {
+		value = value[:200] + "..."
+	}
+	log.Printf("%s on %s %q: refused: %v", action, on, value, err)
 }
 
 // inPlaceLogEvery spaces the log lines of successful in-place copies.

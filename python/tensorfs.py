@@ -78,6 +78,9 @@ _STR_FIELDS = ("dtype", "device", "ipc_handle")
 # A range suffix: the last "@" of a path followed only by OFFSET[+LENGTH].
 _NUM = r"(?:0[xX][0-9a-fA-F]+|[0-9]+)"
 _RANGE_RE = re.compile(r"@" + _NUM + r"(?:\+" + _NUM + r")?$")
+# The daemon refuses what starts like a range after the last "@" (a digit, "-"
+# or "+") but is not one, as a typo: such a name needs the bare "@" too.
+_RANGE_LIKE_RE = re.compile(r"@[0-9+-][^@/]*$")
 
 
 class TensorfsError(OSError):
@@ -98,8 +101,9 @@ def ref(path, off=None, length=None, peer=None):
 
     ``off``/``length`` are byte offsets into the tensor (a range: the bytes
     ``[off, off+length)``; without ``length`` the range runs for the other
-    side's length). With no range, a path that would read as having one (a
-    name ending in ``@DIGITS``, ``@N+M`` or ``@``) gets a bare ``@`` appended,
+    side's length). With no range, a path that would read as having one, or
+    as a malformed one (a name ending in ``@DIGITS``, ``@N+M``, ``@`` or
+    ``@`` and a digit, ``-`` or ``+``), gets a bare ``@`` appended,
     which the daemon reads as "no range": ``ref("/x@12")`` is ``"/x@12@"``.
     ``peer`` prefixes the node name (``ref("/kv/c", 0, peer="b")`` is
     ``"b:/kv/c@0"``). ``path`` may also be ``""`` for "this file" (a
@@ -110,7 +114,7 @@ def ref(path, off=None, length=None, peer=None):
     if off is None:
         if length is not None:
             raise ValueError("ref: a length needs an offset")
-        if _RANGE_RE.search(s) or s.endswith("@"):
+        if _RANGE_RE.search(s) or s.endswith("@") or _RANGE_LIKE_RE.search(s):
             s += "@"
         return s
     if off < 0 or (length is not None and length < 0):

@@ -314,6 +314,8 @@ func TestInPlaceRefusals(t *testing.T) {
 		{a.mnt, xattrs.Batch, "/src b:/dst@0\n/src b:/missing@0", syscall.ENOENT},
 		{a.mnt, xattrs.Batch, "/src b:/dst@0+1", syscall.EINVAL},
 		{a.path("src"), xattrs.CopyTo, "@x b:/dst@0", syscall.EINVAL}, // not a range
+		{a.path("src"), xattrs.CopyTo, "b:/dst@12+", syscall.EINVAL},  // a typo, not a new tensor "dst@12+"
+		{a.path("src"), xattrs.CopyTo, "b:/dst@-1", syscall.EINVAL},
 	} {
 		err := unix.Setxattr(c.on, c.attr, []byte(c.v), 0)
 		require.ErrorIs(t, err, c.want, "%s %q", c.attr, c.v)
@@ -322,6 +324,8 @@ func TestInPlaceRefusals(t *testing.T) {
 	for _, d := range []*daemon{a, b} {
 		require.Zero(t, d.stats().Live.Pins)
 	}
+	// Refused before any transfer: the reason is in the sender's log.
+	a.requireLog(`copy_to on /src "@4000+100 b:/dst@0": refused`)
 	// The same tree with matching sizes is a weight update in place: each
 	// tensor keeps its registration, dtype and shape.
 	require.NoError(t, os.Truncate(b.path("tree", "2"), 300))

@@ -32,6 +32,10 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 		total += metas[i].NBytes
 	}
 	dst := peer + ":" + remotePath
+	if len(metas) == 1 && metas[0].InPlace {
+		// The record names the range it writes, as the line did.
+		dst += Range{Set: true, Off: metas[0].Off, Len: metas[0].NBytes, HasLen: true}.String()
+	}
 	c, err := s.conn(ctx, peer)
 	if err != nil {
 		_, end := s.TrackCtx(ctx, src, dst, "tcp", metas)
@@ -307,7 +311,7 @@ func (s *Service) Receive(ctx context.Context, p Pull, prepare func(isDir bool, 
 // receive runs one get on c; retry says the IPC copy could not start (err
 // says why) and the request should be made again without it.
 func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(bool, []Meta) (Dest, error), ipcOK bool) (n int, retry bool, err error) {
-	req := request{Op: "get", Path: p.Path, IPCOK: ipcOK, Streams: s.cfg.Streams}
+	req := request{Op: "get", Path: p.Path, IPCOK: ipcOK, Streams: s.cfg.Streams, InPlace: p.DstRange.Set}
 	if p.Range.Set {
 		req.Range = &p.Range
 	}
@@ -520,12 +524,21 @@ func (s *Service) serveGet(c *conn, req request) error {
 		metas[i] = sc.Meta()
 		total += metas[i].NBytes
 	}
+	// The records' mode: the puller writes them in place (it said so).
+	recMetas := metas
+	if req.InPlace {
+		recMetas = make([]Meta, len(metas))
+		for i, m := range metas {
+			m.InPlace = true
+			recMetas[i] = m
+		}
+	}
 	if req.IPCOK && s.sameHost(c) {
 		if descs, release, ok := s.exports(srcs, c, s.chanTo(c.instance)); ok {
 			// The client reads our memory while we hold the pins and
 			// leases, until it says done (or fails).
 			defer release()
-			rec, end := s.Track(req.Path+r.String(), c.peer, "ipc", metas)
+			rec, end := s.Track(req.Path+r.String(), c.peer, "ipc", recMetas)
 			if err := c.sendJSON(frameOK, reply{Dir: isDir, Tensors: metas, IPC: descs}); err != nil {
 				end(err)
 				return netErr(err)
@@ -542,7 +555,7 @@ func (s *Service) serveGet(c *conn, req request) error {
 			return err
 		}
 	}
-	rec, end := s.Track(req.Path+r.String(), c.peer, "tcp", metas)
+	rec, end := s.Track(req.Path+r.String(), c.peer, "tcp", recMetas)
 	k := streamsFor(total, req.Streams, s.cfg.ChunkSize)
 	var pend *pending
 	ok := reply{Dir: isDir, Tensors: metas}

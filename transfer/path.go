@@ -96,8 +96,9 @@ func (r Range) String() string {
 // SplitRange splits a range suffix off s: the last "@" followed only by
 // OFFSET or OFFSET+LENGTH (decimal, or hex with 0x). A trailing bare "@" is
 // dropped and means no range, so a name ending in "@12" is written "x@12@";
-// an "@" followed by anything else is part of the name. Errors: EINVAL for
-// a range that does not fit in an int64.
+// an "@" followed by anything else is part of the name, unless it starts
+// like a range (a digit, "-" or "+"). Errors: EINVAL for a range that does
+// not fit in an int64, or one that starts like a range and is not one.
 func SplitRange(s string) (string, Range, error) {
 	i := strings.LastIndexByte(s, '@')
 	if i < 0 {
@@ -108,6 +109,11 @@ func SplitRange(s string) (string, Range, error) {
 	}
 	offS, lenS, hasLen := strings.Cut(s[i+1:], "+")
 	if !isNumber(offS) || hasLen && !isNumber(lenS) {
+		if c := s[i+1]; '0' <= c && c <= '9' || c == '-' || c == '+' {
+			// It starts like a range ("@12+", "@-1", "@0x"): a typo, not
+			// a name to create in place of the tensor it meant.
+			return "", Range{}, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("malformed range %q (want @OFFSET or @OFFSET+LENGTH, decimal or 0x hex; a name ending in @... is written with a trailing @)", s[i:])}
+		}
 		return s, Range{}, nil
 	}
 	r := Range{Set: true, HasLen: hasLen}

@@ -59,8 +59,10 @@ type request struct {
 	// Token names the transfer that a join request's connection joins.
 	Token []byte `json:"token,omitempty"`
 	// Range, on a get, names bytes of the tensor at Path (not of a
-	// directory): the reply's one descriptor is that range.
-	Range *Range `json:"range,omitempty"`
+	// directory): the reply's one descriptor is that range. InPlace says
+	// the puller writes what it gets in place (for the sender's records).
+	Range   *Range `json:"range,omitempty"`
+	InPlace bool   `json:"in_place,omitempty"`
 }
 
 // IPCDesc is where a tensor's bytes are in another process of this host.

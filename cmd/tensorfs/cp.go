@@ -525,9 +525,13 @@ func (m *cpMonitor) pick(recs []xattrs.Record, sized bool) *xattrs.Record {
 	return best
 }
 
+// contains reports whether s, a record's end, is one of list, as it is or
+// without its range (a daemon writes a range in its own form: "@0" may be
+// recorded as "@0+8192").
 func contains(list []string, s string) bool {
+	bare, _, _ := transfer.SplitRange(s)
 	for _, x := range list {
-		if x == s {
+		if x == s || x == bare {
 			return true
 		}
 	}
