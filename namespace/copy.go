@@ -131,6 +131,7 @@ type ref struct {
 	r          transfer.Range
 }
 
+// String is the end as a line names it, for records and logs.
 func (r ref) String() string {
 	if r.peer == "" {
 		return r.path + r.r.String()
@@ -512,6 +513,7 @@ func logCopy(src, dst string, n int, err error, inPlace bool) error {
 // before any transfer are logged by logRefusal instead).
 type loggedError struct{ error }
 
+// Unwrap gives the error's errno and message to errors.As (copyErr).
 func (e loggedError) Unwrap() error { return e.error }
 
 // logRefusal logs a copy action's error that no transfer logged (a bad
