@@ -119,7 +119,7 @@ func (d *dest) CopyFromMapping(i int, m transfer.Mapping, srcOff, dstOff, n int6
 		return false, nil
 	}
 	t, at := d.at(i)
-	return true, t.CopyFromBuffer(at+dstOff, bm.onDevice(t.Device()), srcOff, n)
+	return true, tensor.CopyExtents([]tensor.Extent{{Dst: t, DstOff: at + dstOff, SrcBuf: bm.onDevice(t.Device()), SrcOff: srcOff, N: n}})
 }
 
 // CopyFromMappings implements transfer.BatchMappingDest: a descriptor list

@@ -179,11 +179,6 @@ func (ss sourceSet) open(f *File, rel string, r transfer.Range) (*fileSource, er
 	return s, nil
 }
 
-// openSource opens f's tensor, whole, for a copy that names it rel.
-func openSource(f *File, rel string) (*fileSource, error) {
-	return sourceSet{}.open(f, rel, transfer.Range{})
-}
-
 // sources opens the tensors of a node: one for a file (r: its bytes to
 // read), all below a directory (which takes no range: EINVAL).
 func sources(n Node, r transfer.Range) ([]transfer.Source, bool, error) {

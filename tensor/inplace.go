@@ -112,7 +112,9 @@ type Extent struct {
 	N      int64
 }
 
-// CopyExtents copies every extent device to device, as one batch
+// CopyExtents is the one device-to-device copy into tensors (local copies,
+// and IPC copies out of another daemon's imported allocation): it copies
+// every extent as one batch
 // (gpu.CopyBatch: on CUDA one gather/scatter kernel launch for the small
 // ones), without waiting for the copies reading the destinations (see
 // WriteRange). Every range is checked first: one outside its tensor is

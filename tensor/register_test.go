@@ -69,7 +69,7 @@ func TestRegisterEmptyTensor(t *testing.T) {
 	// A copy out of it into tensorfs's own memory.
 	dst, err := s.New(Template{Shape: dtype.Shape{4096}})
 	require.NoError(t, err)
-	require.NoError(t, dst.CopyFrom(tn))
+	require.NoError(t, CopyExtents([]Extent{{Dst: dst, Src: tn, N: 4096}}))
 	_, err = dst.ReadAt(p, 0)
 	require.NoError(t, err)
 	require.Equal(t, mem[4096:4100], p)

@@ -65,35 +65,6 @@ func (t *Tensor) Adopt(src *Tensor) error {
 	return nil
 }
 
-// CopyFrom copies src's bytes into t, device to device; t must already hold
-// exactly src's size. Errors: ErrInvalid for a size mismatch, ErrReleased.
-func (t *Tensor) CopyFrom(src *Tensor) error {
-	if t == src {
-		return fmt.Errorf("copy onto itself: %w", ErrInvalid)
-	}
-	// Lock in address order, so that two copies in opposite directions
-	// cannot deadlock.
-	if uintptr(unsafe.Pointer(src)) < uintptr(unsafe.Pointer(t)) {
-		src.mu.RLock()
-		t.mu.Lock()
-	} else {
-		t.mu.Lock()
-		src.mu.RLock()
-	}
-	defer src.mu.RUnlock()
-	defer t.mu.Unlock()
-	if t.released || src.released {
-		return ErrReleased
-	}
-	if t.size != src.size {
-		return fmt.Errorf("copy %d bytes into %d: %w", src.size, t.size, ErrInvalid)
-	}
-	if src.size == 0 {
-		return nil
-	}
-	return gpu.Copy(t.alloc.buf, 0, src.alloc.buf, 0, src.size)
-}
-
 // ExportPin is a tensor's export, pinned for one copy by a peer daemon of
 // this host.
 type ExportPin struct {
@@ -210,23 +181,4 @@ func (t *Tensor) PinExport(holder string, accept func(handle string) bool, keep 
 		p.Lease, _ = t.s.IPC.Lease(a.export.ID, holder+" (cached import)")
 	}
 	return p, true
-}
-
-// CopyFromBuffer copies n bytes of src at srcOff into the tensor at dstOff,
-// device to device where the backends allow (an imported CUDA allocation
-// into a CUDA tensor). Errors: ErrReleased, ErrInvalid for a range outside
-// the tensor, and what gpu.Copy returns.
-func (t *Tensor) CopyFromBuffer(dstOff int64, src gpu.Buffer, srcOff, n int64) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.released {
-		return ErrReleased
-	}
-	if dstOff < 0 || n < 0 || dstOff+n > t.size || t.alloc == nil && n > 0 {
-		return fmt.Errorf("copy %d bytes to %d of a %d-byte tensor: %w", n, dstOff, t.size, ErrInvalid)
-	}
-	if n == 0 {
-		return nil
-	}
-	return gpu.Copy(t.alloc.buf, dstOff, src, srcOff, n)
 }
