@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tensorfs/tensorfs/internal/testutil"
 )
 
 // TestMountFlagsEitherSide: flags may come before or after the mountpoint.
@@ -19,7 +21,7 @@ func TestMountFlagsEitherSide(t *testing.T) {
 	mnt := t.TempDir()
 	ours.Store(mnt, true)
 	cmd := exec.Command(bin, "mount", "--max-memory", "32MiB", "--device", "host", mnt)
-	log := &syncBuffer{}
+	log := &testutil.SyncBuffer{}
 	cmd.Stderr = log
 	require.NoError(t, cmd.Start())
 	waitReady(t, mnt, log)
@@ -71,7 +73,7 @@ func TestStaleMountCleanedUp(t *testing.T) {
 	mnt := t.TempDir()
 	ours.Store(mnt, true)
 	cmd := exec.Command(bin, "mount", mnt)
-	log := &syncBuffer{}
+	log := &testutil.SyncBuffer{}
 	cmd.Stderr = log
 	require.NoError(t, cmd.Start())
 	// Killed before it is ready (while go-fuse's poll probe of its own
@@ -140,7 +142,7 @@ func TestHelpAndVersion(t *testing.T) {
 // says it is ready ("mounted ..."): the mount appears in /proc/mounts
 // before the daemon has finished starting (go-fuse then probes the mount
 // with a poll of its own; the spec's ready daemon is the one that logged).
-func waitReady(t *testing.T, mnt string, log *syncBuffer) {
+func waitReady(t *testing.T, mnt string, log *testutil.SyncBuffer) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !mounted(mnt) || !strings.Contains(log.String(), "mounted ") {

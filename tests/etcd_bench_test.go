@@ -17,6 +17,7 @@ import (
 
 	tfcluster "github.com/tensorfs/tensorfs/cluster"
 	"github.com/tensorfs/tensorfs/cluster/etcdtest"
+	"github.com/tensorfs/tensorfs/internal/testutil"
 	"github.com/tensorfs/tensorfs/xattrs"
 )
 
@@ -66,7 +67,7 @@ func BenchmarkEtcdScale(b *testing.B) {
 	wg.Wait()
 	secret := secretFile(b, "a shared secret of enough bytes")
 	start := func(extra ...string) (*daemon, time.Duration, int) {
-		flags := append([]string{"--name", "me", "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(b)), "--secret-file", secret, "--device", "host"}, extra...)
+		flags := append([]string{"--name", "me", "--listen", fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(b)), "--secret-file", secret, "--device", "host"}, extra...)
 		t := time.Now()
 		d := startDaemon(b, flags...)
 		took := time.Since(t)

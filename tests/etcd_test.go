@@ -17,6 +17,7 @@ import (
 
 	tfcluster "github.com/tensorfs/tensorfs/cluster"
 	"github.com/tensorfs/tensorfs/cluster/etcdtest"
+	"github.com/tensorfs/tensorfs/internal/testutil"
 	"github.com/tensorfs/tensorfs/transfer"
 	"github.com/tensorfs/tensorfs/xattrs"
 )
@@ -36,7 +37,7 @@ func etcdFlags(srv *etcdtest.Server, cl, name, secret string, port int, extra ..
 // startEtcdNode starts a daemon of cluster cl with no --peer.
 func startEtcdNode(t *testing.T, srv *etcdtest.Server, cl, name, secret, mnt string, extra ...string) *etcdNode {
 	t.Helper()
-	port := freePort(t)
+	port := testutil.FreePort(t)
 	if mnt == "" {
 		mnt = t.TempDir()
 	}
@@ -156,7 +157,7 @@ func TestEtcdCluster(t *testing.T) {
 
 	// A duplicate name: refused at start with one line, nothing mounted.
 	mnt := t.TempDir()
-	out, err = exec.Command(bin, append(testDeviceFlags([]string{"mount", mnt}), etcdFlags(srv, "t1", "b", secret, freePort(t))...)...).CombinedOutput()
+	out, err = exec.Command(bin, append(testDeviceFlags([]string{"mount", mnt}), etcdFlags(srv, "t1", "b", secret, testutil.FreePort(t))...)...).CombinedOutput()
 	require.Error(t, err)
 	require.Equal(t, 1, strings.Count(strings.TrimSpace(string(out)), "\n")+1, "one line: %s", out)
 	require.Contains(t, string(out), "already registered by a live daemon")
@@ -254,9 +255,9 @@ func TestEtcdCluster(t *testing.T) {
 func TestEtcdStart(t *testing.T) {
 	secret := secretFile(t, "a shared secret of enough bytes")
 	mnt := t.TempDir()
-	dead := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	dead := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 	start := time.Now()
-	out, err := exec.Command(bin, append(testDeviceFlags([]string{"mount", mnt}), "--name", "a", "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+	out, err := exec.Command(bin, append(testDeviceFlags([]string{"mount", mnt}), "--name", "a", "--listen", fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t)),
 		"--secret-file", secret, "--etcd", dead, "--timeout", "1s")...).CombinedOutput()
 	require.Error(t, err)
 	require.Less(t, time.Since(start), 10*time.Second)

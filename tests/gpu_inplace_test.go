@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tensorfs/tensorfs/internal/testutil"
 	"github.com/tensorfs/tensorfs/xattrs"
 )
 
@@ -105,7 +106,7 @@ func TestGPUInPlace(t *testing.T) {
 // inPlacePairOn is inPlacePair's IPC pair (one host id) on device dev.
 func inPlacePairOn(t *testing.T, dev string) (a, b *daemon) {
 	t.Helper()
-	pa, pb := freePort(t), freePort(t)
+	pa, pb := testutil.FreePort(t), testutil.FreePort(t)
 	secret := secretFile(t, "a shared secret of enough bytes")
 	common := []string{"--secret-file", secret, "--host-id", "one-host", "--timeout", "10s", "--device", dev}
 	a = startDaemon(t, append([]string{"--name", "a", "--listen", fmt.Sprintf("127.0.0.1:%d", pa), "--peer", fmt.Sprintf("b=127.0.0.1:%d", pb)}, common...)...)

@@ -5,7 +5,6 @@ package tests
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -21,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tensorfs/tensorfs/fs"
+	"github.com/tensorfs/tensorfs/internal/testutil"
 	"github.com/tensorfs/tensorfs/xattrs"
 )
 
@@ -105,30 +105,13 @@ type daemon struct {
 	t     testing.TB
 	mnt   string
 	cmd   *exec.Cmd
-	log   *syncBuffer
+	log   *testutil.SyncBuffer
 	exit  chan error
 	fds   int // open fds after mounting, before any test activity
 	state string
 	conn  uint32 // the FUSE connection's number (the mount's device minor)
 	// wrapper and flags it was started with, for relaunch.
 	wrapper, flags []string
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startDaemon mounts tensorfs on a fresh directory with extra flags and
@@ -155,7 +138,7 @@ func (d *daemon) relaunch() *daemon {
 func launchAt(t testing.TB, mnt string, wrapper []string, flags ...string) *daemon {
 	t.Helper()
 	ours.Store(mnt, true)
-	d := &daemon{t: t, mnt: mnt, log: &syncBuffer{}, exit: make(chan error, 1), wrapper: wrapper, flags: flags}
+	d := &daemon{t: t, mnt: mnt, log: &testutil.SyncBuffer{}, exit: make(chan error, 1), wrapper: wrapper, flags: flags}
 	args := append(testDeviceFlags([]string{"mount", mnt}), flags...)
 	if wrapper == nil {
 		d.cmd = exec.Command(bin, args...)

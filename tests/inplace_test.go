@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorfs/tensorfs/internal/testutil"
 	"github.com/tensorfs/tensorfs/xattrs"
 )
 
@@ -27,7 +28,7 @@ func inPlacePair(t *testing.T, sameHost bool) (a, b *daemon) {
 		ds := cluster(t, []string{"a", "b"})
 		return ds["a"], ds["b"]
 	}
-	pa, pb := freePort(t), freePort(t)
+	pa, pb := testutil.FreePort(t), testutil.FreePort(t)
 	secret := secretFile(t, "a shared secret of enough bytes")
 	common := []string{"--secret-file", secret, "--host-id", "one-host", "--timeout", "3s"}
 	a = startDaemon(t, append([]string{"--name", "a", "--listen", fmt.Sprintf("127.0.0.1:%d", pa), "--peer", fmt.Sprintf("b=127.0.0.1:%d", pb)}, common...)...)

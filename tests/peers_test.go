@@ -3,8 +3,6 @@ package tests
 import (
 	"bytes"
 	"fmt"
-	"math/rand"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,26 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorfs/tensorfs/internal/testutil"
 	"github.com/tensorfs/tensorfs/xattrs"
 )
-
-// freePort returns a loopback TCP port that was free a moment ago, below the
-// kernel's ephemeral range (32768 and up by default): a port from ":0" is an
-// ephemeral one, which another test's outgoing connection may take before
-// the daemon binds it (seen as a daemon failing to start).
-func freePort(t testing.TB) int {
-	t.Helper()
-	for i := 0; i < 100; i++ {
-		port := 20000 + rand.Intn(12000)
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err == nil {
-			ln.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port in 20000-32000")
-	return 0
-}
 
 // secretFile writes a 0600 secret file and returns its path.
 func secretFile(t testing.TB, secret string) string {
@@ -50,7 +31,7 @@ func cluster(t testing.TB, names []string, extra ...string) map[string]*daemon {
 	t.Helper()
 	ports := map[string]int{}
 	for _, n := range names {
-		ports[n] = freePort(t)
+		ports[n] = testutil.FreePort(t)
 	}
 	secret := secretFile(t, "a shared secret of enough bytes")
 	ds := map[string]*daemon{}
@@ -224,10 +205,10 @@ func TestLocalCopies(t *testing.T) {
 // TestPeerRefusals: wrong secret, unknown peer, a peer that is down, bad
 // start-up configurations.
 func TestPeerRefusals(t *testing.T) {
-	pb := freePort(t)
+	pb := testutil.FreePort(t)
 	b := startDaemon(t, "--name", "b", "--listen", fmt.Sprintf("127.0.0.1:%d", pb), "--secret-file", secretFile(t, "the right secret, long enough"))
 	a := startDaemon(t, "--name", "a", "--secret-file", secretFile(t, "a wrong secret, also long enough"),
-		"--peer", fmt.Sprintf("b=127.0.0.1:%d", pb), "--peer", fmt.Sprintf("down=127.0.0.1:%d", freePort(t)), "--timeout", "2s")
+		"--peer", fmt.Sprintf("b=127.0.0.1:%d", pb), "--peer", fmt.Sprintf("down=127.0.0.1:%d", testutil.FreePort(t)), "--timeout", "2s")
 	require.NoError(t, os.WriteFile(a.path("t"), fill(100, 1), 0o644))
 	set := func(v string) error { return unix.Setxattr(a.path("t"), xattrs.CopyTo, []byte(v), 0) }
 	require.ErrorIs(t, set("b:/t"), syscall.EACCES)
@@ -368,7 +349,7 @@ func TestBatch(t *testing.T) {
 // through the exporter's memfd (path "ipc"): no tensor bytes on the socket.
 // Push, pull and a tree; the exporter's pins and leases end with the copy.
 func TestPeerIPCSameHost(t *testing.T) {
-	pa, pb := freePort(t), freePort(t)
+	pa, pb := testutil.FreePort(t), testutil.FreePort(t)
 	secret := secretFile(t, "a shared secret of enough bytes")
 	common := []string{"--secret-file", secret, "--host-id", "one-host", "--timeout", "3s"}
 	a := startDaemon(t, append([]string{"--name", "a", "--listen", fmt.Sprintf("127.0.0.1:%d", pa), "--peer", fmt.Sprintf("b=127.0.0.1:%d", pb)}, common...)...)

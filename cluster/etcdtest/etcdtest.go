@@ -7,8 +7,6 @@ import (
 	"bytes"
 	"crypto/tls"
 	"fmt"
-	"math/rand"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tensorfs/tensorfs/internal/testutil"
 )
 
 // Options are a Server's extras.
@@ -40,24 +40,7 @@ type Server struct {
 	mu       sync.Mutex
 	cmd      *exec.Cmd
 	exit     chan error
-	log      *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	log      *testutil.SyncBuffer
 }
 
 // Binary is the etcd server to run: $TENSORFS_ETCD, else etcd on $PATH or
@@ -99,7 +82,7 @@ func StartWith(t testing.TB, opt Options) *Server {
 	}
 	var err error
 	for try := 0; try < 5; try++ {
-		c, p := freePort(t), freePort(t)
+		c, p := testutil.FreePort(t), testutil.FreePort(t)
 		s.Endpoint = fmt.Sprintf("%s://127.0.0.1:%d", scheme, c)
 		s.peerURL = fmt.Sprintf("http://127.0.0.1:%d", p)
 		if err = s.start(); err == nil {
@@ -119,7 +102,7 @@ func StartWith(t testing.TB, opt Options) *Server {
 func (s *Server) start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.log = &syncBuffer{}
+	s.log = &testutil.SyncBuffer{}
 	args := []string{"--name", "t", "--data-dir", s.dir,
 		"--listen-client-urls", s.Endpoint, "--advertise-client-urls", s.Endpoint,
 		"--listen-peer-urls", s.peerURL, "--initial-advertise-peer-urls", s.peerURL,
@@ -202,20 +185,3 @@ func (s *Server) Restart() {
 
 // Log is what etcd printed.
 func (s *Server) Log() string { return s.log.String() }
-
-// freePort returns a loopback TCP port that was free a moment ago, below
-// the kernel's ephemeral range (32768 and up), so that no outgoing
-// connection takes it before etcd binds it.
-func freePort(t testing.TB) int {
-	t.Helper()
-	for i := 0; i < 100; i++ {
-		port := 20000 + rand.Intn(12000)
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err == nil {
-			ln.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port in 20000-32000")
-	return 0
-}
