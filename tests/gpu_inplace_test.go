@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"encoding/hex"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -48,17 +46,7 @@ m.close()
 // the copies sees them; mr_id, ipc_id and generation stay; bytes outside
 // the ranges are untouched.
 func TestGPUInPlace(t *testing.T) {
-	requireGPU(t)
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		py = python3(t)
-	}
-	if out, err := exec.Command(py, "-c", "import cupy; cupy.cuda.runtime.getDeviceCount()").CombinedOutput(); err != nil {
-		if os.Getenv("TENSORFS_REQUIRE_GPU") == "1" {
-			t.Fatalf("TENSORFS_REQUIRE_GPU=1 but CuPy does not work in %s: %s", py, out)
-		}
-		t.Skipf("CuPy does not work in %s: %s", py, strings.TrimSpace(string(out)))
-	}
+	py := requireCuPy(t)
 	for _, path := range []string{"ipc", "tcp"} {
 		t.Run(path, func(t *testing.T) {
 			var a, b *daemon

@@ -40,14 +40,12 @@ mem = None
 cupy.cuda.runtime.deviceSynchronize()
 `
 
-// TestGPURegisterCUDA: a CuPy process registers its own GPU memory into a
-// daemon on cuda:0 by its CUDA IPC handle (a capability: not checked
-// further), reads it back through the mount, writes it, copies it to a peer
-// daemon; unlink closes the daemon's IPC mapping, and the owner then frees
-// its memory and exits cleanly. It needs the CUDA backend's gpu.Importer.
-func TestGPURegisterCUDA(t *testing.T) {
+// requireCuPy is the python3 where CuPy works with a GPU (the one on PATH:
+// no other uid runs it), after requireGPU; without CuPy the test skips,
+// or fails under TENSORFS_REQUIRE_GPU=1.
+func requireCuPy(t *testing.T) string {
+	t.Helper()
 	requireGPU(t)
-	// The python3 on PATH, where CuPy is installed (no other uid runs it).
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		py = python3(t)
@@ -58,6 +56,16 @@ func TestGPURegisterCUDA(t *testing.T) {
 		}
 		t.Skipf("CuPy does not work in %s (pip install cupy-cuda12x): %s", py, strings.TrimSpace(string(out)))
 	}
+	return py
+}
+
+// TestGPURegisterCUDA: a CuPy process registers its own GPU memory into a
+// daemon on cuda:0 by its CUDA IPC handle (a capability: not checked
+// further), reads it back through the mount, writes it, copies it to a peer
+// daemon; unlink closes the daemon's IPC mapping, and the owner then frees
+// its memory and exits cleanly. It needs the CUDA backend's gpu.Importer.
+func TestGPURegisterCUDA(t *testing.T) {
+	py := requireCuPy(t)
 	ds := cluster(t, []string{"a", "b"}, "--device", "cuda:0")
 	d, b := ds["a"], ds["b"]
 	const size = 4 << 20

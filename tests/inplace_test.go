@@ -339,21 +339,37 @@ func TestInPlaceRefusals(t *testing.T) {
 	require.Equal(t, reg, ids(t, b.path("tree", "1")))
 }
 
+// pushWhilePinned starts copy_to of a's tensor big with value (an in-place
+// line into receiver r), and returns once r pins the destination for it or
+// the copy has already ended (its result, buffered, is in the channel: the
+// case is then the sequential one, and logged).
+func pushWhilePinned(t *testing.T, a, r *daemon, value string) chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- unix.Setxattr(a.path("big"), xattrs.CopyTo, []byte(value), 0) }()
+	require.Eventually(t, func() bool { return r.stats().Live.Pins > 0 || len(done) > 0 }, 10*time.Second, time.Millisecond)
+	if len(done) > 0 {
+		t.Log("the copy ended before its pin was seen")
+	}
+	return done
+}
+
+// bigSource makes a's tensor big of n zero bytes.
+func bigSource(t *testing.T, a *daemon, n int64) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(a.path("big"), nil, 0o644))
+	require.NoError(t, os.Truncate(a.path("big"), n))
+}
+
 // TestInPlaceTruncateWaits: a truncate of an in-place copy's destination
 // waits for the copy (its memory and size stay until the bytes have
 // landed); an unlink takes the name at once and the memory goes after.
 func TestInPlaceTruncateWaits(t *testing.T) {
 	a, b := inPlacePair(t, false)
 	const n = 128 << 20
-	require.NoError(t, os.WriteFile(a.path("big"), nil, 0o644))
-	require.NoError(t, os.Truncate(a.path("big"), n))
+	bigSource(t, a, n)
 	zeros(t, b.path("dst"), n)
-	done := make(chan error, 1)
-	go func() { done <- unix.Setxattr(a.path("big"), xattrs.CopyTo, []byte("b:/dst@0"), 0) }()
-	require.Eventually(t, func() bool { return b.stats().Live.Pins > 0 || len(done) > 0 }, 10*time.Second, time.Millisecond)
-	if len(done) > 0 {
-		t.Log("the copy ended before its pin was seen")
-	}
+	done := pushWhilePinned(t, a, b, "b:/dst@0")
 	require.NoError(t, os.Truncate(b.path("dst"), 4096), "the truncate waits, then succeeds")
 	select {
 	case err := <-done:
@@ -364,8 +380,7 @@ func TestInPlaceTruncateWaits(t *testing.T) {
 	// An unlink during a copy: the copy completes into memory that stays
 	// alive until it ends, then everything is freed.
 	zeros(t, b.path("dst2"), n)
-	go func() { done <- unix.Setxattr(a.path("big"), xattrs.CopyTo, []byte("b:/dst2@0"), 0) }()
-	require.Eventually(t, func() bool { return b.stats().Live.Pins > 0 || len(done) > 0 }, 10*time.Second, time.Millisecond)
+	done = pushWhilePinned(t, a, b, "b:/dst2@0")
 	require.NoError(t, os.Remove(b.path("dst2")))
 	require.NoError(t, <-done)
 	os.Remove(b.path("dst"))
@@ -381,12 +396,9 @@ func TestInPlaceTruncateWaits(t *testing.T) {
 func TestInPlacePeerKilled(t *testing.T) {
 	a, b := inPlacePair(t, false)
 	const n = 256 << 20
-	require.NoError(t, os.WriteFile(a.path("big"), nil, 0o644))
-	require.NoError(t, os.Truncate(a.path("big"), n))
+	bigSource(t, a, n)
 	zeros(t, b.path("dst"), n)
-	done := make(chan error, 1)
-	go func() { done <- unix.Setxattr(a.path("big"), xattrs.CopyTo, []byte("b:/dst@0"), 0) }()
-	require.Eventually(t, func() bool { return b.stats().Live.Pins > 0 || len(done) > 0 }, 10*time.Second, time.Millisecond)
+	done := pushWhilePinned(t, a, b, "b:/dst@0")
 	b.kill()
 	start := time.Now()
 	select {
@@ -405,12 +417,10 @@ func TestInPlacePeerKilled(t *testing.T) {
 	// The other way: a pushes into c, and a dies.
 	ds := cluster(t, []string{"a2", "c"})
 	a2, c := ds["a2"], ds["c"]
-	require.NoError(t, os.WriteFile(a2.path("big"), nil, 0o644))
-	require.NoError(t, os.Truncate(a2.path("big"), n))
+	bigSource(t, a2, n)
 	zeros(t, c.path("dst"), n)
 	reg := ids(t, c.path("dst"))
-	go func() { done <- unix.Setxattr(a2.path("big"), xattrs.CopyTo, []byte("c:/dst@0"), 0) }()
-	require.Eventually(t, func() bool { return c.stats().Live.Pins > 0 || len(done) > 0 }, 10*time.Second, time.Millisecond)
+	done = pushWhilePinned(t, a2, c, "c:/dst@0")
 	a2.kill()
 	<-done
 	require.Eventually(t, func() bool { return c.stats().Live.Pins == 0 }, 3*time.Second+5*time.Second, 10*time.Millisecond,
