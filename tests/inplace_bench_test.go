@@ -87,6 +87,21 @@ func p50(lat []time.Duration) float64 {
 	return float64(lat[len(lat)/2]) / 1e3
 }
 
+// rawP50 is the p50, in µs, of rounds raw TCP transfers of data into the
+// reused buffer buf with the daemons' streams (peerBenchRawStreams): the
+// floor of a large or many-descriptor copy over TCP.
+func rawP50(b *testing.B, data, buf []byte, rounds int) float64 {
+	send, got := peerBenchRawStreams(b, peerBenchStreams(b), func(int) []byte { return buf })
+	raw := make([]time.Duration, 0, rounds)
+	for range rounds {
+		t := time.Now()
+		send(data)
+		<-got
+		raw = append(raw, time.Since(t))
+	}
+	return p50(raw)
+}
+
 // smallFloor measures the parts of the small-copy floor, in µs (p50 of n
 // each): a setxattr round trip on mount mnt, a 64-byte request and 16-byte
 // reply on an open loopback connection, a 4 KiB memmove.
@@ -230,16 +245,7 @@ func BenchmarkInPlaceScatter1000x8K(b *testing.B) {
 			b.ReportMetric(tf, "p50-us")
 			b.ReportMetric(tf/n, "us/desc")
 			if path == "tcp" {
-				buf := make([]byte, n*blk)
-				send, got := peerBenchRawStreams(b, peerBenchStreams(b), func(int) []byte { return buf })
-				var raw []time.Duration
-				for range max(len(lat), 20) {
-					t := time.Now()
-					send(data)
-					<-got
-					raw = append(raw, time.Since(t))
-				}
-				r := p50(raw)
+				r := rawP50(b, data, make([]byte, n*blk), max(len(lat), 20))
 				b.ReportMetric(r, "raw-p50-us")
 				b.ReportMetric(r/tf, "x-raw")
 			}
@@ -281,15 +287,7 @@ func BenchmarkInPlaceBig(b *testing.B) {
 				for i := 0; i < size; i += 4096 {
 					buf[i] = 1
 				}
-				send, got := peerBenchRawStreams(b, peerBenchStreams(b), func(int) []byte { return buf })
-				var raw []time.Duration
-				for range max(len(lat), 3) {
-					t := time.Now()
-					send(data)
-					<-got
-					raw = append(raw, time.Since(t))
-				}
-				r := p50(raw)
+				r := rawP50(b, data, buf, max(len(lat), 3))
 				b.ReportMetric(float64(size)/r, "raw-MB/s")
 				b.ReportMetric(r/tf, "x-raw")
 			}

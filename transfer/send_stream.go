@@ -113,26 +113,37 @@ func (sd *sender) read() {
 		case <-sd.stop:
 			return
 		}
-		data := buf[dataHeaderLen : dataHeaderLen+n]
-		got, err := sd.srcs[i].ReadAt(data, off)
-		if err == nil && got != len(data) {
-			// The source shrank under the copy (fs freezes its sources;
-			// another embedder's Source may not): the rest of data is an
-			// earlier chunk's bytes, never to be sent as this one's.
-			err = &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%d of %d bytes: the tensor shrank during the copy", got, len(data))}
-		}
-		if err != nil {
-			sd.readErrOnce.Do(func() { sd.readErr = fmt.Errorf("read %s at %d: %w", sd.srcs[i].Meta().Rel, off, err) })
-			sd.halt()
+		chunk, ok := sd.readChunk(buf, i, off, n)
+		if !ok {
 			return
 		}
-		putChunkHeader(buf, chunkHeader{index: uint32(i), offset: off, crc: crc32.Checksum(data, crcTable)})
 		select {
-		case sd.full <- buf[:dataHeaderLen+n]:
+		case sd.full <- chunk:
 		case <-sd.stop:
 			return
 		}
 	}
+}
+
+// readChunk reads bytes [off, off+n) of source i into buf behind their
+// chunk header (with the CRC32C) and returns the frame's payload; false
+// when the read failed (readErr is set and the transfer halts).
+func (sd *sender) readChunk(buf []byte, i int, off, n int64) ([]byte, bool) {
+	data := buf[dataHeaderLen : dataHeaderLen+n]
+	got, err := sd.srcs[i].ReadAt(data, off)
+	if err == nil && got != len(data) {
+		// The source shrank under the copy (fs freezes its sources;
+		// another embedder's Source may not): the rest of data is an
+		// earlier chunk's bytes, never to be sent as this one's.
+		err = &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%d of %d bytes: the tensor shrank during the copy", got, len(data))}
+	}
+	if err != nil {
+		sd.readErrOnce.Do(func() { sd.readErr = fmt.Errorf("read %s at %d: %w", sd.srcs[i].Meta().Rel, off, err) })
+		sd.halt()
+		return nil, false
+	}
+	putChunkHeader(buf, chunkHeader{index: uint32(i), offset: off, crc: crc32.Checksum(data, crcTable)})
+	return buf[:dataHeaderLen+n], true
 }
 
 // produce reads the next chunk into buf (its header and bytes), for an
@@ -148,18 +159,7 @@ func (sd *sender) produce(buf []byte) ([]byte, bool) {
 	if !ok {
 		return nil, false
 	}
-	data := buf[dataHeaderLen : dataHeaderLen+n]
-	got, err := sd.srcs[i].ReadAt(data, off)
-	if err == nil && got != len(data) {
-		err = &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%d of %d bytes: the tensor shrank during the copy", got, len(data))}
-	}
-	if err != nil {
-		sd.readErrOnce.Do(func() { sd.readErr = fmt.Errorf("read %s at %d: %w", sd.srcs[i].Meta().Rel, off, err) })
-		sd.halt()
-		return nil, false
-	}
-	putChunkHeader(buf, chunkHeader{index: uint32(i), offset: off, crc: crc32.Checksum(data, crcTable)})
-	return buf[:dataHeaderLen+n], true
+	return sd.readChunk(buf, i, off, n)
 }
 
 // chunks yields the chunks a writer sends: from the readers (full), or,
