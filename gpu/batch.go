@@ -1,6 +1,13 @@
 package gpu
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"runtime"
+	"slices"
+	"sync"
+)
 
 // Extent is one descriptor of a batched copy: N bytes from Src at byte SrcOff to Dst at byte DstOff.
 // The ranges [SrcOff, SrcOff+N) and [DstOff, DstOff+N) must lie inside Src and Dst; N == 0 copies
@@ -24,8 +31,11 @@ type Extent struct {
 // The batch goes to the BatchCopier of the first extent's Dst when every extent's
 // Dst is on that buffer's device; when it declines (done=false), or there is none
 // (host memory: memmove needs no batching), each extent is one Copy, in order,
-// without allocating anything per extent. An error other than a range stops the
-// batch there: the extents before it may have been copied, the rest are not.
+// without allocating anything per extent; when every buffer is mapped host
+// memory, as memmoves holding each buffer once, by several goroutines when
+// the batch is large (copyHost). An error other than a range stops the
+// batch there: the extents before it may have been copied, the rest are
+// not.
 // Errors: ErrInvalidSize (wrapped, naming the extent's index) for a negative offset
 // or length or a range outside either buffer, ErrFreed, or what the backend or Copy
 // reports.
@@ -35,16 +45,25 @@ func CopyBatch(exts []Extent) error {
 	}
 	// One pass checks every range and whether every Dst is on the first
 	// one's device (asked only when Dst changes: a batch usually writes
-	// one or a few buffers).
+	// one or a few buffers, and reads one or a few, so sizes are asked
+	// only when a buffer changes too).
 	dev, same, last := Device(nil), true, Buffer(nil)
+	var srcB, dstB Buffer
+	var srcN, dstN int64
 	for i := range exts {
 		e := &exts[i]
 		if e.Dst == nil || e.Src == nil {
 			return fmt.Errorf("copy batch: extent %d has no buffer: %w", i, ErrInvalidSize)
 		}
-		if !inRange(e.Src.Size(), e.SrcOff, e.N) || !inRange(e.Dst.Size(), e.DstOff, e.N) {
+		if e.Src != srcB {
+			srcB, srcN = e.Src, e.Src.Size()
+		}
+		if e.Dst != dstB {
+			dstB, dstN = e.Dst, e.Dst.Size()
+		}
+		if !inRange(srcN, e.SrcOff, e.N) || !inRange(dstN, e.DstOff, e.N) {
 			return fmt.Errorf("copy batch: extent %d: %d bytes from %d/%d to %d/%d: %w",
-				i, e.N, e.SrcOff, e.Src.Size(), e.DstOff, e.Dst.Size(), ErrInvalidSize)
+				i, e.N, e.SrcOff, srcN, e.DstOff, dstN, ErrInvalidSize)
 		}
 		if same && e.Dst != last {
 			if last == nil {
@@ -60,6 +79,9 @@ func CopyBatch(exts []Extent) error {
 			return err
 		}
 	}
+	if done, err := copyHost(exts); done {
+		return err
+	}
 	for i := range exts {
 		e := &exts[i]
 		if e.N == 0 {
@@ -70,6 +92,180 @@ func CopyBatch(exts []Extent) error {
 		}
 	}
 	return nil
+}
+
+// hostMemory is a buffer of host memory mapped into this process, which a
+// batch holds against Free once for all its extents (a lock per extent,
+// shared by several copying goroutines, cost more than the memmove of an
+// 8 KiB extent: the lock's cache line moves between the cores).
+type hostMemory interface {
+	// rlockMem read-locks the buffer against Free and returns its bytes
+	// (the buffer's own, from its offset). Errors, with nothing locked:
+	// errNotMapped when the bytes are not mapped (an import read by
+	// pread), ErrFreed, errReadOnly for a destination (write) opened
+	// read-only.
+	rlockMem(write bool) ([]byte, error)
+	runlockMem()
+}
+
+// errNotMapped: a hostMemory whose bytes are not in this process's memory.
+var errNotMapped = errors.New("not mapped")
+
+// Host batches of at least parallelMin bytes are copied by up to
+// maxWorkers goroutines, each taking at least parallelMin: one core's
+// memmove reaches about half of what the memory gives two (measured
+// here, 1000 scattered 8 KiB copies between memfd mappings: 624 µs on one
+// goroutine, 337 µs on two), and a descriptor list's copy is the whole of
+// its latency.
+const (
+	parallelMin = 1 << 20
+	maxWorkers  = 8
+)
+
+// copyHost runs a batch whose buffers are all hostMemory: each buffer is
+// locked once (in address order, so that two batches and a Free waiting
+// between them cannot deadlock), then the extents are memmoves, shared by
+// up to maxWorkers goroutines. done=false, nothing copied, when a buffer
+// is not mapped host memory. A batch of a few buffers allocates nothing
+// unless it is shared.
+func copyHost(exts []Extent) (done bool, err error) {
+	var bufsA [4]hostMemory
+	var writesA [4]bool
+	bufs, writes := bufsA[:0], writesA[:0]
+	var lastSrc, lastDst Buffer
+	var total int64
+	var ok bool
+	for i := range exts {
+		e := &exts[i]
+		if e.Src != lastSrc {
+			if bufs, writes, ok = addHost(bufs, writes, e.Src, false); !ok {
+				return false, nil
+			}
+			lastSrc = e.Src
+		}
+		if e.Dst != lastDst {
+			if bufs, writes, ok = addHost(bufs, writes, e.Dst, true); !ok {
+				return false, nil
+			}
+			lastDst = e.Dst
+		}
+		total += e.N
+	}
+	sortHost(bufs, writes)
+	var memsA [4][]byte
+	mems := memsA[:0]
+	defer func() {
+		for _, b := range bufs[:len(mems)] {
+			b.runlockMem()
+		}
+	}()
+	for i, b := range bufs {
+		mem, err := b.rlockMem(writes[i])
+		if errors.Is(err, errNotMapped) {
+			return false, nil
+		}
+		if err != nil {
+			return true, fmt.Errorf("copy batch: %w", err)
+		}
+		mems = append(mems, mem)
+	}
+	w := int(min(total/parallelMin, int64(runtime.GOMAXPROCS(0)), maxWorkers))
+	if w <= 1 {
+		moveExtents(bufs, mems, exts)
+		return true, nil
+	}
+	// Every share on a goroutine of its own, none on this one: the new
+	// goroutine would wait on this P's run queue until another P stole it
+	// (measured: 420 µs for the 8 KiB × 1000 batch this way, 340 µs). The
+	// goroutines get copies of the slices, so that the arrays stay on
+	// the stack.
+	sb, sm := slices.Clone(bufs), slices.Clone(mems)
+	var wg sync.WaitGroup
+	for _, p := range splitExtents(exts, total, w) {
+		wg.Go(func() { moveExtents(sb, sm, p) })
+	}
+	wg.Wait()
+	return true, nil
+}
+
+// addHost adds b (written, or read) to a host batch's distinct buffers;
+// false when it is not hostMemory.
+func addHost(bufs []hostMemory, writes []bool, b Buffer, write bool) ([]hostMemory, []bool, bool) {
+	hm, ok := b.(hostMemory)
+	if !ok {
+		return bufs, writes, false
+	}
+	if i := slices.Index(bufs, hm); i >= 0 {
+		writes[i] = writes[i] || write
+		return bufs, writes, true
+	}
+	return append(bufs, hm), append(writes, write), true
+}
+
+// sortHost sorts a batch's few buffers into address order (the locking
+// order), their write flags with them.
+func sortHost(bufs []hostMemory, writes []bool) {
+	addr := func(b hostMemory) uintptr { return reflect.ValueOf(b).Pointer() }
+	for i := 1; i < len(bufs); i++ {
+		for j := i; j > 0 && addr(bufs[j-1]) > addr(bufs[j]); j-- {
+			bufs[j-1], bufs[j] = bufs[j], bufs[j-1]
+			writes[j-1], writes[j] = writes[j], writes[j-1]
+		}
+	}
+}
+
+// moveExtents memmoves each extent between the bytes mems holds for its
+// buffers in bufs, looking them up only when they change.
+func moveExtents(bufs []hostMemory, mems [][]byte, exts []Extent) {
+	var srcB, dstB Buffer
+	var src, dst []byte
+	for i := range exts {
+		e := &exts[i]
+		if e.Src != srcB {
+			srcB, src = e.Src, mems[slices.Index(bufs, e.Src.(hostMemory))]
+		}
+		if e.Dst != dstB {
+			dstB, dst = e.Dst, mems[slices.Index(bufs, e.Dst.(hostMemory))]
+		}
+		move(dst[e.DstOff:e.DstOff+e.N], src[e.SrcOff:e.SrcOff+e.N])
+	}
+}
+
+// splitExtents cuts exts (total bytes) into w runs of about the same
+// bytes: at extent boundaries, as sub-slices of exts, when no extent is
+// larger than an eighth of a share (a descriptor list of blocks); else
+// into new extents, cutting the large ones into pieces.
+func splitExtents(exts []Extent, total int64, w int) [][]Extent {
+	share := (total + int64(w) - 1) / int64(w)
+	parts := make([][]Extent, 0, w+1)
+	if !slices.ContainsFunc(exts, func(e Extent) bool { return e.N > share/8 }) {
+		start, n := 0, int64(0)
+		for i := range exts {
+			if n += exts[i].N; n >= share {
+				parts, start, n = append(parts, exts[start:i+1]), i+1, 0
+			}
+		}
+		if start < len(exts) || len(parts) == 0 {
+			parts = append(parts, exts[start:])
+		}
+		return parts
+	}
+	var cur []Extent
+	var curN int64
+	for _, e := range exts {
+		for e.N > 0 {
+			k := min(e.N, share-curN)
+			cur = append(cur, Extent{Dst: e.Dst, DstOff: e.DstOff, Src: e.Src, SrcOff: e.SrcOff, N: k})
+			e.DstOff, e.SrcOff, e.N, curN = e.DstOff+k, e.SrcOff+k, e.N-k, curN+k
+			if curN == share {
+				parts, cur, curN = append(parts, cur), nil, 0
+			}
+		}
+	}
+	if len(cur) > 0 || len(parts) == 0 {
+		parts = append(parts, cur)
+	}
+	return parts
 }
 
 // inRange is checkRange's test alone (inlined: a batch checks thousands).

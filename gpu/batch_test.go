@@ -3,6 +3,7 @@ package gpu
 import (
 	"bytes"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -179,4 +180,79 @@ func BenchmarkCopyBatchHost(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestCopyBatchHostParallel: a large host batch is shared by several
+// goroutines (copyHost), runs of extents and pieces of one extent larger
+// than a share, and lands every byte as the sequential copy would; a
+// buffer freed before the batch fails it with nothing copied.
+func TestCopyBatchHostParallel(t *testing.T) {
+	h, err := NewHost(64 << 20)
+	require.NoError(t, err)
+	defer h.Close()
+	a, aB := hostFilled(t, h, 4<<20, 1)
+	dst, dstB := hostFilled(t, h, 16<<20, 3)
+	rng := rand.New(rand.NewPCG(2, 2))
+	exts, want := scatter(rng, dst, dstB, []Buffer{a}, [][]byte{aB}, 700, 16<<10)
+	// One extent larger than any share, at the end of dst.
+	big := Extent{Dst: dst, DstOff: 12 << 20, Src: a, SrcOff: 1, N: 4<<20 - 1}
+	copy(want[big.DstOff:], aB[1:])
+	exts = append(exts[:350], append([]Extent{big, {Dst: dst, Src: a}}, exts[350:]...)...)
+	var total int64
+	for _, e := range exts {
+		total += e.N
+	}
+	for _, w := range []int{1, 2, 3, 7} {
+		parts := splitExtents(exts, total, w)
+		require.Len(t, parts, w, "one extent is larger than a share: cut exactly")
+		// The pieces, in order, are the extents, in order.
+		var flat []Extent
+		for _, p := range parts {
+			for _, e := range p {
+				if n := len(flat); n > 0 && flat[n-1].DstOff+flat[n-1].N == e.DstOff && flat[n-1].SrcOff+flat[n-1].N == e.SrcOff && e.Src == flat[n-1].Src {
+					flat[n-1].N += e.N
+					continue
+				}
+				flat = append(flat, e)
+			}
+		}
+		var nonEmpty []Extent
+		for _, e := range exts {
+			if e.N > 0 {
+				nonEmpty = append(nonEmpty, e)
+			}
+		}
+		require.Equal(t, len(nonEmpty), len(flat), "%d workers", w)
+		for i := range flat {
+			require.Equal(t, nonEmpty[i], flat[i], "%d workers, extent %d", w, i)
+		}
+	}
+	require.NoError(t, CopyBatch(exts))
+	require.True(t, bytes.Equal(want, readAllHost(t, dst)), "every byte")
+	// Without the large extent: cut at extent boundaries, sub-slices of
+	// the batch, each about a share.
+	small := slices.Delete(slices.Clone(exts), 350, 351)
+	parts := splitExtents(small, total-big.N, 3)
+	require.LessOrEqual(t, len(parts), 4)
+	require.Equal(t, small, slices.Concat(parts...))
+	for _, p := range parts[:len(parts)-1] {
+		var n int64
+		for _, e := range p {
+			n += e.N
+		}
+		require.InDelta(t, float64(total-big.N)/3, float64(n), 16<<10)
+	}
+
+	gone, err := h.Alloc(1<<20, 0)
+	require.NoError(t, err)
+	_, err = dst.WriteAt(dstB, 0)
+	require.NoError(t, err)
+	bad := append(slices.Clone(exts), Extent{Dst: gone, Src: a, N: 1})
+	require.NoError(t, gone.Free())
+	require.ErrorIs(t, CopyBatch(bad), ErrInvalidSize, "a freed buffer has no bytes")
+	// Freed between the range checks and the copy: ErrFreed, nothing
+	// locked (a Free after it would block).
+	_, err = gone.(hostMemory).rlockMem(true)
+	require.ErrorIs(t, err, ErrFreed)
+	require.True(t, bytes.Equal(dstB, readAllHost(t, dst)), "nothing copied")
 }

@@ -468,6 +468,17 @@ func (b *hostBuffer) CopyFrom(dstOff int64, src Buffer, srcOff, n int64) (bool, 
 	return true, nil
 }
 
+func (b *hostBuffer) rlockMem(bool) ([]byte, error) {
+	b.mu.RLock()
+	if b.mem == nil {
+		b.mu.RUnlock()
+		return nil, ErrFreed
+	}
+	return b.mem, nil
+}
+
+func (b *hostBuffer) runlockMem() { b.mu.RUnlock() }
+
 func (b *hostBuffer) Free() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -304,6 +304,25 @@ func (b *importBuffer) CopyTo(srcOff int64, dst Buffer, dstOff, n int64) (bool, 
 	return true, err
 }
 
+func (b *importBuffer) rlockMem(write bool) ([]byte, error) {
+	b.mu.RLock()
+	var err error
+	switch {
+	case b.fd < 0:
+		err = ErrFreed
+	case write && b.ro:
+		err = errReadOnly
+	case b.mem == nil:
+		err = errNotMapped
+	default:
+		return b.mem, nil
+	}
+	b.mu.RUnlock()
+	return nil, err
+}
+
+func (b *importBuffer) runlockMem() { b.mu.RUnlock() }
+
 // Free unmaps and closes the daemon's fd; the owner's memory is untouched.
 func (b *importBuffer) Free() error {
 	b.mu.Lock()

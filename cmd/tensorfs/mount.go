@@ -6,6 +6,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -134,7 +135,7 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	// leaves a mount that hangs everyone who touches it (seen in the tests).
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	if stop, err := cpuProfile(os.Getenv("TENSORFS_CPUPROFILE")); err != nil {
+	if stop, err := profiles(os.Getenv("TENSORFS_CPUPROFILE"), os.Getenv("TENSORFS_ALLOCPROFILE")); err != nil {
 		return err
 	} else {
 		defer stop()
@@ -286,27 +287,54 @@ func newUnmountCmd() *cobra.Command {
 	}
 }
 
-// cpuProfile writes the daemon's CPU profile (runtime/pprof) to path from
-// now until stop, when path is set ($TENSORFS_CPUPROFILE: how the
-// benchmarks' per-copy costs were found; docs/performance.md); "%p" in it
-// is replaced by the process id, so that several daemons can profile.
-func cpuProfile(path string) (stop func(), err error) {
-	if path == "" {
-		return func() {}, nil
+// profiles writes the daemon's CPU profile (runtime/pprof) from now until
+// stop to cpu, and its allocation profile (every allocation since start,
+// by bytes and count) to allocs at stop, for each that is set
+// ($TENSORFS_CPUPROFILE and $TENSORFS_ALLOCPROFILE: how the benchmarks'
+// per-copy costs were found; docs/performance.md). "%p" in either is
+// replaced by the process id, so that several daemons can profile.
+func profiles(cpu, allocs string) (stop func(), err error) {
+	pid := strconv.Itoa(os.Getpid())
+	cpu, allocs = strings.ReplaceAll(cpu, "%p", pid), strings.ReplaceAll(allocs, "%p", pid)
+	var f *os.File
+	if cpu != "" {
+		if f, err = os.Create(cpu); err != nil {
+			return nil, fmt.Errorf("TENSORFS_CPUPROFILE: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("TENSORFS_CPUPROFILE: %w", err)
+		}
 	}
-	path = strings.ReplaceAll(path, "%p", strconv.Itoa(os.Getpid()))
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("TENSORFS_CPUPROFILE: %w", err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("TENSORFS_CPUPROFILE: %w", err)
+	if allocs != "" {
+		// Sampling every allocation's 64 KiB, not the default 512 KiB:
+		// a copy's small per-descriptor allocations are what is looked for.
+		runtime.MemProfileRate = 64 << 10
 	}
 	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
+		if f != nil {
+			pprof.StopCPUProfile()
+			f.Close()
+		}
+		if allocs != "" {
+			if err := writeProfile("allocs", allocs); err != nil {
+				log.Printf("TENSORFS_ALLOCPROFILE: %v", err)
+			}
+		}
 	}, nil
+}
+
+// writeProfile writes the named runtime/pprof profile to path.
+func writeProfile(name, path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup(name).WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // register writes this node's record in the cluster: its advertised
