@@ -27,8 +27,8 @@ import (
 func (f *Tree) runLines(ctx context.Context, lines []copyLine, viaMount bool, label string) error {
 	p := &linePlan{set: sourceSet{}, pushes: map[string]*push{}}
 	defer func() { closeAll(p.opened) }()
-	for _, l := range lines {
-		if err := f.planLine(ctx, p, l, viaMount); err != nil {
+	for i := range lines {
+		if err := f.planLine(ctx, p, &lines[i], viaMount); err != nil {
 			return err
 		}
 	}
@@ -69,13 +69,13 @@ func (p *linePlan) later(inPlace bool, fn func() error) {
 // planLine sorts line l into p, opening its source when this mount's
 // tensor goes out as a descriptor. Errors: EINVAL for a line between two
 // peers or a range that does not fit; the source's lookup's.
-func (f *Tree) planLine(ctx context.Context, p *linePlan, l copyLine, viaMount bool) error {
+func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount bool) error {
 	inPlace := l.dst.r.Set
 	if l.src.peer != "" {
 		if l.dst.peer != "" {
 			return errf(syscall.EINVAL, "%s -> %s: one side of a line must be this mount", l.src, l.dst)
 		}
-		p.later(inPlace, func() error { return f.pullLine(ctx, l) })
+		p.later(inPlace, func() error { return f.pullLine(ctx, *l) })
 		return nil
 	}
 	node := l.node
@@ -89,7 +89,7 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l copyLine, viaMount b
 	file, ok := node.(*File)
 	if !ok || l.dst.peer == "" && !inPlace {
 		// A tree, or a whole tensor inside this mount: a copy of its own.
-		p.later(inPlace, func() error { return f.copyNode(ctx, node, l, viaMount) })
+		p.later(inPlace, func() error { return f.copyNode(ctx, node, *l, viaMount) })
 		return nil
 	}
 	s, err := p.set.open(file, strings.TrimPrefix(l.dst.path, "/"), l.src.r)

@@ -115,11 +115,16 @@ func (f *Tree) prepare(p string, isDir bool, metas []transfer.Meta, o prepOpts) 
 			d.Abort()
 		}
 	}()
+	d.items = make([]destItem, 0, len(metas))
 	// An empty tree is a whole copy (of its directories) too.
 	whole := len(metas) == 0
+	var lastRel, lastAt string // a thousand ranges of one tensor join once
 	for _, m := range metas {
 		if m.InPlace {
-			if err := d.addInPlace(path.Join(p, m.Rel), m, o.caller); err != nil {
+			if m.Rel != lastRel || lastAt == "" {
+				lastRel, lastAt = m.Rel, path.Join(p, m.Rel)
+			}
+			if err := d.addInPlace(lastAt, m, o.caller); err != nil {
 				return nil, err
 			}
 		} else {

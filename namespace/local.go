@@ -59,6 +59,9 @@ type openTensor struct {
 	refs int
 	exp  *sharedExport
 	meta transfer.Meta // metaOf at the open (frozen: it cannot change)
+	// partShape is the shape of the last part (range) opened, partN bytes.
+	partN     int64
+	partShape string
 }
 
 // sharedExport is one export pin of a tensor, shared by the sources of a
@@ -171,7 +174,11 @@ func (ss sourceSet) open(f *File, rel string, r transfer.Range) (*fileSource, er
 		s.off, s.meta.NBytes = r.Off, n
 		if n != size {
 			// A part of the tensor: no shape of its own.
-			s.meta.DType, s.meta.Shape = "U8", strconv.FormatInt(n, 10)
+			if ref.partN != n {
+				// Formatted once for a call's thousand same-sized ranges.
+				ref.partN, ref.partShape = n, strconv.FormatInt(n, 10)
+			}
+			s.meta.DType, s.meta.Shape = "U8", ref.partShape
 		}
 	}
 	ref.refs++

@@ -1,7 +1,7 @@
 package namespace
 
 import (
-	"fmt"
+	"slices"
 	"syscall"
 	"testing"
 
@@ -43,8 +43,8 @@ func TestActionLines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := [][]string{{"a", "b"}, {"x", "y"}, {"@0+1", "b:/k@2"}, {"solo"}}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
+	want := []actionLine{{"a", "b"}, {"x", "y"}, {"@0+1", "b:/k@2"}, {"solo", ""}}
+	if !slices.Equal(got, want) {
 		t.Fatalf("got %q, want %q", got, want)
 	}
 	for _, bad := range []string{"a\tb c", "a b c", "", "# only"} {

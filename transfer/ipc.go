@@ -83,13 +83,15 @@ func (s *Service) exports(srcs []Source, c *conn, lc *leaseChan) (descs []IPCDes
 	// source exports it once and gives no lease for the others, which are
 	// leased as the first one is.
 	leasedExport := map[uint64]bool{}
+	holder := "peer " + c.peer
+	descs, rels = make([]IPCDesc, 0, len(srcs)), make([]func(), 0, len(srcs))
 	for _, sc := range srcs {
 		ex, is := sc.(Exporter)
 		if !is {
 			release()
 			return nil, func() {}, false
 		}
-		d, rel, lease, ok := ex.Export("peer "+c.peer, accept, lc != nil)
+		d, rel, lease, ok := ex.Export(holder, accept, lc != nil)
 		if !ok {
 			release()
 			return nil, func() {}, false
