@@ -280,6 +280,8 @@ func BenchmarkInPlaceBig(b *testing.B) {
 				lat = append(lat, time.Since(t))
 			}
 			peerBenchCheckFile(b, d.path("dst"), data, false)
+			reportPhases(b, d.mnt, 16)
+			reportTook(b, a.mnt, 16, "src-us")
 			tf := p50(lat)
 			b.ReportMetric(float64(size)/tf, "MB/s")
 			if path == "tcp" {

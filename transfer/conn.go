@@ -70,6 +70,24 @@ func (c *conn) send(typ byte, payload []byte) error {
 	return nil
 }
 
+// writeFrames sends whole frames that sit in a buffer of the caller's (a
+// data stream's chunks, read behind their headers): into the connection's
+// write buffer when they fit behind what waits there (small puts: request,
+// data and done in one write), else straight to the socket after what
+// waits, so that megabytes are not copied into the write buffer first.
+func (c *conn) writeFrames(frames []byte) error {
+	c.c.SetWriteDeadline(time.Now().Add(c.timeout))
+	if len(frames) <= c.w.Available() && c.w.Buffered() > 0 {
+		_, err := c.w.Write(frames)
+		return err
+	}
+	if err := c.w.Flush(); err != nil {
+		return err
+	}
+	_, err := c.c.Write(frames)
+	return err
+}
+
 func (c *conn) flush() error {
 	c.c.SetWriteDeadline(time.Now().Add(c.timeout))
 	return c.w.Flush()

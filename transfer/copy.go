@@ -94,9 +94,12 @@ func (s *Service) send(ctx context.Context, peer string, c *conn, remotePath str
 	req := request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, Streams: s.cfg.Streams, Chunk: s.cfg.ChunkSize}
 	eager := eagerPut(rec.BytesTotal.Load(), s.cfg.Streams, s.cfg.ChunkSize)
 	if eager {
-		if sd := newSender(srcs, int64(s.cfg.ChunkSize), 1, rec, &streamSet{dead: make(chan struct{})}); sd.inline {
+		sd := newSender(srcs, int64(s.cfg.ChunkSize), 1, rec, &streamSet{dead: make(chan struct{})})
+		if sd.inline {
+			defer sd.release()
 			return s.sendSmall(c, req, sd)
 		}
+		sd.release()
 	}
 	if err := c.sendJSON(frameRequest, req); err != nil {
 		return 0, netErr(err)

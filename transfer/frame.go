@@ -52,14 +52,20 @@ func writeFrame(w io.Writer, typ byte, payload []byte) error {
 	if len(payload)+1 > MaxFrame {
 		return fmt.Errorf("frame of %d bytes: %w", len(payload)+1, ErrFrame)
 	}
-	var hdr [5]byte
-	binary.BigEndian.PutUint32(hdr[:4], uint32(len(payload)+1))
-	hdr[4] = typ
+	var hdr [frameHeaderLen]byte
+	putFrameHeader(hdr[:], typ, len(payload))
 	if _, err := w.Write(hdr[:]); err != nil {
 		return err
 	}
 	_, err := w.Write(payload)
 	return err
+}
+
+// putFrameHeader writes the header of a frame of type typ and n payload
+// bytes into b[:frameHeaderLen].
+func putFrameHeader(b []byte, typ byte, n int) {
+	binary.BigEndian.PutUint32(b[:4], uint32(n+1))
+	b[4] = typ
 }
 
 // maxHandshakeFrame bounds frames before a peer has authenticated, in bytes:

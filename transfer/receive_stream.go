@@ -196,6 +196,10 @@ func (rs *recvStream) run() (inStep bool) {
 			close(rs.todo)
 			<-rs.checked
 		}
+		// The checker has given every buffer back: to the pool with them.
+		for range len(rs.free) {
+			putBuf(<-rs.free)
+		}
 	}()
 	c, ss := rs.c, rs.ss
 	for {
@@ -361,7 +365,8 @@ func (rs *recvStream) readBuffered(w *work) bool {
 		}
 	}
 	if int64(cap(buf)) < w.n {
-		buf = make([]byte, w.n)
+		putBuf(buf)
+		buf = getBuf(int(w.n))
 	}
 	w.buf = buf
 	if _, err := io.ReadFull(rs.c.r, buf[:w.n]); err != nil {

@@ -38,12 +38,26 @@ type sender struct {
 	// where handing each chunk from a reader to a writer cost a goroutine
 	// wake-up per chunk, more than reading it.
 	inline bool
+	// maxChunk is the largest chunk the sources make, in bytes: an inline
+	// block takes another frame while it has room for one this large.
+	maxChunk int
 }
 
 // inlineMax is the largest chunk sent inline (sender.inline), in bytes:
 // past it, reading and checksumming a chunk costs more than the hand-off,
 // and the readers' pipelining wins.
 const inlineMax = 64 << 10
+
+// frameOverhead is what goes before a chunk's bytes in its buffer: the
+// frame's header and the chunk's. A chunk is read into its buffer behind
+// them, so that the frame goes to the socket from there (connWriter), not
+// copied into the connection's write buffer first.
+const frameOverhead = frameHeaderLen + dataHeaderLen
+
+// inlineBlock is the size of an inline writer's buffer, in bytes: it packs
+// the frames of small chunks (KV blocks) back to back and sends them in one
+// write, as the connection's buffered writer did, without the copy into it.
+const inlineBlock = 256 << 10
 
 // newSender prepares the buffers for k streams sending srcs in chunks of
 // chunk bytes.
@@ -55,12 +69,42 @@ func newSender(srcs []Source, chunk int64, k int, rec *Record, ss *streamSet) *s
 		size = max(size, min(sc.Meta().NBytes, chunk))
 	}
 	sd := &sender{srcs: srcs, rec: rec, chunk: chunk, ss: ss, free: make(chan []byte, 2*k+1), stop: make(chan struct{})}
+	sd.inline = size <= inlineMax
+	sd.maxChunk = int(size)
+	n := frameOverhead + int(size)
+	if sd.inline {
+		// A block of frames, no larger than the transfer needs (a 4 KiB
+		// copy must not take a 256 KiB buffer).
+		need := sd.total() + frameOverhead*((sd.total()+size-1)/size)
+		n = max(n, int(min(need, inlineBlock)))
+	}
 	for range cap(sd.free) {
-		sd.free <- make([]byte, dataHeaderLen+size)
+		sd.free <- getBuf(n)
 	}
 	sd.full = make(chan []byte, cap(sd.free))
-	sd.inline = size <= inlineMax
 	return sd
+}
+
+// total is the bytes of all the sources.
+func (sd *sender) total() int64 {
+	var n int64
+	for _, sc := range sd.srcs {
+		n += sc.Meta().NBytes
+	}
+	return n
+}
+
+// release gives the buffers back to the pool, once no reader or writer
+// runs: the ones in free (a buffer a failed transfer dropped is collected).
+func (sd *sender) release() {
+	for {
+		select {
+		case b := <-sd.free:
+			putBuf(b)
+		default:
+			return
+		}
+	}
 }
 
 // halt stops the readers.
@@ -126,10 +170,10 @@ func (sd *sender) read() {
 }
 
 // readChunk reads bytes [off, off+n) of source i into buf behind their
-// chunk header (with the CRC32C) and returns the frame's payload; false
+// frame and chunk headers (with the CRC32C) and returns the frame; false
 // when the read failed (readErr is set and the transfer halts).
 func (sd *sender) readChunk(buf []byte, i int, off, n int64) ([]byte, bool) {
-	data := buf[dataHeaderLen : dataHeaderLen+n]
+	data := buf[frameOverhead : frameOverhead+n]
 	got, err := sd.srcs[i].ReadAt(data, off)
 	if err == nil && got != len(data) {
 		// The source shrank under the copy (fs freezes its sources;
@@ -142,32 +186,44 @@ func (sd *sender) readChunk(buf []byte, i int, off, n int64) ([]byte, bool) {
 		sd.halt()
 		return nil, false
 	}
-	putChunkHeader(buf, chunkHeader{index: uint32(i), offset: off, crc: crc32.Checksum(data, crcTable)})
-	return buf[:dataHeaderLen+n], true
+	putFrameHeader(buf, frameData, dataHeaderLen+int(n))
+	putChunkHeader(buf[frameHeaderLen:], chunkHeader{index: uint32(i), offset: off, crc: crc32.Checksum(data, crcTable)})
+	return buf[:frameOverhead+n], true
 }
 
-// produce reads the next chunk into buf (its header and bytes), for an
-// inline writer; false when the chunks ran out, a read failed (readErr)
-// or the transfer halted.
-func (sd *sender) produce(buf []byte) ([]byte, bool) {
-	select {
-	case <-sd.stop:
-		return nil, false
-	default:
+// produce packs the frames of the next chunks into buf, as many as fit,
+// for an inline writer; it returns them and how many, or false when the
+// chunks ran out before one was packed, a read failed (readErr) or the
+// transfer halted.
+func (sd *sender) produce(buf []byte) (frames []byte, chunks int, ok bool) {
+	pos := 0
+	for pos+frameOverhead+sd.maxChunk <= len(buf) || pos == 0 {
+		select {
+		case <-sd.stop:
+			return nil, 0, false
+		default:
+		}
+		i, off, n, more := sd.next()
+		if !more {
+			break
+		}
+		f, ok := sd.readChunk(buf[pos:], i, off, n)
+		if !ok {
+			return nil, 0, false
+		}
+		pos += len(f)
+		chunks++
 	}
-	i, off, n, ok := sd.next()
-	if !ok {
-		return nil, false
-	}
-	return sd.readChunk(buf, i, off, n)
+	return buf[:pos], chunks, chunks > 0
 }
 
-// chunks yields the chunks a writer sends: from the readers (full), or,
-// inline, read by the writer itself into one buffer of its own.
-func (sd *sender) chunks(yield func([]byte) bool) {
+// chunks yields what a writer sends, frames and how many chunks they
+// carry: one frame at a time from the readers (full), or, inline, blocks
+// of frames read by the writer itself into one buffer of its own.
+func (sd *sender) chunks(yield func([]byte, int) bool) {
 	if !sd.inline {
 		for buf := range sd.full {
-			if !yield(buf) {
+			if !yield(buf, 1) {
 				for range sd.full {
 				}
 				return
@@ -178,8 +234,8 @@ func (sd *sender) chunks(yield func([]byte) bool) {
 	buf := <-sd.free
 	defer func() { sd.free <- buf }()
 	for !sd.ss.failed.Load() {
-		b, ok := sd.produce(buf[:cap(buf)])
-		if !ok || !yield(b) {
+		b, k, ok := sd.produce(buf[:cap(buf)])
+		if !ok || !yield(b, k) {
 			return
 		}
 	}
@@ -191,17 +247,17 @@ func (sd *sender) chunks(yield func([]byte) bool) {
 // (c is out of step).
 func (sd *sender) write(c *conn) bool {
 	var chunks int64
-	for buf := range sd.chunks {
+	for buf, k := range sd.chunks {
 		if sd.ss.failed.Load() {
 			continue
 		}
-		if err := c.send(frameData, buf); err != nil {
+		if err := c.writeFrames(buf); err != nil {
 			sd.ss.fail(netErr(err))
 			sd.halt()
 			continue
 		}
-		chunks++
-		sd.rec.BytesDone.Add(int64(len(buf) - dataHeaderLen))
+		chunks += int64(k)
+		sd.rec.BytesDone.Add(int64(len(buf) - k*frameOverhead))
 		if !sd.inline {
 			sd.free <- buf[:cap(buf)]
 		}
@@ -259,8 +315,10 @@ func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all boo
 	}
 	wg.Wait()
 	sd.halt()
-	for range sd.full { // the readers stop; wait for them before the sources close
+	for b := range sd.full { // the readers stop; wait for them before the sources close
+		sd.free <- b[:cap(b)]
 	}
+	sd.release()
 	extras, err := ss.result()
 	if err == nil && sd.readErr != nil {
 		err = sd.readErr

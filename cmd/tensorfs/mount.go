@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"strconv"
 	"strings"
 	"syscall"
@@ -135,7 +136,7 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	// leaves a mount that hangs everyone who touches it (seen in the tests).
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	if stop, err := profiles(os.Getenv("TENSORFS_CPUPROFILE"), os.Getenv("TENSORFS_ALLOCPROFILE")); err != nil {
+	if stop, err := profiles(os.Getenv("TENSORFS_CPUPROFILE"), os.Getenv("TENSORFS_ALLOCPROFILE"), os.Getenv("TENSORFS_TRACE")); err != nil {
 		return err
 	} else {
 		defer stop()
@@ -288,14 +289,26 @@ func newUnmountCmd() *cobra.Command {
 }
 
 // profiles writes the daemon's CPU profile (runtime/pprof) from now until
-// stop to cpu, and its allocation profile (every allocation since start,
-// by bytes and count) to allocs at stop, for each that is set
-// ($TENSORFS_CPUPROFILE and $TENSORFS_ALLOCPROFILE: how the benchmarks'
-// per-copy costs were found; docs/performance.md). "%p" in either is
-// replaced by the process id, so that several daemons can profile.
-func profiles(cpu, allocs string) (stop func(), err error) {
+// stop to cpu, its allocation profile (every allocation since start, by
+// bytes and count) to allocs at stop, and its execution trace
+// (runtime/trace: where a copy's goroutines waited) to tr, for each that
+// is set ($TENSORFS_CPUPROFILE, $TENSORFS_ALLOCPROFILE, $TENSORFS_TRACE:
+// how the benchmarks' per-copy costs were found; docs/performance.md).
+// "%p" in each is replaced by the process id, so that several daemons
+// can profile.
+func profiles(cpu, allocs, tr string) (stop func(), err error) {
 	pid := strconv.Itoa(os.Getpid())
-	cpu, allocs = strings.ReplaceAll(cpu, "%p", pid), strings.ReplaceAll(allocs, "%p", pid)
+	cpu, allocs, tr = strings.ReplaceAll(cpu, "%p", pid), strings.ReplaceAll(allocs, "%p", pid), strings.ReplaceAll(tr, "%p", pid)
+	var tf *os.File
+	if tr != "" {
+		if tf, err = os.Create(tr); err != nil {
+			return nil, fmt.Errorf("TENSORFS_TRACE: %w", err)
+		}
+		if err := trace.Start(tf); err != nil {
+			tf.Close()
+			return nil, fmt.Errorf("TENSORFS_TRACE: %w", err)
+		}
+	}
 	var f *os.File
 	if cpu != "" {
 		if f, err = os.Create(cpu); err != nil {
@@ -312,6 +325,10 @@ func profiles(cpu, allocs string) (stop func(), err error) {
 		runtime.MemProfileRate = 64 << 10
 	}
 	return func() {
+		if tf != nil {
+			trace.Stop()
+			tf.Close()
+		}
 		if f != nil {
 			pprof.StopCPUProfile()
 			f.Close()
