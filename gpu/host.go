@@ -49,6 +49,10 @@ type Host struct {
 	spares     map[spareKey][]*spare
 	spareBytes int64
 	trimming   bool
+	// closed: Close has released the spares; a buffer freed after it is
+	// unmapped and closed at once, not kept by a device nobody will ask
+	// again (its fd stayed open until the trim, after its caller was gone).
+	closed bool
 }
 
 // Recycling bounds: buffers up to spareMaxSize bytes are kept, at most
@@ -143,7 +147,7 @@ func (h *Host) MemInfo() MemInfo { return MemInfo{Total: h.limit, Used: h.used.L
 func (h *Host) Close() error {
 	h.spareMu.Lock()
 	all := h.spares
-	h.spares, h.spareBytes = nil, 0
+	h.spares, h.spareBytes, h.closed = nil, 0, true
 	h.spareMu.Unlock()
 	for _, l := range all {
 		for _, sp := range l {
@@ -284,6 +288,9 @@ func (h *Host) keep(fd int, mem []byte, owner uint32) bool {
 	sp := &spare{fd: fd, mem: mem, freed: time.Now()}
 	h.spareMu.Lock()
 	defer h.spareMu.Unlock()
+	if h.closed {
+		return false
+	}
 	bound := int64(spareMaxBytes)
 	if sp.large() {
 		bound = min(spareLargeMaxBytes, h.limit/4, h.limit-h.used.Load())

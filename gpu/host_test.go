@@ -245,3 +245,21 @@ func TestHostAllocUninit(t *testing.T) {
 		require.NoError(t, c.Free())
 	}
 }
+
+// TestHostFreeAfterClose: a buffer freed after its Host was closed is
+// unmapped and its memfd closed at once, not kept as a spare of a device
+// nobody asks again (it held the fd until the trim, and another test's fd
+// count saw it go).
+func TestHostFreeAfterClose(t *testing.T) {
+	fds := fdCount(t)
+	h, err := NewHost(64 << 20)
+	require.NoError(t, err)
+	small, err := h.Alloc(4096, 0)
+	require.NoError(t, err)
+	large, err := h.Alloc(16<<20, 0)
+	require.NoError(t, err)
+	require.NoError(t, h.Close())
+	require.NoError(t, small.Free())
+	require.NoError(t, large.Free())
+	require.Equal(t, fds, fdCount(t), "no memfd left open")
+}

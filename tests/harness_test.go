@@ -28,6 +28,9 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(echoPeerEnv) != "" {
+		os.Exit(echoPeer())
+	}
 	os.Exit(run(m))
 }
 
