@@ -12,11 +12,16 @@ import (
 //
 // A buffer's class is its payload capacity, a power of two from
 // minBufClass up to the largest frame, plus bufSlack bytes for the
-// headers in front of it.
+// headers in front of it. A buffer starts bufPad bytes into its
+// allocation, so that a chunk read behind its frame's headers
+// (frameOverhead) starts 32-byte aligned: a memmove of 1 MiB into it and
+// its CRC32C took three times as long at offset 21 as at 16 or 32 (5.6
+// against 15.5 GB/s, this VM), and a copy over TCP lost a fifth.
 const (
 	minBufClass = 12 // 4 KiB
 	maxBufClass = 23 // 8 MiB: above MaxFrame
 	bufSlack    = 64
+	bufPad      = 32 - frameOverhead
 )
 
 var bufPools [maxBufClass + 1]sync.Pool
@@ -40,14 +45,14 @@ func getBuf(n int) []byte {
 	if p, ok := bufPools[c].Get().(*[]byte); ok {
 		return (*p)[:n]
 	}
-	return make([]byte, n, 1<<c+bufSlack)
+	return make([]byte, 1<<c+bufSlack)[bufPad : bufPad+n]
 }
 
 // putBuf gives b back to its pool for a later getBuf; a buffer no pool
 // made is dropped. b must not be used after.
 func putBuf(b []byte) {
-	c := bufClass(cap(b))
-	if c < 0 || cap(b) != 1<<c+bufSlack {
+	c := bufClass(cap(b) + bufPad)
+	if c < 0 || cap(b) != 1<<c+bufSlack-bufPad {
 		return
 	}
 	b = b[:cap(b)]

@@ -57,6 +57,8 @@ type conn struct {
 	// ownerPID is the peer's process, once a memfd handle naming it was
 	// checked against the connection (checkOwner).
 	ownerPID int
+	// iov holds writeFrames' frames for a writev (one writer at a time).
+	iov [][]byte
 	// progress, when set, gets the bytes_done of keepalives that carry a
 	// progressMsg (an IPC put's receiver reporting to its sender).
 	progress func(bytesDone int64)
@@ -70,21 +72,39 @@ func (c *conn) send(typ byte, payload []byte) error {
 	return nil
 }
 
-// writeFrames sends whole frames that sit in a buffer of the caller's (a
+// writeFrames sends whole frames that sit in buffers of the caller's (a
 // data stream's chunks, read behind their headers): into the connection's
 // write buffer when they fit behind what waits there (small puts: request,
 // data and done in one write), else straight to the socket after what
-// waits, so that megabytes are not copied into the write buffer first.
-func (c *conn) writeFrames(frames []byte) error {
+// waits, in one writev, so that megabytes are not copied into the write
+// buffer first.
+func (c *conn) writeFrames(frames [][]byte) error {
 	c.c.SetWriteDeadline(time.Now().Add(c.timeout))
-	if len(frames) <= c.w.Available() && c.w.Buffered() > 0 {
-		_, err := c.w.Write(frames)
-		return err
+	n := 0
+	for _, f := range frames {
+		n += len(f)
+	}
+	if n <= c.w.Available() && c.w.Buffered() > 0 {
+		for _, f := range frames {
+			c.w.Write(f)
+		}
+		return c.w.Flush()
 	}
 	if err := c.w.Flush(); err != nil {
 		return err
 	}
-	_, err := c.c.Write(frames)
+	// WriteTo consumes what it is given (it clears the entries it wrote):
+	// a copy of the slice headers, in the connection's reused array.
+	c.iov = append(c.iov[:0], frames...)
+	bufs := net.Buffers(c.iov)
+	defer clear(c.iov)
+	if tc, ok := c.c.Conn.(*net.TCPConn); ok {
+		// The TCP connection itself: net.Buffers writes it with writev
+		// (through the wrapper, one write per frame).
+		_, err := bufs.WriteTo(tc)
+		return err
+	}
+	_, err := bufs.WriteTo(c.c)
 	return err
 }
 

@@ -75,7 +75,7 @@ func newSender(srcs []Source, chunk int64, k int, rec *Record, ss *streamSet) *s
 	if sd.inline {
 		// A block of frames, no larger than the transfer needs (a 4 KiB
 		// copy must not take a 256 KiB buffer).
-		need := sd.total() + frameOverhead*((sd.total()+size-1)/size)
+		need := sd.total() + (frameOverhead+frameAlign)*((sd.total()+size-1)/size)
 		n = max(n, int(min(need, inlineBlock)))
 	}
 	for range cap(sd.free) {
@@ -192,15 +192,17 @@ func (sd *sender) readChunk(buf []byte, i int, off, n int64) ([]byte, bool) {
 }
 
 // produce packs the frames of the next chunks into buf, as many as fit,
-// for an inline writer; it returns them and how many, or false when the
-// chunks ran out before one was packed, a read failed (readErr) or the
-// transfer halted.
-func (sd *sender) produce(buf []byte) (frames []byte, chunks int, ok bool) {
+// each at a multiple of frameAlign (so that its chunk's bytes are aligned:
+// see bufPad), for an inline writer; it returns them in frames (reused)
+// and how many bytes they carry, or false when the chunks ran out before
+// one was packed, a read failed (readErr) or the transfer halted.
+func (sd *sender) produce(buf []byte, frames [][]byte) (_ [][]byte, bytes int64, ok bool) {
+	frames = frames[:0]
 	pos := 0
 	for pos+frameOverhead+sd.maxChunk <= len(buf) || pos == 0 {
 		select {
 		case <-sd.stop:
-			return nil, 0, false
+			return frames, 0, false
 		default:
 		}
 		i, off, n, more := sd.next()
@@ -209,21 +211,28 @@ func (sd *sender) produce(buf []byte) (frames []byte, chunks int, ok bool) {
 		}
 		f, ok := sd.readChunk(buf[pos:], i, off, n)
 		if !ok {
-			return nil, 0, false
+			return frames, 0, false
 		}
-		pos += len(f)
-		chunks++
+		frames = append(frames, f)
+		bytes += n
+		pos = (pos + len(f) + frameAlign - 1) &^ (frameAlign - 1)
 	}
-	return buf[:pos], chunks, chunks > 0
+	return frames, bytes, len(frames) > 0
 }
 
-// chunks yields what a writer sends, frames and how many chunks they
-// carry: one frame at a time from the readers (full), or, inline, blocks
-// of frames read by the writer itself into one buffer of its own.
-func (sd *sender) chunks(yield func([]byte, int) bool) {
+// frameAlign is the alignment of the frames an inline writer packs into
+// its buffer, in bytes (see bufPad).
+const frameAlign = 32
+
+// chunks yields what a writer sends, frames and the chunk bytes they
+// carry: one frame at a time from the readers (full), or, inline, the
+// frames read by the writer itself into one buffer of its own.
+func (sd *sender) chunks(yield func([][]byte, int64) bool) {
 	if !sd.inline {
+		var one [1][]byte
 		for buf := range sd.full {
-			if !yield(buf, 1) {
+			one[0] = buf
+			if !yield(one[:], int64(len(buf)-frameOverhead)) {
 				for range sd.full {
 				}
 				return
@@ -233,9 +242,12 @@ func (sd *sender) chunks(yield func([]byte, int) bool) {
 	}
 	buf := <-sd.free
 	defer func() { sd.free <- buf }()
+	var frames [][]byte
 	for !sd.ss.failed.Load() {
-		b, k, ok := sd.produce(buf[:cap(buf)])
-		if !ok || !yield(b, k) {
+		var n int64
+		var ok bool
+		frames, n, ok = sd.produce(buf[:cap(buf)], frames)
+		if !ok || !yield(frames, n) {
 			return
 		}
 	}
@@ -247,19 +259,19 @@ func (sd *sender) chunks(yield func([]byte, int) bool) {
 // (c is out of step).
 func (sd *sender) write(c *conn) bool {
 	var chunks int64
-	for buf, k := range sd.chunks {
+	for frames, n := range sd.chunks {
 		if sd.ss.failed.Load() {
 			continue
 		}
-		if err := c.writeFrames(buf); err != nil {
+		if err := c.writeFrames(frames); err != nil {
 			sd.ss.fail(netErr(err))
 			sd.halt()
 			continue
 		}
-		chunks += int64(k)
-		sd.rec.BytesDone.Add(int64(len(buf) - k*frameOverhead))
+		chunks += int64(len(frames))
+		sd.rec.BytesDone.Add(n)
 		if !sd.inline {
-			sd.free <- buf[:cap(buf)]
+			sd.free <- frames[0][:cap(frames[0])]
 		}
 	}
 	if sd.ss.failed.Load() {
