@@ -52,6 +52,13 @@ var dtypeAliases = map[string]DType{
 	"float64": "F64", "double": "F64",
 	"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0",
 	"complex64": "C64", "cfloat": "C64",
+	// The short spellings of serving and training configs (vLLM's
+	// kv_cache_dtype, DeepSpeed's and Megatron's fp16/bf16 flags): "fp8"
+	// alone is E4M3, the format those engines mean by it; AMD's *fnuz
+	// variants encode differently and are not aliased.
+	"fp16": "F16", "fp32": "F32", "fp64": "F64", "fp8": "F8_E4M3", "fp4": "F4",
+	"fp8_e4m3": "F8_E4M3", "fp8_e5m2": "F8_E5M2", "e4m3": "F8_E4M3", "e5m2": "F8_E5M2", "e8m0": "F8_E8M0",
+	"float8_e4m3": "F8_E4M3", "f8e4m3": "F8_E4M3", "f8e5m2": "F8_E5M2",
 }
 
 // numpyCodes are numpy's array-protocol type codes. They are accepted only
@@ -85,7 +92,7 @@ func Parse(s string) (DType, error) {
 			return d, nil
 		}
 	}
-	return "", fmt.Errorf("dtype %q: %w (want a safetensors name like F32, BF16, I64, a torch/numpy name like float32, or a numpy code like <f4)", s, ErrInvalid)
+	return "", fmt.Errorf("dtype %q: %w (want a safetensors name like F32, BF16, I64, F8_E4M3, a torch/numpy name like float32, a short one like fp16 or e4m3, or a numpy code like <f4)", s, ErrInvalid)
 }
 
 // Bits is the element size in bits (0 for an unknown dtype).

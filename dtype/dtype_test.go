@@ -13,12 +13,16 @@ func TestParse(t *testing.T) {
 		"uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "F8_E5M2": "F8_E5M2",
 		"half": "F16", "double": "F64", " I32 ": "I32", "F4": "F4",
 		"f4": "F4", "i8": "I8", "u8": "U8", "f16": "F16", "i32": "I32", "<i8": "I64", "|u1": "U8", "=f8": "F64",
+		// The configs' short spellings (a new user's first tries: fp16,
+		// fp32, fp8 and e4m3 were refused while bf16 was accepted).
+		"fp16": "F16", "FP32": "F32", "fp64": "F64", "fp8": "F8_E4M3", "e4m3": "F8_E4M3", "e5m2": "F8_E5M2",
+		"fp8_e5m2": "F8_E5M2", "torch.float8_e5m2": "F8_E5M2", "bf16": "BF16", "e8m0": "F8_E8M0", "fp4": "F4",
 	} {
 		got, err := Parse(in)
 		require.NoError(t, err, in)
 		require.Equal(t, want, got, in)
 	}
-	for _, in := range []string{"", "F31", "banana", "torch.", "F32\x00", ">f4", "<f3", "<x4"} {
+	for _, in := range []string{"", "F31", "banana", "torch.", "F32\x00", ">f4", "<f3", "<x4", "float33", "float8_e4m3fnuz", "fp12"} {
 		_, err := Parse(in)
 		require.ErrorIs(t, err, ErrInvalid, "%q", in)
 	}

@@ -1,6 +1,8 @@
 package fs
 
 import (
+	"context"
+	"fmt"
 	"log"
 	"syscall"
 
@@ -25,4 +27,23 @@ func toErrno(op string, err error) syscall.Errno {
 	}
 	log.Printf("%s: %v (EIO)", op, err)
 	return syscall.EIO
+}
+
+// refuse is how a tensorfs attribute's set or removal on node n fails:
+// namespace.Tree.Refuse maps err to its errno, logs the reason once and
+// keeps it for stats (errors.recent), with the caller's pid; 0 for nil.
+func (fsys *FS) refuse(ctx context.Context, n namespace.Node, attr string, err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var pid uint32
+	if c := caller(ctx); c != nil {
+		pid = c.PID
+	}
+	return fsys.tree.Refuse(pid, fsys.tree.Path(n), attr, err)
+}
+
+// errnoErr is a refusal that the frontend decides itself: errno, with why.
+func errnoErr(errno syscall.Errno, format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), errno)
 }

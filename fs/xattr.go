@@ -28,6 +28,16 @@ var fileAttrs = []string{xattrs.DType, xattrs.Shape, xattrs.Device, xattrs.NByte
 // in listing order.
 var dirAttrs = []string{xattrs.DType, xattrs.Shape, xattrs.Device, xattrs.StatsName}
 
+// knownAttr are the settable attributes (full names), for refusals that
+// tell an attribute a node does not take from a misspelled one.
+var knownAttr = func() map[string]bool {
+	m := map[string]bool{}
+	for _, a := range xattrs.Settable {
+		m[a] = true
+	}
+	return m
+}()
+
 // readOnly are attributes (full names) that can be read but never set (EPERM).
 var readOnly = map[string]bool{xattrs.MRID: true, xattrs.IPCID: true, xattrs.IPCHandle: true, xattrs.IPCOffset: true,
 	xattrs.NBytes: true, xattrs.Generation: true, xattrs.StatsName: true}
@@ -93,13 +103,17 @@ func (f *File) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 	return xattrReply(dest, []byte(v))
 }
 
-// Setxattr implements gofs.NodeSetxattrer.
+// Setxattr implements gofs.NodeSetxattrer. A tensorfs attribute's refusal
+// is logged and kept for stats with its reason (refuse).
 func (f *File) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
 	if !strings.HasPrefix(attr, xattrs.Prefix) {
 		return f.meta.setUser(attr, data, flags)
 	}
-	name := strings.TrimPrefix(attr, xattrs.Prefix) // the short name, for log messages
-	val := string(data)
+	return f.fsys.refuse(ctx, f.ns, attr, f.setxattr(ctx, attr, string(data)))
+}
+
+// setxattr sets tensorfs attribute attr (its full name) to val.
+func (f *File) setxattr(ctx context.Context, attr, val string) error {
 	var err error
 	switch attr {
 	case xattrs.DType:
@@ -109,30 +123,32 @@ func (f *File) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	case xattrs.Device:
 		err = f.t.SetDevice(val)
 	case xattrs.CopyTo:
-		return toErrno(name, f.fsys.tree.CopyTo(copyCtx(ctx), f.ns, val, true))
+		return f.fsys.tree.CopyTo(copyCtx(ctx), f.ns, val, true)
 	case xattrs.CopyFrom:
-		return toErrno(name, f.fsys.tree.CopyFrom(copyCtx(ctx), f.ns, val))
+		return f.fsys.tree.CopyFrom(copyCtx(ctx), f.ns, val)
 	case xattrs.Register:
 		err = f.fsys.tree.Register(caller(ctx), f.t, val)
 	default:
-		return readOnlyOrInvalid(attr)
+		return readOnlyOrInvalid(attr, "a file")
 	}
-	if err != nil {
-		return toErrno("setxattr "+attr, err)
+	if err == nil {
+		f.meta.Touch()
 	}
-	f.meta.Touch()
-	return 0
+	return err
 }
 
-// readOnlyOrInvalid answers a set of a tensorfs attribute that the node's
-// Setxattr does not handle: EPERM for a read-only one, else EINVAL (an
-// unknown name, or an action this kind of node does not take: batch on a
-// file or below the root, register on a directory).
-func readOnlyOrInvalid(attr string) syscall.Errno {
+// readOnlyOrInvalid is the refusal of a set of a tensorfs attribute that
+// the node's Setxattr does not handle: EPERM for a read-only one, else
+// EINVAL (an unknown name, or an action this kind of node, what, does not
+// take: batch on a file or below the root, register on a directory).
+func readOnlyOrInvalid(attr, what string) error {
 	if readOnly[attr] {
-		return syscall.EPERM
+		return errnoErr(syscall.EPERM, "%s is read-only", attr)
 	}
-	return syscall.EINVAL
+	if knownAttr[attr] {
+		return errnoErr(syscall.EINVAL, "%s is not taken by %s", attr, what)
+	}
+	return errnoErr(syscall.EINVAL, "unknown attribute %s (the attributes are %s)", attr, strings.Join(xattrs.Settable, ", "))
 }
 
 // Listxattr implements gofs.NodeListxattrer: the readable attributes that
@@ -151,7 +167,7 @@ func (f *File) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 // cannot be removed (EPERM).
 func (f *File) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if strings.HasPrefix(attr, xattrs.Prefix) {
-		return syscall.EPERM
+		return f.fsys.refuse(ctx, f.ns, attr, errnoErr(syscall.EPERM, "a file's tensorfs attributes cannot be removed"))
 	}
 	return f.meta.removeUser(attr)
 }
@@ -198,19 +214,25 @@ func (d *Dir) Setxattr(ctx context.Context, attr string, data []byte, flags uint
 	if !strings.HasPrefix(attr, xattrs.Prefix) {
 		return d.meta.setUser(attr, data, flags)
 	}
-	// The short name, for log messages and the namespace's template calls.
-	name := strings.TrimPrefix(attr, xattrs.Prefix)
+	return d.fsys.refuse(ctx, d.d, attr, d.setxattr(ctx, attr, string(data)))
+}
+
+// setxattr sets tensorfs attribute attr (its full name) of the directory.
+func (d *Dir) setxattr(ctx context.Context, attr, val string) error {
 	switch {
 	case attr == xattrs.CopyTo:
-		return toErrno(name, d.fsys.tree.CopyTo(copyCtx(ctx), d.d, string(data), true))
+		return d.fsys.tree.CopyTo(copyCtx(ctx), d.d, val, true)
 	case attr == xattrs.CopyFrom:
-		return toErrno(name, d.fsys.tree.CopyFrom(copyCtx(ctx), d.d, string(data)))
+		return d.fsys.tree.CopyFrom(copyCtx(ctx), d.d, val)
 	case attr == xattrs.Batch && d.isRoot():
-		return toErrno(name, d.fsys.tree.Batch(copyCtx(ctx), string(data)))
+		return d.fsys.tree.Batch(copyCtx(ctx), val)
 	case attr == xattrs.DType || attr == xattrs.Shape || attr == xattrs.Device:
-		return toErrno("setxattr "+attr, d.d.SetTemplateAttr(name, string(data)))
+		// The namespace takes the template attribute's short name.
+		return d.d.SetTemplateAttr(strings.TrimPrefix(attr, xattrs.Prefix), val)
+	case attr == xattrs.Batch:
+		return errnoErr(syscall.EINVAL, "%s is taken by the root directory only", attr)
 	}
-	return readOnlyOrInvalid(attr)
+	return readOnlyOrInvalid(attr, "a directory")
 }
 
 // Listxattr implements gofs.NodeListxattrer.
@@ -232,7 +254,7 @@ func (d *Dir) Removexattr(ctx context.Context, attr string) syscall.Errno {
 		return d.meta.removeUser(attr)
 	}
 	// The namespace takes the template attribute's short name.
-	return toErrno("removexattr "+attr, d.d.RemoveTemplateAttr(name))
+	return d.fsys.refuse(ctx, d.d, attr, d.d.RemoveTemplateAttr(name))
 }
 
 // getUser reads an ordinary attribute. Other namespaces (security., trusted.,

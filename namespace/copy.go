@@ -240,8 +240,7 @@ func actionLines(value, want string) ([]actionLine, error) {
 // known errno.
 func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool) (err error) {
 	defer func() {
-		logRefusal("copy_to", f.Path(src), value, err)
-		err = copyErr(err)
+		err = copyErr(logRefusal("copy_to", f.Path(src), value, err))
 	}()
 	fields, err := actionLines(value, "[@SRCRANGE ]DST")
 	if err != nil {
@@ -340,8 +339,7 @@ func applyRange(srcs []transfer.Source, r transfer.Range, isDir bool) error {
 // ENOENT when dst has no name any more.
 func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error) {
 	defer func() {
-		logRefusal("copy_from", f.Path(dst), value, err)
-		err = copyErr(err)
+		err = copyErr(logRefusal("copy_from", f.Path(dst), value, err))
 	}()
 	fields, err := actionLines(value, "SRC[ @DSTRANGE]")
 	if err != nil {
@@ -463,8 +461,7 @@ func (f *Tree) localCopy(ctx context.Context, label, dst string, srcs []transfer
 // side "[PEER:]PATH[@RANGE]", as one call (runLines). Errors as CopyTo's.
 func (f *Tree) Batch(ctx context.Context, value string) (err error) {
 	defer func() {
-		logRefusal("batch", "/", value, err)
-		err = copyErr(err)
+		err = copyErr(logRefusal("batch", "/", value, err))
 	}()
 	fields, err := actionLines(value, "SRC DST")
 	if err != nil {
@@ -525,16 +522,19 @@ func (e loggedError) Unwrap() error { return e.error }
 
 // logRefusal logs a copy action's error that no transfer logged (a bad
 // line, a range that does not fit, a copy onto itself: refused before
-// anything moved), so that every refusal has its reason in the log.
-func logRefusal(action, on, value string, err error) {
+// anything moved), with the action's value, so that every refusal has its
+// reason in the log; it returns err marked as logged (Tree.Refuse records
+// it without logging it again).
+func logRefusal(action, on, value string, err error) error {
 	var le loggedError
 	if err == nil || errors.As(err, &le) {
-		return
+		return err
 	}
 	if len(value) > 200 {
 		value = value[:200] + "..."
 	}
-	log.Printf("%s on %s %q: refused: %v", action, on, value, err)
+	log.Printf("setxattr user.tensorfs.%s on %s %q: refused: %v", action, on, value, err)
+	return loggedError{err}
 }
 
 // inPlaceLogEvery spaces the log lines of successful in-place copies.

@@ -74,9 +74,13 @@ func copyErr(err error) error {
 	errno := Errno(err)
 	switch {
 	case errno == syscall.ESTALE:
-		return &transfer.Error{Errno: syscall.ENOENT, Msg: err.Error()}
+		errno = syscall.ENOENT
 	case hasErrno || errno == 0:
 		return err
 	}
-	return &transfer.Error{Errno: errno, Msg: err.Error()}
+	out := error(&transfer.Error{Errno: errno, Msg: err.Error()})
+	if errors.As(err, new(loggedError)) {
+		out = loggedError{out} // still logged: Tree.Refuse logs it once
+	}
+	return out
 }

@@ -13,26 +13,27 @@ import (
 type Stats struct {
 	Live tensor.Stats `json:"live"`
 	transfer.Stats
+	// Errors are the refused attribute sets and actions (Refuse).
+	Errors Errors `json:"errors"`
 }
 
 // statsPad is the granularity the stats document is padded to, in bytes.
 const statsPad = 256
 
-// StatsJSON renders the stats document followed by a newline and padded with
-// spaces (JSON whitespace, so parsers accept it) to a multiple of statsPad.
-// Clients read xattrs in two calls (a size probe, then the read); a value
-// whose length changed in between would fail the read with ERANGE (seen under
-// load), so the length changes only when the document crosses a statsPad
-// boundary. The newline comes first so a terminal shows the JSON on its own
-// line.
+// StatsJSON renders the stats document padded with spaces (JSON
+// whitespace, so parsers accept it) to a multiple of statsPad, the last
+// byte a newline. Clients read xattrs in two calls (a size probe, then the
+// read); a value whose length changed in between would fail the read with
+// ERANGE (seen under load), so the length changes only when the document
+// crosses a statsPad boundary. The newline comes last so that a terminal
+// shows the prompt on a line of its own after `getfattr --only-values`.
 func (f *Tree) StatsJSON() []byte {
 	live := f.store.Stats()
 	live.Imports = f.peers.Imports()
-	b, _ := json.Marshal(Stats{Live: live, Stats: f.peers.Stats()})
-	b = append(b, '\n')
-	n := (len(b) + statsPad - 1) / statsPad * statsPad
-	for len(b) < n {
+	b, _ := json.Marshal(Stats{Live: live, Stats: f.peers.Stats(), Errors: f.errorStats()})
+	n := (len(b) + 1 + statsPad - 1) / statsPad * statsPad
+	for len(b) < n-1 {
 		b = append(b, ' ')
 	}
-	return b
+	return append(b, '\n')
 }

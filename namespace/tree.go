@@ -36,6 +36,8 @@ type Tree struct {
 	mnt    string
 	placer Placer
 	tmpSeq atomic.Uint64
+	// refusals are the recent refused attribute sets (Refuse), for stats.
+	refusals refusals
 }
 
 // New returns an empty tree over store whose root is mode 0755, owned by

@@ -302,6 +302,16 @@ class Copies(Base):
         self.assertTrue(cm.exception.reason, "no reason in stats for: %s" % cm.exception)
         self.assertIn(cm.exception.reason, str(cm.exception))
 
+    def test_refusal_reason_from_stats(self):
+        # Refused before any transfer (a copy onto itself): the reason is in
+        # stats' errors.recent, by this process's thread.
+        self.tensor(self.a, "self", b"abc")
+        with self.assertRaises(tensorfs.TensorfsError) as cm:
+            self.a.copy_to(self.p("self"), self.p("self"))
+        self.assertEqual(cm.exception.errno, errno.EINVAL)
+        self.assertIn("onto itself", cm.exception.reason or "", str(cm.exception))
+        self.assertIn("onto itself", str(cm.exception))
+
 
 class InPlace(Base):
     """In-place copies (ranges): need the daemon's range support."""

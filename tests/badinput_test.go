@@ -3,9 +3,11 @@ package tests
 import (
 	"bytes"
 	"os"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -299,4 +301,51 @@ func TestDirNlink(t *testing.T) {
 	require.NoError(t, os.RemoveAll(d.path("q")))
 	require.EqualValues(t, 2, nlink(d.mnt))
 	d.requireClean()
+}
+
+// TestRefusalReasons: each refused attribute set or action a new user hit
+// (a wrong dtype, a misspelled attribute, a device that is not there, a
+// copy onto itself, a directory into its own subtree, a batch line whose
+// source is missing) answers its errno, logs one line with the path, the
+// attribute and why, and is listed in stats' errors.recent with the
+// caller's thread id, so that a client can print the reason.
+func TestRefusalReasons(t *testing.T) {
+	d := startDaemon(t, "--device", "host")
+	f := d.path("t")
+	require.NoError(t, os.WriteFile(f, []byte("abcd"), 0o644))
+	require.NoError(t, os.Mkdir(d.path("dir"), 0o755))
+	for _, c := range []struct {
+		path, rel, attr, val string
+		errno                syscall.Errno
+		reason               string
+	}{
+		{f, "/t", xattrs.DType, "float33", syscall.EINVAL, `dtype "float33"`},
+		{f, "/t", xattrs.Prefix + "dtpye", "F32", syscall.EINVAL, "unknown attribute user.tensorfs.dtpye"},
+		{f, "/t", xattrs.NBytes, "8", syscall.EPERM, "is read-only"},
+		{d.path("dir"), "/dir", xattrs.Device, "cuda:7", syscall.EINVAL, "cuda:7"},
+		{f, "/t", xattrs.CopyTo, "/t", syscall.EINVAL, "onto itself"},
+		{d.path("dir"), "/dir", xattrs.CopyTo, "/dir/sub", syscall.EINVAL, "own subtree"},
+		{d.mnt, "/", xattrs.Batch, "/missing /t2", syscall.ENOENT, "missing"},
+		{d.path("dir"), "/dir", xattrs.Batch, "/t /t2", syscall.EINVAL, "root directory only"},
+	} {
+		runtime.LockOSThread()
+		tid := unix.Gettid()
+		err := unix.Setxattr(c.path, c.attr, []byte(c.val), 0)
+		runtime.UnlockOSThread()
+		require.ErrorIs(t, err, c.errno, "%s=%q on %s", c.attr, c.val, c.rel)
+		st := d.stats()
+		r, ok := st.Refusal(uint32(tid), c.rel, c.attr)
+		require.True(t, ok, "%s=%q on %s: no refusal in stats (thread %d): %+v", c.attr, c.val, c.rel, tid, st.Errors)
+		require.Equal(t, unix.ErrnoName(c.errno), r.Errno)
+		require.Contains(t, r.Reason, c.reason)
+		require.WithinDuration(t, time.Now(), r.Time, time.Minute)
+		d.requireLog(c.attr+" on "+c.rel)
+		d.requireLog(c.reason)
+	}
+	st := d.stats()
+	require.GreaterOrEqual(t, st.Errors.Total, int64(8))
+	// The document ends with a newline (a terminal's prompt after getfattr
+	// --only-values starts on its own line).
+	raw := getx(t, d.mnt, xattrs.StatsName)
+	require.True(t, strings.HasSuffix(raw, "\n"), "stats ends with a newline")
 }

@@ -191,7 +191,11 @@ func TestCpLocal(t *testing.T) {
 	require.EqualValues(t, 2, a.stats().Copies.Local)
 	require.Zero(t, b.stats().Copies.TCP)
 
+	// Refused before any transfer: the reason comes from stats'
+	// errors.recent (a bare "Invalid argument" was all a new user got).
 	cpFails(t, []string{a.path("w/x"), a.path("w/x")}, "Invalid argument")
+	cpFails(t, []string{a.path("w/x"), a.path("w/x")}, "copy of /w/x onto itself")
+	cpFails(t, []string{a.path("w"), a.path("w/sub")}, "into its own subtree")
 
 	for _, p := range []string{"w", "w2"} {
 		require.NoError(t, os.RemoveAll(a.path(p)))

@@ -326,7 +326,7 @@ func TestInPlaceRefusals(t *testing.T) {
 		require.Zero(t, d.stats().Live.Pins)
 	}
 	// Refused before any transfer: the reason is in the sender's log.
-	a.requireLog(`copy_to on /src "@4000+100 b:/dst@0": refused`)
+	a.requireLog(`setxattr user.tensorfs.copy_to on /src "@4000+100 b:/dst@0": refused`)
 	// The same tree with matching sizes is a weight update in place: each
 	// tensor keeps its registration, dtype and shape.
 	require.NoError(t, os.Truncate(b.path("tree", "2"), 300))

@@ -216,7 +216,12 @@ func TestPeerRefusals(t *testing.T) {
 	require.ErrorIs(t, set("down:/t"), syscall.ECONNREFUSED)
 	_, err := os.Stat(b.path("t"))
 	require.ErrorIs(t, err, syscall.ENOENT, "nothing arrived")
-	a.requireLog("failed to prove the shared secret")
+	// Both sides say what is wrong, naming both nodes (a's log blamed b
+	// alone, and b's showed only an EOF).
+	a.requireLog("node a and peer b at 127.0.0.1:")
+	a.requireLog("hold different shared secrets")
+	b.requireLog("node b and peer a at ")
+	b.requireLog("(refused by a)")
 	require.NoError(t, os.Remove(a.path("t")))
 	a.requireClean()
 	b.requireClean()

@@ -16,7 +16,7 @@ import (
 // the connection on one.
 func (s *Service) authenticate(c *conn, addr string) error {
 	cn := nonce()
-	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds()}); err != nil {
+	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0}); err != nil {
 		return netErr(err)
 	}
 	var ch challenge
@@ -27,7 +27,11 @@ func (s *Service) authenticate(c *conn, addr string) error {
 		return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("protocol version mismatch: peer %s speaks %d, node %s speaks %d", c.peer, ch.Version, s.cfg.Name, ProtocolVersion)}
 	}
 	if !hmac.Equal(ch.Proof, proof(s.cfg.Secret, "server", cn, ch.Nonce, s.cfg.Name, ch.Name)) {
-		return &Error{Errno: syscall.EACCES, Msg: fmt.Sprintf("peer %s at %s failed to prove the shared secret", c.peer, addr)}
+		// Either side may hold the wrong secret (or none): say so, and tell
+		// the server too, whose log would otherwise show only an EOF.
+		err := &Error{Errno: syscall.EACCES, Msg: secretMismatch(s.cfg.Name, s.cfg.Secret, ch.NoSecret, ch.Name, addr)}
+		c.sendError(&Error{Errno: syscall.EACCES, Msg: secretMismatch(ch.Name, nil, len(s.cfg.Secret) == 0, s.cfg.Name, c.c.LocalAddr().String()) + " (refused by " + s.cfg.Name + ")"})
+		return err
 	}
 	if err := c.sendJSON(frameAuth, authMsg{Proof: proof(s.cfg.Secret, "client", cn, ch.Nonce, s.cfg.Name, ch.Name)}); err != nil {
 		return netErr(err)
@@ -59,16 +63,18 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	}
 	c.peer = h.Name
 	sn := nonce()
-	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name), Instance: s.instance, Imports: s.importKinds()}); err != nil {
+	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name), Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0}); err != nil {
 		return nil, err
 	}
 	var a authMsg
 	if err := c.recvJSON(frameAuth, &a); err != nil {
+		// The client's reason, when it refused our proof (secretMismatch),
+		// is in err: this node's log says it, not a bare EOF.
 		return nil, err
 	}
 	if !hmac.Equal(a.Proof, proof(s.cfg.Secret, "client", h.Nonce, sn, h.Name, s.cfg.Name)) {
-		err := &Error{Errno: syscall.EACCES, Msg: fmt.Sprintf("peer %s (%s) failed to prove the shared secret", h.Name, nc.RemoteAddr())}
-		c.sendError(err)
+		err := &Error{Errno: syscall.EACCES, Msg: secretMismatch(s.cfg.Name, s.cfg.Secret, h.NoSecret, h.Name, nc.RemoteAddr().String())}
+		c.sendError(&Error{Errno: syscall.EACCES, Msg: secretMismatch(h.Name, nil, len(s.cfg.Secret) == 0, s.cfg.Name, nc.LocalAddr().String()) + " (refused by " + s.cfg.Name + ")"})
 		return nil, err
 	}
 	if err := c.sendJSON(frameOK, reply{}); err != nil {
@@ -78,6 +84,22 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	c.instance, c.imports = h.Instance, h.Imports
 	c.max = MaxFrame
 	return c, nil
+}
+
+// secretMismatch is the refusal of a handshake whose proof did not match,
+// as node self (with secret, nil when unknown) tells it about peer (which
+// says whether it has none) at addr: which of the two has no secret, or
+// that theirs differ. Neither side can tell which secret is the wrong one.
+func secretMismatch(self string, secret []byte, peerNone bool, peer, addr string) string {
+	switch {
+	case peerNone && secret != nil && len(secret) > 0:
+		return fmt.Sprintf("peer %s at %s has no shared secret (--secret-file) and node %s has one", peer, addr, self)
+	case !peerNone && secret != nil && len(secret) == 0:
+		return fmt.Sprintf("node %s has no shared secret (--secret-file) and peer %s at %s has one", self, peer, addr)
+	case peerNone:
+		return fmt.Sprintf("peer %s at %s has no shared secret (--secret-file)", peer, addr)
+	}
+	return fmt.Sprintf("node %s and peer %s at %s hold different shared secrets (--secret-file): the proofs do not match", self, peer, addr)
 }
 
 // proof is HMAC-SHA256(secret, role, both nonces, both names): the secret

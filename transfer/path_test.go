@@ -71,3 +71,24 @@ func TestCallerPID(t *testing.T) {
 	require.Equal(t, 99, s.Stats().Transfers.Recent[0].PID)
 	end(nil)
 }
+
+// TestSecretMismatch: a refused handshake names the side without a
+// secret, or says that the two differ, naming both nodes.
+func TestSecretMismatch(t *testing.T) {
+	for _, c := range []struct {
+		secret   []byte
+		peerNone bool
+		want     string
+	}{
+		{[]byte("s"), true, "peer b at 10.0.0.2:7000 has no shared secret (--secret-file) and node a has one"},
+		{[]byte{}, false, "node a has no shared secret (--secret-file) and peer b at 10.0.0.2:7000 has one"},
+		{nil, true, "peer b at 10.0.0.2:7000 has no shared secret"},
+		{[]byte("s"), false, "node a and peer b at 10.0.0.2:7000 hold different shared secrets"},
+		{nil, false, "node a and peer b at 10.0.0.2:7000 hold different shared secrets"},
+	} {
+		got := secretMismatch("a", c.secret, c.peerNone, "b", "10.0.0.2:7000")
+		if !strings.HasPrefix(got, c.want) {
+			t.Errorf("secret %q, peer without one %v: %q, want %q...", c.secret, c.peerNone, got, c.want)
+		}
+	}
+}

@@ -638,7 +638,7 @@ func TestWrongSecret(t *testing.T) {
 	c := rawClient(t, addrOf(srv))
 	err = clientHandshake(c, "intruder", otherSecret)
 	requireErrno(t, err, syscall.EACCES)
-	require.Contains(t, err.Error(), "failed to prove the shared secret")
+	require.Contains(t, err.Error(), "hold different shared secrets")
 	expectClosed(t, c, 2*time.Second)
 
 	// and a proof of the right length, all zeros

@@ -13,6 +13,9 @@ type hello struct {
 	// Imports lists the IPC handle kinds the node can open ("memfd",
 	// "cuda"): an exporter offers only those.
 	Imports []string `json:"imports,omitempty"`
+	// NoSecret says the node runs without a shared secret, so that a
+	// refused handshake names the side that has none.
+	NoSecret bool `json:"no_secret,omitempty"`
 }
 
 // challenge answers hello (server -> client) and proves the server knows the
@@ -23,9 +26,10 @@ type challenge struct {
 	HostID  string `json:"host_id"`
 	Nonce   []byte `json:"nonce"`
 	Proof   []byte `json:"proof"`
-	// Instance and Imports: as in hello.
+	// Instance, Imports and NoSecret: as in hello.
 	Instance string   `json:"instance"`
 	Imports  []string `json:"imports,omitempty"`
+	NoSecret bool     `json:"no_secret,omitempty"`
 }
 
 // authMsg proves the client knows the secret (client -> server).

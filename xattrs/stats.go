@@ -1,5 +1,7 @@
 package xattrs
 
+import "time"
+
 // Stats is the JSON document read from StatsName on the root: what lives
 // now, then the peer service's completed copies, its transfers and its
 // configured peers (zeros and empty collections when the node has no peer
@@ -26,6 +28,44 @@ type Stats struct {
 	// Imports counts lookups in the import cache of other daemons' (same
 	// host) allocations opened for IPC copies.
 	Imports ImportCache `json:"imports"`
+	// Errors are the refused attribute sets and actions: how many, and
+	// the latest with their reasons.
+	Errors Errors `json:"errors"`
+}
+
+// Errors is the "errors" object of Stats: refusals since start, and the
+// last 16, oldest first.
+type Errors struct {
+	Total  int64     `json:"total"`
+	Recent []Refusal `json:"recent"`
+}
+
+// Refusal is one refused attribute set or action: when (UTC), by which
+// process (the caller's thread id), on which mount-relative path and
+// attribute (full name), the errno's name ("EINVAL") and the reason.
+type Refusal struct {
+	// ID numbers the refusals from 1, so that a client tells the ones
+	// after its call from earlier ones.
+	ID     int64     `json:"id"`
+	Time   time.Time `json:"time"`
+	PID    uint32    `json:"pid"`
+	Path   string    `json:"path"`
+	Attr   string    `json:"attr"`
+	Errno  string    `json:"errno"`
+	Reason string    `json:"reason"`
+}
+
+// Refusal returns the latest refusal of attr on path (mount-relative) by
+// pid (any pid when 0), or false: how a client finds the reason for the
+// errno it just got.
+func (s *Stats) Refusal(pid uint32, path, attr string) (Refusal, bool) {
+	for i := len(s.Errors.Recent) - 1; i >= 0; i-- {
+		r := s.Errors.Recent[i]
+		if r.Path == path && r.Attr == attr && (pid == 0 || r.PID == pid) {
+			return r, true
+		}
+	}
+	return Refusal{}, false
 }
 
 // Live is the "live" object of Stats: counts of what the daemon holds now.

@@ -8,7 +8,9 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/tensorfs/tensorfs/namespace"
 	"github.com/tensorfs/tensorfs/tensor"
 	"github.com/tensorfs/tensorfs/transfer"
 	"github.com/tensorfs/tensorfs/xattrs"
@@ -36,10 +38,9 @@ func TestStatsMatchesProducers(t *testing.T) {
 		Since: "2026-12-02T00:00:00Z", Error: "e", Registered: true, Nodes: 3, Revision: 18}
 	peer.Imports.Hits, peer.Imports.Misses = 16, 17
 	peer.Connections.Idle, peer.Connections.Waiting = 18, 19
-	doc := struct {
-		Live tensor.Stats `json:"live"`
-		transfer.Stats
-	}{tensor.Stats{Tensors: 1, Regions: 2, Exports: 3, Imports: 4, Leases: 5, Pins: 6, Bytes: 7}, peer}
+	doc := namespace.Stats{Live: tensor.Stats{Tensors: 1, Regions: 2, Exports: 3, Imports: 4, Leases: 5, Pins: 6, Bytes: 7}, Stats: peer,
+		Errors: namespace.Errors{Total: 20, Recent: []namespace.Refusal{{ID: 22, Time: time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC), PID: 21,
+			Path: "/x", Attr: "user.tensorfs.dtype", Errno: "EINVAL", Reason: "r"}}}}
 	want, err := json.Marshal(doc)
 	if err != nil {
 		t.Fatal(err)

@@ -90,6 +90,10 @@ const (
 )
 
 // StatsName is the attribute of the root directory (ro, root only; ENODATA
-// elsewhere) whose value is the JSON document Stats, padded with a newline
-// and spaces (JSON whitespace) to a multiple of 256 bytes.
+// elsewhere) whose value is the JSON document Stats, padded with spaces
+// (JSON whitespace) to a multiple of 256 bytes, the last a newline.
 const StatsName = Prefix + "stats"
+
+// Settable names the attributes a set may name, for the refusal of an
+// unknown one: the tensor (and template) attributes and the actions.
+var Settable = []string{DType, Shape, Device, CopyTo, CopyFrom, Batch, Register}

@@ -15,6 +15,7 @@ import (
 	iofs "io/fs"
 	"os"
 	"os/signal"
+	"runtime"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -187,11 +188,16 @@ func runCp(src, dst string, opt cpOptions, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	rec, elapsed, err := watchCp(src, dst, job, opt, w)
+	rec, elapsed, tid, err := watchCp(src, dst, job, opt, w)
 	if err != nil {
 		detail := ""
 		if rec != nil {
 			detail = rec.Error
+		}
+		if detail == "" {
+			// Refused before any transfer began: the daemon kept why, by
+			// the calling thread.
+			detail = refusalReason(job.mnt, tid, job.targetRel, job.attr)
 		}
 		if job.createdDst {
 			os.Remove(d.local)
@@ -217,6 +223,7 @@ func runCp(src, dst string, opt cpOptions, w io.Writer) error {
 // name is this mount, recorded without the "NAME:".
 type cpJob struct {
 	mnt, target, attr, value string
+	targetRel                string // target's path in its mount, as stats names it
 	srcs, dsts               []string
 	// createdDst: cp made DST (an empty file for copy_from to be set on)
 	// and removes it if the copy fails.
@@ -237,7 +244,7 @@ func planCp(src, dst string, s, d *cpEnd, fail func(error, string, ...any) error
 		if !s.exists {
 			return job, fail(syscall.ENOENT, "SRC %s does not exist", src)
 		}
-		job.mnt, job.target, job.attr = s.mnt, s.local, xattrs.CopyTo
+		job.mnt, job.target, job.targetRel, job.attr = s.mnt, s.local, s.rel, xattrs.CopyTo
 		job.srcs = []string{s.rel + s.r.String()}
 		if d.peer == "" {
 			job.value = d.rel + d.r.String()
@@ -251,7 +258,7 @@ func planCp(src, dst string, s, d *cpEnd, fail func(error, string, ...any) error
 			job.value = s.r.String() + " " + job.value
 		}
 	default:
-		job.mnt, job.target, job.attr = d.mnt, d.local, xattrs.CopyFrom
+		job.mnt, job.target, job.targetRel, job.attr = d.mnt, d.local, d.rel, xattrs.CopyFrom
 		job.value = s.peer + ":" + s.rel + s.r.String()
 		job.srcs = []string{job.value, s.rel + s.r.String()}
 		job.dsts = []string{d.rel + d.r.String()}
@@ -289,8 +296,9 @@ func planCp(src, dst string, s, d *cpEnd, fail func(error, string, ...any) error
 
 // watchCp runs job's setxattr, drawing progress on w while it runs (a
 // terminal, or --progress), and returns the transfer's record, how long it
-// took and the setxattr's error. SIGINT and SIGTERM exit, saying the copy goes on.
-func watchCp(src, dst string, job cpJob, opt cpOptions, w io.Writer) (*xattrs.Record, time.Duration, error) {
+// took, the thread that made the call (the daemon's refusals name it) and
+// the setxattr's error. SIGINT and SIGTERM exit, saying the copy goes on.
+func watchCp(src, dst string, job cpJob, opt cpOptions, w io.Writer) (*xattrs.Record, time.Duration, int, error) {
 	show := !opt.quiet && (opt.progress || isTerminal(w))
 	mon := &cpMonitor{mnt: job.mnt, srcs: job.srcs, dsts: job.dsts}
 	mon.baseline()
@@ -299,7 +307,13 @@ func watchCp(src, dst string, job cpJob, opt cpOptions, w io.Writer) (*xattrs.Re
 	defer signal.Stop(sigs)
 	done := make(chan error, 1)
 	start := time.Now()
-	go func() { done <- unix.Setxattr(job.target, job.attr, []byte(job.value), 0) }()
+	var tid int // written before done is sent
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		tid = unix.Gettid()
+		done <- unix.Setxattr(job.target, job.attr, []byte(job.value), 0)
+	}()
 	tick := time.NewTicker(cpPoll)
 	defer tick.Stop()
 	var bar *progressbar.ProgressBar
@@ -331,7 +345,25 @@ wait:
 		bar.Exit()
 		bar.Clear()
 	}
-	return rec, elapsed, err
+	return rec, elapsed, tid, err
+}
+
+// refusalReason is the reason the daemon of mnt kept for refusing attr on
+// rel (mount-relative) to thread tid (stats' errors.recent), or "".
+func refusalReason(mnt string, tid int, rel, attr string) string {
+	v, ok, err := getxattrString(func(b []byte) (int, error) { return unix.Getxattr(mnt, xattrs.StatsName, b) })
+	if err != nil || !ok {
+		return ""
+	}
+	var st xattrs.Stats
+	if json.Unmarshal([]byte(v), &st) != nil {
+		return ""
+	}
+	r, ok := st.Refusal(uint32(tid), rel, attr)
+	if !ok {
+		return ""
+	}
+	return r.Reason
 }
 
 // cpDetail is the part of an error worth a parenthesis beside its errno's
