@@ -339,7 +339,7 @@ func TestRefusalReasons(t *testing.T) {
 		require.Equal(t, unix.ErrnoName(c.errno), r.Errno)
 		require.Contains(t, r.Reason, c.reason)
 		require.WithinDuration(t, time.Now(), r.Time, time.Minute)
-		d.requireLog(c.attr+" on "+c.rel)
+		d.requireLog(c.attr + " on " + c.rel)
 		d.requireLog(c.reason)
 	}
 	st := d.stats()
