@@ -1,7 +1,7 @@
 package fs
 
 import (
-	"log"
+	"log/slog"
 	"syscall"
 
 	"github.com/tensorfs/tensorfs/namespace"
@@ -23,6 +23,6 @@ func toErrno(op string, err error) syscall.Errno {
 	if errno := namespace.Errno(err); errno != 0 {
 		return errno
 	}
-	log.Printf("%s: %v (EIO)", op, err)
+	slog.Error("unexpected failure, returned as EIO", "op", op, "errno", "EIO", "err", err)
 	return syscall.EIO
 }
