@@ -45,16 +45,9 @@ func applyConfig(fs *pflag.FlagSet, path string, args []string) (mnt string, not
 		}
 		return mnt, nil, nil
 	}
-	b, err := os.ReadFile(path)
+	doc, err := readConfig(path)
 	if err != nil {
-		return "", nil, fmt.Errorf("--config: %w", err)
-	}
-	// One mapping of keys to scalars or lists of scalars; a key twice is
-	// an error from the decoder (yaml.v3 refuses duplicate keys).
-	var doc map[string]yaml.Node
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
-		return "", nil, fmt.Errorf("--config %s: %v", path, err)
+		return "", nil, err
 	}
 	keys := make([]string, 0, len(doc))
 	for k := range doc {
@@ -96,6 +89,37 @@ func applyConfig(fs *pflag.FlagSet, path string, args []string) (mnt string, not
 		return "", nil, fmt.Errorf("no MOUNTPOINT: neither an argument nor mountpoint in %s", path)
 	}
 	return mnt, notes, nil
+}
+
+// readConfig reads the YAML file path: one mapping of keys to scalars or
+// lists of scalars (yaml.v3 refuses a key given twice). An empty file is
+// an empty mapping.
+func readConfig(path string) (map[string]yaml.Node, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--config: %w", err)
+	}
+	var doc map[string]yaml.Node
+	if err := yaml.NewDecoder(bytes.NewReader(b)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("--config %s: %v", path, err)
+	}
+	return doc, nil
+}
+
+// configMountpointOf is the mountpoint a config file names, for tensorfs
+// unmount --config (the service's ExecStop): the same file as the mount's,
+// so that the mountpoint is written once. Its other keys are not checked
+// here: the mount did when it started.
+func configMountpointOf(path string) (string, error) {
+	doc, err := readConfig(path)
+	if err != nil {
+		return "", err
+	}
+	n, ok := doc[configMountpoint]
+	if !ok || n.Kind != yaml.ScalarNode || n.Value == "" {
+		return "", fmt.Errorf("--config %s: no mountpoint", path)
+	}
+	return n.Value, nil
 }
 
 // configValues gives a key's value as strings: one for a scalar, one per

@@ -350,28 +350,49 @@ func serveUntilSignal(srv *fuse.Server, mountpoint string, sig <-chan os.Signal)
 	}
 }
 
+// newUnmountCmd is the unmount command; --config takes the mountpoint
+// from a mount's config file (the service's ExecStop).
 func newUnmountCmd() *cobra.Command {
-	return &cobra.Command{
+	var configFile string
+	cmd := &cobra.Command{
 		Use:   "unmount MOUNTPOINT",
 		Short: "Unmount a tensor filesystem (the daemon then frees everything and exits 0)",
-		Args:  cobra.ExactArgs(1),
+		Long: `Unmount a tensor filesystem; the daemon then frees every tensor and exits 0.
+--config FILE unmounts the mountpoint that FILE (a tensorfs mount --config file)
+names, in place of the argument.`,
+		Args: cobra.RangeArgs(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !mountpoint.IsMounted(args[0]) {
-				return fmt.Errorf("unmount %s: not a tensorfs mount", args[0])
+			var mnt string
+			switch {
+			case len(args) == 1:
+				mnt = args[0]
+			case configFile != "":
+				m, err := configMountpointOf(configFile)
+				if err != nil {
+					return err
+				}
+				mnt = m
+			default:
+				return fmt.Errorf("no MOUNTPOINT: give it as the argument, or --config FILE")
 			}
-			err := syscall.Unmount(args[0], 0)
+			if !mountpoint.IsMounted(mnt) {
+				return fmt.Errorf("unmount %s: not a tensorfs mount", mnt)
+			}
+			err := syscall.Unmount(mnt, 0)
 			if err == syscall.EBUSY {
-				return fmt.Errorf("unmount %s: busy (a process has files open there)", args[0])
+				return fmt.Errorf("unmount %s: busy (a process has files open there)", mnt)
 			}
 			if err != nil {
 				// Not root: fusermount3 unmounts our own FUSE mounts.
-				if out, ferr := runFusermount(args[0]); ferr != nil {
-					return fmt.Errorf("unmount %s: %v; fusermount3: %s", args[0], err, out)
+				if out, ferr := runFusermount(mnt); ferr != nil {
+					return fmt.Errorf("unmount %s: %v; fusermount3: %s", mnt, err, out)
 				}
 			}
 			return nil
 		},
 	}
+	cmd.Flags().StringVar(&configFile, "config", "", "take MOUNTPOINT from this tensorfs mount --config file")
+	return cmd
 }
 
 // profiles writes the daemon's CPU profile (runtime/pprof) from now until
