@@ -45,9 +45,10 @@ func newMountCmd() *cobra.Command {
 		configFile string
 	)
 	cmd := &cobra.Command{
-		Use:   "mount MOUNTPOINT",
+		Use:   "mount [MOUNTPOINT]",
 		Short: "Mount a tensor filesystem and serve it in the foreground until SIGINT/SIGTERM",
-		Long: `Mount a tensor filesystem at MOUNTPOINT and serve it in the foreground.
+		Long: `Mount a tensor filesystem at MOUNTPOINT (or the --config file's
+mountpoint) and serve it in the foreground.
 SIGINT or SIGTERM unmounts, frees every tensor and exits 0. A stale mount left
 at MOUNTPOINT by a killed daemon is cleaned up first.
 
@@ -355,7 +356,7 @@ func serveUntilSignal(srv *fuse.Server, mountpoint string, sig <-chan os.Signal)
 func newUnmountCmd() *cobra.Command {
 	var configFile string
 	cmd := &cobra.Command{
-		Use:   "unmount MOUNTPOINT",
+		Use:   "unmount [MOUNTPOINT]",
 		Short: "Unmount a tensor filesystem (the daemon then frees everything and exits 0)",
 		Long: `Unmount a tensor filesystem; the daemon then frees every tensor and exits 0.
 --config FILE unmounts the mountpoint that FILE (a tensorfs mount --config file)
