@@ -26,29 +26,40 @@ type copyLog struct {
 // logs it with its errno (a served copy's by the server, a daemon's own
 // by the namespace), once, where an attempt that fell back from IPC to
 // TCP would log twice here.
+//
+// The in-place path is the hot one: a copy the rate limit skips builds no
+// attributes (no allocation), as before the line existed.
 func (s *Service) logEnd(rec *Record, took time.Duration, err error) {
 	l := slog.Default()
 	mode, _ := rec.mode.Load().(string)
-	attrs := []any{"id", rec.ID, "src", rec.Src, "dst", rec.Dst, "path", rec.Path, "mode", mode,
-		"tensors", rec.Tensors.Load(), "bytes", rec.BytesTotal.Load(), "streams", rec.Streams.Load(), "seconds", took.Seconds()}
-	if err != nil {
-		l.Debug("copy attempt failed", append(attrs, "err", err)...)
-		return
+	attrs := func(more ...any) []any {
+		return append([]any{"id", rec.ID, "src", rec.Src, "dst", rec.Dst, "path", rec.Path, "mode", mode,
+			"tensors", rec.Tensors.Load(), "bytes", rec.BytesTotal.Load(), "streams", rec.Streams.Load(),
+			"seconds", took.Seconds()}, more...)
 	}
-	if mode != modeInPlace {
-		l.Info("copy", attrs...)
+	debug := l.Enabled(context.Background(), slog.LevelDebug)
+	switch {
+	case err != nil:
+		if debug {
+			l.Debug("copy attempt failed", attrs("err", err)...)
+		}
 		return
-	}
-	if l.Enabled(context.Background(), slog.LevelDebug) {
-		l.Debug("copy", attrs...)
+	case mode != modeInPlace:
+		l.Info("copy", attrs()...)
+		return
+	case debug:
+		l.Debug("copy", attrs()...)
 		return
 	}
 	s.copyLog.Lock()
-	defer s.copyLog.Unlock()
-	if now := time.Now(); now.Sub(s.copyLog.last) >= InPlaceLogEvery {
-		l.Info("copy", append(attrs, "in_place_unlogged", s.copyLog.quiet)...)
-		s.copyLog.last, s.copyLog.quiet = now, 0
+	now := time.Now()
+	if now.Sub(s.copyLog.last) < InPlaceLogEvery {
+		s.copyLog.quiet++
+		s.copyLog.Unlock()
 		return
 	}
-	s.copyLog.quiet++
+	quiet := s.copyLog.quiet
+	s.copyLog.last, s.copyLog.quiet = now, 0
+	s.copyLog.Unlock()
+	l.Info("copy", attrs("in_place_unlogged", quiet)...)
 }
