@@ -175,9 +175,14 @@ func launchOpt(t testing.TB, mnt string, o launchOpts, flags ...string) *daemon 
 	} else {
 		d.cmd = exec.Command(wrapper[0], append(wrapper[1:], args...)...)
 	}
-	if o.env != nil {
-		d.cmd.Env = append(os.Environ(), o.env...)
+	// No NOTIFY_SOCKET of the test's own service manager: only a test
+	// that sets one (o.env) gets the daemon's notifications.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "NOTIFY_SOCKET=") {
+			d.cmd.Env = append(d.cmd.Env, kv)
+		}
 	}
+	d.cmd.Env = append(d.cmd.Env, o.env...)
 	ready := o.ready
 	if ready == nil {
 		ready = func(d *daemon) bool { return mounted(mnt) && strings.Contains(d.log.String(), "mounted ") }
