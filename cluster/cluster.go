@@ -27,7 +27,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log"
+	"log/slog"
 	"sort"
 	"strings"
 	"sync"
@@ -80,7 +80,9 @@ type Config struct {
 	// Timeout bounds each etcd request (at Open, Register and Close, and
 	// each health probe). Default DefaultTimeout.
 	Timeout time.Duration
-	// Logf logs state changes, departures and arrivals; default log.Printf.
+	// Logf logs state changes, departures and arrivals, printf-style;
+	// default: slog's default logger at info, the line formatted as its
+	// message.
 	Logf func(format string, args ...any)
 }
 
@@ -184,7 +186,7 @@ func Open(cfg Config) (*Member, error) {
 	}
 	logf := cfg.Logf
 	if logf == nil {
-		logf = log.Printf
+		logf = func(format string, args ...any) { slog.Info(fmt.Sprintf(format, args...)) }
 	}
 	ccfg := clientv3.Config{
 		Endpoints:   cfg.Endpoints,

@@ -3,7 +3,7 @@ package fs
 import (
 	"context"
 	"fmt"
-	"log"
+	"log/slog"
 	"syscall"
 
 	"github.com/tensorfs/tensorfs/namespace"
@@ -25,7 +25,7 @@ func toErrno(op string, err error) syscall.Errno {
 	if errno := namespace.Errno(err); errno != 0 {
 		return errno
 	}
-	log.Printf("%s: %v (EIO)", op, err)
+	slog.Error("unexpected failure, returned as EIO", "op", op, "errno", "EIO", "err", err)
 	return syscall.EIO
 }
 

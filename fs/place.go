@@ -2,7 +2,7 @@ package fs
 
 import (
 	"errors"
-	"log"
+	"log/slog"
 	"syscall"
 	"time"
 
@@ -72,7 +72,7 @@ func (c *committer) Rename(fromRel, from, toRel, to string, noReplace bool, inte
 	if errors.Is(err, syscall.ENAMETOOLONG) {
 		// A directory deeper than PATH_MAX cannot be opened through the
 		// mount by its path: this tensor goes in place inside the daemon.
-		log.Printf("put %s/%s in place: its path is too long to rename through the mount; renamed inside the daemon (no IN_MOVED_TO)", toRel, to)
+		slog.Info("put in place: its path is too long to rename through the mount; renamed inside the daemon (no IN_MOVED_TO)", "path", toRel+"/"+to)
 		return internal()
 	}
 	if errors.Is(err, errStuck) {
@@ -83,7 +83,7 @@ func (c *committer) Rename(fromRel, from, toRel, to string, noReplace bool, inte
 		// The kernel holds the directory's lock for someone who waits on
 		// us (see renameViaMount): this and the rest go in place inside
 		// the daemon, without inotify events.
-		log.Printf("put %s/%s in place: the directory stayed locked for %v; renamed inside the daemon (no IN_MOVED_TO for what is left of this copy)", toRel, to, renameStuckAfter)
+		slog.Info("put in place: the directory stayed locked; renamed inside the daemon (no IN_MOVED_TO for what is left of this copy)", "path", toRel+"/"+to, "seconds", renameStuckAfter.Seconds())
 	}
 	return err
 }

@@ -12,7 +12,7 @@ package ipc
 import (
 	"errors"
 	"fmt"
-	"log"
+	"log/slog"
 	"sync"
 	"time"
 )
@@ -150,7 +150,7 @@ func (r *Registry) Revoke(id uint64, timeout time.Duration) error {
 	case <-time.After(timeout):
 		r.mu.Lock()
 		for l := range e.leases {
-			log.Printf("ipc %d: lease of %s not released within %v; dropped", id, l.holder, timeout)
+			slog.Warn("lease not released within the revoke timeout; dropped", "ipc", id, "holder", l.holder, "seconds", timeout.Seconds())
 			delete(e.leases, l)
 			r.leases--
 		}

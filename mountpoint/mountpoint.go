@@ -7,7 +7,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"log"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,12 +75,12 @@ var ErrMounted = errors.New("already mounted by a live tensorfs daemon")
 func CleanStale(dir string) error {
 	err := statTimeout(dir, 3*time.Second)
 	if err == errHung {
-		log.Printf("%s: a mount that does not answer; aborting its FUSE connection", dir)
+		slog.Warn("a mount that does not answer; aborting its FUSE connection", "path", dir)
 		abortConnection(dir)
 		err = syscall.ENOTCONN
 	}
 	if err == syscall.ENOTCONN || err == syscall.ECONNABORTED {
-		log.Printf("%s: cleaning up a stale mount left by a dead daemon", dir)
+		slog.Info("cleaning up a stale mount left by a dead daemon", "path", dir)
 		if syscall.Unmount(dir, syscall.MNT_DETACH) != nil {
 			// Not root: ask fusermount3, which may unmount our own mounts.
 			_ = runQuiet("fusermount3", "-u", "-z", dir)

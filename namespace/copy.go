@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
+	"log/slog"
 	"strings"
 	"sync"
 	"syscall"
@@ -485,32 +485,23 @@ func (f *Tree) Batch(ctx context.Context, value string) (err error) {
 	return f.runLines(ctx, lines, false, "batch")
 }
 
-// logCopy logs a copy's outcome: its error, or how many descriptors it
-// put in place. Successful in-place copies (the KV-cache path: thousands a
-// second) are logged at most once per inPlaceLogEvery, with how many others
-// succeeded since: their counts are in stats.
+// logCopy logs a copy's failure, with its errno, and marks the error as
+// logged (logRefusal then says nothing more). A success is logged by the
+// transfer's record as it ends (transfer.Service.TrackCtx: path, mode,
+// bytes, seconds), so it is not logged again here; n and inPlace are kept
+// for the failure's line.
 func logCopy(src, dst string, n int, err error, inPlace bool) error {
-	if err != nil {
-		log.Printf("copy %s -> %s: %v", src, dst, err)
-		return loggedError{err}
-	}
-	if !inPlace {
-		log.Printf("copy %s -> %s: %d tensor(s)", src, dst, n)
+	if err == nil {
 		return nil
 	}
-	inPlaceLog.Lock()
-	defer inPlaceLog.Unlock()
-	if now := time.Now(); now.Sub(inPlaceLog.last) >= inPlaceLogEvery {
-		more := ""
-		if inPlaceLog.quiet > 0 {
-			more = fmt.Sprintf(" (and %d more in-place copies since the last line)", inPlaceLog.quiet)
-		}
-		log.Printf("copy %s -> %s: %d descriptor(s) in place%s", src, dst, n, more)
-		inPlaceLog.last, inPlaceLog.quiet = now, 0
-		return nil
-	}
-	inPlaceLog.quiet++
-	return nil
+	slog.Warn("copy failed", "src", src, "dst", dst, "in_place", inPlace, "copied", n, "errno", errnoName(err), "err", err)
+	return loggedError{err}
+}
+
+// errnoName is the errno a failure surfaces as, by its C name (ENOENT),
+// for a log line's errno attribute.
+func errnoName(err error) string {
+	return unix.ErrnoName(Errno(copyErr(err)))
 }
 
 // loggedError is a copy's error that logCopy has logged (refused checks
@@ -533,15 +524,6 @@ func logRefusal(action, on, value string, err error) error {
 	if len(value) > 200 {
 		value = value[:200] + "..."
 	}
-	log.Printf("setxattr user.tensorfs.%s on %s %q: refused: %v", action, on, value, err)
+	slog.Warn("refused", "attr", "user.tensorfs."+action, "on", on, "value", value, "errno", errnoName(err), "err", err)
 	return loggedError{err}
-}
-
-// inPlaceLogEvery spaces the log lines of successful in-place copies.
-const inPlaceLogEvery = time.Second
-
-var inPlaceLog struct {
-	sync.Mutex
-	last  time.Time
-	quiet int // successes not logged since last
 }

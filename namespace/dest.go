@@ -3,7 +3,7 @@ package namespace
 import (
 	"errors"
 	"fmt"
-	"log"
+	"log/slog"
 	"maps"
 	"path"
 	"syscall"
@@ -510,7 +510,7 @@ func (d *dest) Commit() (int, error) {
 		if errors.Is(err, syscall.EEXIST) || errors.Is(err, syscall.ENOTEMPTY) {
 			// Someone made the name meanwhile: the tensors go into it one
 			// by one, like into any existing directory.
-			log.Printf("put %s in place: it was made meanwhile; putting its tensors in one by one", path.Join(s.parentRel, s.final))
+			slog.Info("put in place: it was made meanwhile; putting its tensors in one by one", "path", path.Join(s.parentRel, s.final))
 			continue
 		}
 		if err != nil {
@@ -617,7 +617,7 @@ func (d *dest) dropStaged() {
 		}
 		s.placed = true
 		if !pruneEmpty(s.dir) {
-			log.Printf("%s: left in place, it holds entries this copy did not make", path.Join(s.parentRel, s.tmp))
+			slog.Warn("left in place, it holds entries this copy did not make", "path", path.Join(s.parentRel, s.tmp))
 			continue
 		}
 		s.parent.mu.Lock()

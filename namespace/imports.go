@@ -1,7 +1,7 @@
 package namespace
 
 import (
-	"log"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -33,7 +33,7 @@ func (m *bufferMapping) Close() error {
 	defer m.mu.Unlock()
 	for name, b := range m.on {
 		if err := b.Free(); err != nil {
-			log.Printf("close import of %s on %s: %v", m.Handle(), name, err)
+			slog.Warn("close import failed", "handle", m.Handle(), "device", name, "err", err)
 		}
 	}
 	m.on = nil
@@ -62,7 +62,7 @@ func (m *bufferMapping) onDevice(device string) gpu.Buffer {
 	}
 	b, err := imp.Import(m.Handle(), 0, 0)
 	if err != nil {
-		log.Printf("import %s on %s: %v (copying from %s's mapping)", m.Handle(), device, err, m.Device().Name())
+		slog.Info("import failed; copying from the exporter's mapping", "handle", m.Handle(), "device", device, "from", m.Device().Name(), "err", err)
 		return m.Buffer
 	}
 	if m.on == nil {

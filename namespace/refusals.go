@@ -2,7 +2,7 @@ package namespace
 
 import (
 	"errors"
-	"log"
+	"log/slog"
 	"sync"
 	"syscall"
 	"time"
@@ -67,7 +67,7 @@ func (f *Tree) Refuse(pid uint32, path, attr string, err error) syscall.Errno {
 	name := unix.ErrnoName(errno)
 	var le loggedError
 	if !errors.As(err, &le) {
-		log.Printf("setxattr %s on %s: %s: %v", attr, path, name, err)
+		slog.Warn("refused", "attr", attr, "on", path, "errno", name, "pid", pid, "err", err)
 	}
 	reason := err.Error()
 	if len(reason) > maxReason {

@@ -2,7 +2,7 @@ package tensor
 
 import (
 	"fmt"
-	"log"
+	"log/slog"
 	"unsafe"
 
 	"github.com/tensorfs/tensorfs/gpu"
@@ -100,7 +100,7 @@ func (t *Tensor) Register(buf gpu.Buffer) error {
 	n := buf.Size()
 	fail := func(err error) error {
 		if ferr := buf.Free(); ferr != nil {
-			log.Printf("register: free import %d: %v", buf.ID(), ferr)
+			slog.Error("register: free import failed", "alloc", buf.ID(), "err", ferr)
 		}
 		return err
 	}

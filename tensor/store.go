@@ -9,7 +9,7 @@ package tensor
 import (
 	"errors"
 	"fmt"
-	"log"
+	"log/slog"
 	"os"
 	"sort"
 	"strconv"
@@ -285,19 +285,19 @@ func (s *Store) retire(a *allocation) {
 		return
 	}
 	if err := s.IPC.Revoke(a.export.ID, s.revokeTimeout); err != nil {
-		log.Printf("retire mr%d: %v", a.region.ID, err)
+		slog.Warn("retire failed", "mr", a.region.ID, "err", err)
 	}
 	buf := a.buf
 	if err := s.MRs.Deregister(a.region.ID, func() {
 		if a.mixed.Load() {
 			if err := buf.Zero(0, buf.Size()); err != nil {
-				log.Printf("clear allocation %d on %s: %v", buf.ID(), buf.Device().Name(), err)
+				slog.Error("clear allocation failed", "alloc", buf.ID(), "device", buf.Device().Name(), "err", err)
 			}
 		}
 		if err := buf.Free(); err != nil {
-			log.Printf("free allocation %d on %s: %v", buf.ID(), buf.Device().Name(), err)
+			slog.Error("free allocation failed", "alloc", buf.ID(), "device", buf.Device().Name(), "err", err)
 		}
 	}); err != nil {
-		log.Printf("retire mr%d: %v", a.region.ID, err)
+		slog.Warn("retire failed", "mr", a.region.ID, "err", err)
 	}
 }

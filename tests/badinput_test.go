@@ -319,7 +319,7 @@ func TestRefusalReasons(t *testing.T) {
 		errno                syscall.Errno
 		reason               string
 	}{
-		{f, "/t", xattrs.DType, "float33", syscall.EINVAL, `dtype "float33"`},
+		{f, "/t", xattrs.DType, "float33", syscall.EINVAL, `float33`},
 		{f, "/t", xattrs.Prefix + "dtpye", "F32", syscall.EINVAL, "unknown attribute user.tensorfs.dtpye"},
 		{f, "/t", xattrs.NBytes, "8", syscall.EPERM, "is read-only"},
 		{d.path("dir"), "/dir", xattrs.Device, "cuda:7", syscall.EINVAL, "cuda:7"},
@@ -339,7 +339,7 @@ func TestRefusalReasons(t *testing.T) {
 		require.Equal(t, unix.ErrnoName(c.errno), r.Errno)
 		require.Contains(t, r.Reason, c.reason)
 		require.WithinDuration(t, time.Now(), r.Time, time.Minute)
-		d.requireLog(c.attr + " on " + c.rel)
+		d.requireLog("msg=refused attr=" + c.attr + " on=" + c.rel + " ")
 		d.requireLog(c.reason)
 	}
 	st := d.stats()

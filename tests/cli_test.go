@@ -130,7 +130,7 @@ func TestUnmountCommand(t *testing.T) {
 func TestHelpAndVersion(t *testing.T) {
 	out, err := exec.Command(bin, "mount", "--help").CombinedOutput()
 	require.NoError(t, err)
-	for _, f := range []string{"--device", "--max-memory", "--allow-other"} {
+	for _, f := range []string{"--device", "--max-memory", "--allow-other", "--log-format", "--log-level", "--config"} {
 		require.Contains(t, string(out), f)
 	}
 	out, err = exec.Command(bin, "version").CombinedOutput()

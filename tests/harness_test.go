@@ -115,6 +115,22 @@ type daemon struct {
 	conn  uint32 // the FUSE connection's number (the mount's device minor)
 	// wrapper and flags it was started with, for relaunch.
 	wrapper, flags []string
+	opts           launchOpts
+}
+
+// launchOpts are the less common ways to start a daemon (launchOpt).
+type launchOpts struct {
+	// wrapper runs the command (e.g. nsenter and its arguments, ending
+	// with the program to run: bin).
+	wrapper []string
+	// env is added to the test's environment (NOTIFY_SOCKET=...).
+	env []string
+	// noMountArg leaves the mountpoint off the command line (a --config
+	// file names it); the daemon is still expected at mnt.
+	noMountArg bool
+	// ready replaces the default readiness check (the mount in
+	// /proc/mounts and its "mounted " line in the log), polled every 10 ms.
+	ready func(d *daemon) bool
 }
 
 // startDaemon mounts tensorfs on a fresh directory with extra flags and
@@ -135,18 +151,41 @@ func launch(t testing.TB, wrapper []string, flags ...string) *daemon {
 // or killed first).
 func (d *daemon) relaunch() *daemon {
 	d.t.Helper()
-	return launchAt(d.t, d.mnt, d.wrapper, d.flags...)
+	return launchOpt(d.t, d.mnt, d.opts, d.flags...)
 }
 
 func launchAt(t testing.TB, mnt string, wrapper []string, flags ...string) *daemon {
 	t.Helper()
+	return launchOpt(t, mnt, launchOpts{wrapper: wrapper}, flags...)
+}
+
+// launchOpt is launchAt with the options of o.
+func launchOpt(t testing.TB, mnt string, o launchOpts, flags ...string) *daemon {
+	t.Helper()
 	ours.Store(mnt, true)
-	d := &daemon{t: t, mnt: mnt, log: &testutil.SyncBuffer{}, exit: make(chan error, 1), wrapper: wrapper, flags: flags}
-	args := append(testDeviceFlags([]string{"mount", mnt}), flags...)
+	wrapper := o.wrapper
+	d := &daemon{t: t, mnt: mnt, log: &testutil.SyncBuffer{}, exit: make(chan error, 1), wrapper: wrapper, flags: flags, opts: o}
+	args := []string{"mount"}
+	if !o.noMountArg {
+		args = append(args, mnt)
+	}
+	args = append(testDeviceFlags(args), flags...)
 	if wrapper == nil {
 		d.cmd = exec.Command(bin, args...)
 	} else {
 		d.cmd = exec.Command(wrapper[0], append(wrapper[1:], args...)...)
+	}
+	// No NOTIFY_SOCKET of the test's own service manager: only a test
+	// that sets one (o.env) gets the daemon's notifications.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "NOTIFY_SOCKET=") {
+			d.cmd.Env = append(d.cmd.Env, kv)
+		}
+	}
+	d.cmd.Env = append(d.cmd.Env, o.env...)
+	ready := o.ready
+	if ready == nil {
+		ready = func(d *daemon) bool { return mounted(mnt) && strings.Contains(d.log.String(), "mounted ") }
 	}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	require.NoError(t, d.cmd.Start())
@@ -155,7 +194,7 @@ func launchAt(t testing.TB, mnt string, wrapper []string, flags ...string) *daem
 	deadline := time.Now().Add(30 * time.Second)
 	// Ready once it says so: the mount is in /proc/mounts before the
 	// daemon has finished starting (waitReady).
-	for !mounted(mnt) || !strings.Contains(d.log.String(), "mounted ") {
+	for !ready(d) {
 		select {
 		case err := <-d.exit:
 			t.Fatalf("tensorfs mount exited before mounting: %v\n%s", err, d.log.String())

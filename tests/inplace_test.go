@@ -325,8 +325,9 @@ func TestInPlaceRefusals(t *testing.T) {
 	for _, d := range []*daemon{a, b} {
 		require.Zero(t, d.stats().Live.Pins)
 	}
-	// Refused before any transfer: the reason is in the sender's log.
-	a.requireLog(`setxattr user.tensorfs.copy_to on /src "@4000+100 b:/dst@0": refused`)
+	// Refused before any transfer: the reason is in the sender's log
+	// (slog's text format: the action's value quoted).
+	a.requireLog(`msg=refused attr=user.tensorfs.copy_to on=/src value="@4000+100 b:/dst@0" errno=EINVAL`)
 	// The same tree with matching sizes is a weight update in place: each
 	// tensor keeps its registration, dtype and shape.
 	require.NoError(t, os.Truncate(b.path("tree", "2"), 300))

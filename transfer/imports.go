@@ -2,7 +2,7 @@ package transfer
 
 import (
 	"cmp"
-	"log"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -184,7 +184,7 @@ func (ic *importCache) closeEntry(e *importEntry) {
 	}
 	if e.m != nil {
 		if err := e.m.Close(); err != nil {
-			log.Printf("close import of allocation %d of %s: %v", e.key.alloc, e.key.instance, err)
+			slog.Warn("close import failed", "alloc", e.key.alloc, "instance", e.key.instance, "err", err)
 		}
 	}
 }

@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log"
+	"log/slog"
 	"sync"
 	"time"
 )
@@ -138,7 +138,7 @@ func (lc *leaseChan) finish(why error) {
 	held := len(lc.held)
 	lc.mu.Unlock()
 	if why != nil && (n > 0 || held > 0) {
-		log.Printf("peer %s: lease channel ended (%v): %d imports dropped, %d leases released", lc.peer, why, n, held)
+		slog.Info("lease channel ended", "peer", lc.peer, "err", why, "imports_dropped", n, "leases_released", held)
 	}
 }
 
@@ -170,7 +170,7 @@ func (lc *leaseChan) hold(id uint64, l PeerLease) bool {
 			case <-h.acked:
 			case <-lc.done:
 			case <-t.C:
-				log.Printf("peer %s: no answer to the revocation of ipc %d within %v; lease dropped", lc.peer, id, lc.s.cfg.Timeout)
+				slog.Warn("no answer to the revocation; lease dropped", "peer", lc.peer, "ipc", id, "seconds", lc.s.cfg.Timeout.Seconds())
 			}
 			t.Stop()
 		case <-h.acked: // the importer dropped it on its own
@@ -317,7 +317,7 @@ func (s *Service) leaseChannel(ctx context.Context, peer string, c *conn) *lease
 	}
 	nc, err := s.dial(ctx, peer)
 	if err != nil {
-		log.Printf("peer %s: lease channel: %v", peer, err)
+		slog.Warn("lease channel failed", "peer", peer, "err", err)
 		return nil
 	}
 	if nc.instance != c.instance {
@@ -331,7 +331,7 @@ func (s *Service) leaseChannel(ctx context.Context, peer string, c *conn) *lease
 	}
 	if err != nil {
 		nc.c.Close()
-		log.Printf("peer %s: lease channel: %v", peer, err)
+		slog.Warn("lease channel failed", "peer", peer, "err", err)
 		return nil
 	}
 	lc := s.newChan(nc, s.instance)

@@ -3,7 +3,7 @@ package transfer
 import (
 	"errors"
 	"fmt"
-	"log"
+	"log/slog"
 	"net"
 	"syscall"
 )
@@ -12,7 +12,7 @@ import (
 func (s *Service) serve(nc net.Conn) {
 	c, err := s.handshake(nc)
 	if err != nil {
-		log.Printf("peer %s: %v", nc.RemoteAddr(), err)
+		slog.Warn("peer refused", "peer", nc.RemoteAddr().String(), "err", err)
 		return
 	}
 	for {
@@ -59,7 +59,7 @@ func (s *Service) serve(nc net.Conn) {
 			c.sendError(rerr)
 		}
 		if rerr != nil {
-			log.Printf("peer %s: %s %s: %v", c.peer, req.Op, req.Path, rerr)
+			slog.Warn("peer request failed", "peer", c.peer, "op", req.Op, "path", req.Path, "errno", errnoName(Errno(rerr)), "err", rerr)
 			var te *Error
 			if !errors.As(rerr, &te) || te.broken || te.Errno == syscall.EPROTO || te.Errno == syscall.ETIMEDOUT || te.Errno == syscall.EIO {
 				return // the stream is in an unknown state: drop the connection

@@ -16,7 +16,7 @@ package transfer
 import (
 	"errors"
 	"fmt"
-	"log"
+	"log/slog"
 	"net"
 	"os"
 	"sort"
@@ -137,6 +137,8 @@ type Service struct {
 	// waiting counts the served connections waiting for their next
 	// request (a peer's idle connections, seen from this side).
 	waiting atomic.Int64
+	// copyLog spaces the log lines of successful in-place copies.
+	copyLog copyLog
 
 	nextID atomic.Uint64 // the last record id given
 	// The completed copies' counters, by path (PathLocal, ...): all, the
@@ -210,7 +212,7 @@ func (s *Service) Start() error {
 					return
 				}
 				// EMFILE and the like: keep serving once they pass.
-				log.Printf("accept on %s: %v", s.cfg.Listen, err)
+				slog.Warn("accept failed; retrying", "listen", s.cfg.Listen, "err", err)
 				time.Sleep(50 * time.Millisecond)
 				continue
 			}

@@ -132,7 +132,8 @@ func (s *Service) TrackCtx(ctx context.Context, src, dst, path string, descs []M
 	}
 	s.recentMu.Unlock()
 	return rec, func(err error) {
-		took := max(time.Since(rec.start).Microseconds(), 1)
+		d := time.Since(rec.start)
+		took := max(d.Microseconds(), 1)
 		known()
 		if err != nil {
 			rec.err.Store(err.Error())
@@ -145,6 +146,7 @@ func (s *Service) TrackCtx(ctx context.Context, src, dst, path string, descs []M
 			s.descriptors.Add(rec.Tensors.Load())
 		}
 		s.active.Add(-1)
+		s.logEnd(rec, d, err)
 		// Last: took_us says the record is finished, so its pid and
 		// error must be there before it.
 		rec.took.Store(took)

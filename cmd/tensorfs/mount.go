@@ -3,17 +3,19 @@ package main
 import (
 	"errors"
 	"fmt"
-	"log"
+	"log/slog"
 	"os"
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/dustin/go-humanize"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/spf13/cobra"
@@ -39,11 +41,14 @@ func newMountCmd() *cobra.Command {
 		revoke     time.Duration
 		pc         peerFlags
 		ec         etcdFlags
+		lf         logFlags
+		configFile string
 	)
 	cmd := &cobra.Command{
-		Use:   "mount MOUNTPOINT",
+		Use:   "mount [MOUNTPOINT]",
 		Short: "Mount a tensor filesystem and serve it in the foreground until SIGINT/SIGTERM",
-		Long: `Mount a tensor filesystem at MOUNTPOINT and serve it in the foreground.
+		Long: `Mount a tensor filesystem at MOUNTPOINT (or the --config file's
+mountpoint) and serve it in the foreground.
 SIGINT or SIGTERM unmounts, frees every tensor and exits 0. A stale mount left
 at MOUNTPOINT by a killed daemon is cleaned up first.
 
@@ -82,9 +87,37 @@ from $ETCD_PASSWORD). The shared secret still authenticates every peer.
 
 --revoke-timeout bounds how long freeing a tensor waits for the peer daemons
 that cached an import of it (a dead peer's leases end with its connection; a
-silent one's after this time, logged).`,
-		Args: cobra.ExactArgs(1),
+silent one's after this time, logged).
+
+Logs go to stderr through log/slog: --log-format text (key=value, the
+default) or json (one object a line); --log-level debug, info (default), warn
+or error. Every copy logs one line at its end (path local/ipc/tcp, mode,
+bytes, seconds); successful in-place copies at most one a second at info,
+each one at debug.
+
+--config FILE reads the mount's settings from a YAML file: "mountpoint" (in
+place of the argument) and any flag of this command by its name without the
+dashes (device, name, listen, peer: a list, secret-file, etcd: a list or a
+comma-separated string, cluster, log-level, ...); "metrics" is reserved for
+the metrics address and ignored (with a warning) where this build has no
+--metrics. A flag given on the command line wins over the file; an unknown
+key is an error that names it.
+
+Under systemd (Type=notify, $NOTIFY_SOCKET set) the daemon sends READY=1 once
+it is mounted and listening, and STOPPING=1 when it starts shutting down
+(scripts/tensorfs.service).`,
+		Args: cobra.RangeArgs(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			mnt, notes, err := applyConfig(cmd.Flags(), configFile, args)
+			if err != nil {
+				return err
+			}
+			if err := lf.setup(os.Stderr); err != nil {
+				return err
+			}
+			for _, n := range notes {
+				slog.Warn(n, "config", configFile)
+			}
 			var limit uint64
 			if maxMemory != "" {
 				var err error
@@ -108,11 +141,16 @@ silent one's after this time, logged).`,
 				if err != nil {
 					return err
 				}
+				// The cluster's lines are printf-formatted; they carry its
+				// name as an attribute for a filter.
+				c.Logf = func(format string, args ...any) {
+					slog.Info(fmt.Sprintf(format, args...), "cluster", c.Cluster)
+				}
 				cc = &c
 			} else if cmd.Flags().Changed("advertise") {
 				return fmt.Errorf("--advertise needs --etcd")
 			}
-			return runMount(args[0], device, int64(limit), revoke, fs.Options{AllowOther: allowOther, Debug: debug}, cfg, cc, ec.advertise)
+			return runMount(mnt, device, int64(limit), revoke, fs.Options{AllowOther: allowOther, Debug: debug}, cfg, cc, ec.advertise)
 		},
 	}
 	f := cmd.Flags()
@@ -121,8 +159,10 @@ silent one's after this time, logged).`,
 	f.BoolVar(&allowOther, "allow-other", false, "let other users access the mount (FUSE allow_other)")
 	f.BoolVar(&debug, "debug", false, "log every FUSE request")
 	f.DurationVar(&revoke, "revoke-timeout", 10*time.Second, "how long freeing a tensor waits for peers holding an import of it")
+	f.StringVar(&configFile, "config", "", "YAML file of mount settings (flags by name, and mountpoint); the command line wins")
 	pc.register(f)
 	ec.register(f, true)
+	lf.register(f)
 	return cmd
 }
 
@@ -195,12 +235,19 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 		return err
 	}
 	for _, n := range notes {
-		log.Print(n)
+		slog.Info(n, "device", device)
 	}
 	if member != nil {
-		log.Printf("cluster %s: registered %s at %s (etcd lease TTL %v; %d nodes in view)", member.Cluster(), peerCfg.Name, advertise, member.TTL(), len(member.Nodes()))
+		slog.Info("registered in the cluster", "cluster", member.Cluster(), "name", peerCfg.Name, "addr", advertise,
+			"ttl", member.TTL(), "nodes", len(member.Nodes()))
 	}
-	logMounted(mountpoint, devs[0], limit)
+	listen := ""
+	if a := peers.Addr(); a != nil {
+		listen = a.String() // the port bound, when --listen asked for :0
+	}
+	logMounted(mountpoint, device, devs[0], limit, peerCfg, listen)
+	// Mounted, listening (peers.Start) and registered: ready for systemd.
+	notify(daemon.SdNotifyReady)
 
 	serveUntilSignal(srv, mountpoint, sig)
 	// Out of the cluster first: peers see this node go at once.
@@ -226,14 +273,50 @@ func checkMountpoint(mountpoint string) error {
 	return fs.CleanStale(mountpoint)
 }
 
-// logMounted logs the ready line the tests and scripts wait for ("mounted
-// "), after a note when --max-memory was capped.
-func logMounted(mountpoint string, def gpu.Device, limit int64) {
+// logMounted logs the ready line the tests and scripts wait for (message
+// "mounted"), after a note when --max-memory was capped. It says what an
+// operator checks first: the device asked for and the one chosen, the
+// memory cap, where peers connect, which peers are named and by which
+// transports copies can go.
+func logMounted(mountpoint, asked string, def gpu.Device, limit int64, pc transfer.Config, listen string) {
 	mi := def.MemInfo()
 	if limit > mi.Total {
-		log.Printf("--max-memory %s is more than %s can give; capped at %s", humanize.IBytes(uint64(limit)), def.Name(), humanize.IBytes(uint64(mi.Total)))
+		slog.Warn("--max-memory is more than the device can give; capped", "max_memory", humanize.IBytes(uint64(limit)),
+			"device", def.Name(), "capacity", humanize.IBytes(uint64(mi.Total)))
 	}
-	log.Printf("mounted %s: default device %s, capacity %s", mountpoint, def.Name(), humanize.IBytes(uint64(mi.Total)))
+	maxMem := "available"
+	if limit > 0 {
+		maxMem = humanize.IBytes(uint64(min(limit, mi.Total)))
+	}
+	peers := make([]string, 0, len(pc.Peers))
+	for name, addr := range pc.Peers {
+		peers = append(peers, name+"="+addr)
+	}
+	sort.Strings(peers)
+	// local always; tcp to any peer; ipc to a peer on this host whose
+	// memory it can map (chosen per copy, falling back to tcp).
+	transports := []string{"local"}
+	if listen != "" || len(pc.Peers) > 0 || pc.Resolver != nil {
+		transports = append(transports, "tcp", "ipc")
+	}
+	if listen == "" {
+		listen = "none"
+	}
+	slog.Info("mounted", "mountpoint", mountpoint, "device_flag", asked, "device", def.Name(),
+		"capacity", humanize.IBytes(uint64(mi.Total)), "max_memory", maxMem, "name", pc.Name, "listen", listen,
+		"peers", peers, "cluster", pc.Resolver != nil, "transports", transports)
+}
+
+// notify sends state to systemd when it started the daemon as
+// Type=notify ($NOTIFY_SOCKET); elsewhere it does nothing. A failure to
+// send is logged, not fatal: the mount serves either way, and systemd
+// then says the start timed out.
+func notify(state string) {
+	if ok, err := daemon.SdNotify(false, state); err != nil {
+		slog.Warn("systemd notify failed", "state", state, "err", err)
+	} else if ok {
+		slog.Debug("systemd notified", "state", state)
+	}
 }
 
 // serveUntilSignal serves the mount until it is unmounted from outside, or
@@ -244,48 +327,73 @@ func serveUntilSignal(srv *fuse.Server, mountpoint string, sig <-chan os.Signal)
 	go func() { srv.Wait(); close(done) }()
 	select {
 	case s := <-sig:
-		log.Printf("%v: unmounting %s", s, mountpoint)
+		notify(daemon.SdNotifyStopping)
+		slog.Info("unmounting", "signal", s.String(), "mountpoint", mountpoint)
 		if err := srv.Unmount(); err != nil {
 			// Busy (a process has its cwd or a file there): detach lazily; the
 			// kernel ends the connection when the last user leaves, or when
 			// this process exits below.
-			log.Printf("unmount: %v; detaching", err)
+			slog.Warn("unmount failed; detaching", "mountpoint", mountpoint, "err", err)
 			syscall.Unmount(mountpoint, syscall.MNT_DETACH)
 		}
 		select {
 		case <-done:
 		case <-time.After(5 * time.Second):
-			log.Printf("%s still in use after 5s; exiting anyway (its users get ENOTCONN)", mountpoint)
+			slog.Warn("still in use after 5s; exiting anyway (its users get ENOTCONN)", "mountpoint", mountpoint)
 		case s := <-sig:
-			log.Printf("%v again: exiting now", s)
+			slog.Warn("signalled again: exiting now", "signal", s.String())
 		}
 	case <-done:
-		log.Printf("%s was unmounted", mountpoint)
+		// Unmounted from outside (tensorfs unmount, systemd's ExecStop):
+		// the daemon stops all the same.
+		notify(daemon.SdNotifyStopping)
+		slog.Info("unmounted from outside; stopping", "mountpoint", mountpoint)
 	}
 }
 
+// newUnmountCmd is the unmount command; --config takes the mountpoint
+// from a mount's config file (the service's ExecStop).
 func newUnmountCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "unmount MOUNTPOINT",
+	var configFile string
+	cmd := &cobra.Command{
+		Use:   "unmount [MOUNTPOINT]",
 		Short: "Unmount a tensor filesystem (the daemon then frees everything and exits 0)",
-		Args:  cobra.ExactArgs(1),
+		Long: `Unmount a tensor filesystem; the daemon then frees every tensor and exits 0.
+--config FILE unmounts the mountpoint that FILE (a tensorfs mount --config file)
+names, in place of the argument.`,
+		Args: cobra.RangeArgs(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !mountpoint.IsMounted(args[0]) {
-				return fmt.Errorf("unmount %s: not a tensorfs mount", args[0])
+			var mnt string
+			switch {
+			case len(args) == 1:
+				mnt = args[0]
+			case configFile != "":
+				m, err := configMountpointOf(configFile)
+				if err != nil {
+					return err
+				}
+				mnt = m
+			default:
+				return fmt.Errorf("no MOUNTPOINT: give it as the argument, or --config FILE")
 			}
-			err := syscall.Unmount(args[0], 0)
+			if !mountpoint.IsMounted(mnt) {
+				return fmt.Errorf("unmount %s: not a tensorfs mount", mnt)
+			}
+			err := syscall.Unmount(mnt, 0)
 			if err == syscall.EBUSY {
-				return fmt.Errorf("unmount %s: busy (a process has files open there)", args[0])
+				return fmt.Errorf("unmount %s: busy (a process has files open there)", mnt)
 			}
 			if err != nil {
 				// Not root: fusermount3 unmounts our own FUSE mounts.
-				if out, ferr := runFusermount(args[0]); ferr != nil {
-					return fmt.Errorf("unmount %s: %v; fusermount3: %s", args[0], err, out)
+				if out, ferr := runFusermount(mnt); ferr != nil {
+					return fmt.Errorf("unmount %s: %v; fusermount3: %s", mnt, err, out)
 				}
 			}
 			return nil
 		},
 	}
+	cmd.Flags().StringVar(&configFile, "config", "", "take MOUNTPOINT from this tensorfs mount --config file")
+	return cmd
 }
 
 // profiles writes the daemon's CPU profile (runtime/pprof) from now until
@@ -335,7 +443,7 @@ func profiles(cpu, allocs, tr string) (stop func(), err error) {
 		}
 		if allocs != "" {
 			if err := writeProfile("allocs", allocs); err != nil {
-				log.Printf("TENSORFS_ALLOCPROFILE: %v", err)
+				slog.Error("cannot write the allocation profile", "env", "TENSORFS_ALLOCPROFILE", "path", allocs, "err", err)
 			}
 		}
 	}, nil

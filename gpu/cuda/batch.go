@@ -9,7 +9,7 @@ import (
 	_ "embed"
 	"encoding/binary"
 	"fmt"
-	"log"
+	"log/slog"
 	"slices"
 	"unsafe"
 
@@ -343,7 +343,7 @@ func (d *Device) scatterKernel() (fn cuFunc, ok bool) {
 		d.kloaded = true
 		d.kerr = d.withCtx(d.loadKernel)
 		if d.kerr != nil {
-			log.Printf("%s: scatter kernel not loaded, batched copies use the copy engine: %v", d.name, d.kerr)
+			slog.Warn("scatter kernel not loaded, batched copies use the copy engine", "device", d.name, "err", d.kerr)
 		}
 	}
 	return d.kfn, d.kerr == nil

@@ -23,7 +23,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log"
+	"log/slog"
 	"runtime"
 	"slices"
 	"sync"
@@ -479,7 +479,7 @@ func (d *Device) expireWhole(a *allocation, gen uint64) {
 	d.spareBytes -= a.size
 	d.amu.Unlock()
 	if err := d.freeAllocation(a); err != nil {
-		log.Printf("%s: %v", d.name, err)
+		slog.Error("free allocation failed", "device", d.name, "err", err)
 	}
 }
 
@@ -494,7 +494,7 @@ func (d *Device) expire(a *allocation, gen uint64) {
 	d.pools.drop(a)
 	d.amu.Unlock()
 	if err := d.freeAllocation(a); err != nil {
-		log.Printf("%s: %v", d.name, err)
+		slog.Error("free allocation failed", "device", d.name, "err", err)
 	}
 }
 
