@@ -3,9 +3,11 @@ package main
 import (
 	"errors"
 	"fmt"
+	iofs "io/fs"
 	"log"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
@@ -83,7 +85,7 @@ from $ETCD_PASSWORD). The shared secret still authenticates every peer.
 --revoke-timeout bounds how long freeing a tensor waits for the peer daemons
 that cached an import of it (a dead peer's leases end with its connection; a
 silent one's after this time, logged).`,
-		Args: cobra.ExactArgs(1),
+		Args: positional(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var limit uint64
 			if maxMemory != "" {
@@ -112,7 +114,8 @@ silent one's after this time, logged).`,
 			} else if cmd.Flags().Changed("advertise") {
 				return fmt.Errorf("--advertise needs --etcd")
 			}
-			return runMount(args[0], device, int64(limit), revoke, fs.Options{AllowOther: allowOther, Debug: debug}, cfg, cc, ec.advertise)
+			o := fs.Options{AllowOther: allowOther, Debug: debug, FSName: mountSource(cfg.Name)}
+			return runMount(args[0], device, int64(limit), revoke, o, cfg, cc, ec.advertise)
 		},
 	}
 	f := cmd.Flags()
@@ -124,6 +127,21 @@ silent one's after this time, logged).`,
 	pc.register(f)
 	ec.register(f, true)
 	return cmd
+}
+
+// mountSourcePrefix starts the source of a tensorfs mount in
+// /proc/self/mounts; the node's name follows it.
+const mountSourcePrefix = "tensorfs:"
+
+// mountSource is the source a mount shows in /proc/self/mounts (and df):
+// "tensorfs:NAME", so that status, and anyone reading the mount table,
+// knows which node serves it without asking the daemon. A name the mount
+// options cannot carry (a ',' separates them) leaves it "tensorfs".
+func mountSource(name string) string {
+	if name == "" || strings.ContainsAny(name, ",\\ \t\n") {
+		return "tensorfs"
+	}
+	return mountSourcePrefix + name
 }
 
 // runMount serves a mount until a signal; with cc (--etcd) the node joins
@@ -268,24 +286,60 @@ func newUnmountCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "unmount MOUNTPOINT",
 		Short: "Unmount a tensor filesystem (the daemon then frees everything and exits 0)",
-		Args:  cobra.ExactArgs(1),
+		Long: `Unmount the tensor filesystem at MOUNTPOINT; its daemon then frees every
+tensor and exits 0. MOUNTPOINT must be the directory a tensorfs is mounted on:
+a path that does not exist, is not a directory, or has no tensorfs mounted on
+it is refused with a line saying which.`,
+		Args: positional(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !mountpoint.IsMounted(args[0]) {
-				return fmt.Errorf("unmount %s: not a tensorfs mount", args[0])
+			dir := args[0]
+			if err := checkUnmountable(dir); err != nil {
+				return err
 			}
-			err := syscall.Unmount(args[0], 0)
+			err := syscall.Unmount(dir, 0)
 			if err == syscall.EBUSY {
-				return fmt.Errorf("unmount %s: busy (a process has files open there)", args[0])
+				return fmt.Errorf("unmount %s: busy (a process has files open there)", dir)
 			}
 			if err != nil {
 				// Not root: fusermount3 unmounts our own FUSE mounts.
-				if out, ferr := runFusermount(args[0]); ferr != nil {
-					return fmt.Errorf("unmount %s: %v; fusermount3: %s", args[0], err, out)
+				if out, ferr := runFusermount(dir); ferr != nil {
+					return fmt.Errorf("unmount %s: %v; fusermount3: %s", dir, err, out)
 				}
 			}
 			return nil
 		},
 	}
+}
+
+// checkUnmountable says why dir cannot be unmounted as a tensorfs, nil when
+// it can: no such directory, not a directory, or not a tensorfs mount (with
+// what is mounted there, if anything). A dead daemon's mount (stat fails
+// with ENOTCONN) is still a tensorfs mount, and unmounting it is the cure.
+func checkUnmountable(dir string) error {
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED):
+	case errors.Is(err, iofs.ErrNotExist):
+		return fmt.Errorf("unmount %s: no such directory", dir)
+	case err != nil:
+		return fmt.Errorf("unmount %s: %v", dir, err)
+	case !st.IsDir():
+		return fmt.Errorf("unmount %s: not a directory (not a tensorfs mount)", dir)
+	}
+	if mountpoint.IsMounted(dir) {
+		return nil
+	}
+	if abs, err := filepath.Abs(dir); err == nil {
+		if ms, err := readMounts(); err == nil {
+			if mp, fstype := mountOf(ms, abs); mp == abs {
+				return fmt.Errorf("unmount %s: not a tensorfs mount (a %s filesystem is mounted there)", dir, fstype)
+			}
+			if mp, fstype := mountOf(ms, abs); fstype == cpFSType {
+				return fmt.Errorf("unmount %s: not a tensorfs mount (a directory inside the tensorfs mounted at %s)", dir, mp)
+			}
+		}
+	}
+	return fmt.Errorf("unmount %s: not a tensorfs mount (nothing is mounted there)", dir)
 }
 
 // profiles writes the daemon's CPU profile (runtime/pprof) from now until
