@@ -61,8 +61,9 @@ type template struct {
 	Device string  `json:"device,omitempty"`
 }
 
-// scalarShape marshals as [] where a nil shape is omitted: a scalar's shape
-// is known and empty, which is not the same as no shape at all.
+// scalarShape is a scalar's shape: non-nil, so that it marshals as []
+// where a nil shape is omitted (omitzero): a scalar's shape is known and
+// empty, which is not the same as no shape at all.
 var scalarShape = []int64{}
 
 func newLsCmd() *cobra.Command {
