@@ -79,7 +79,7 @@ func TestCpPush(t *testing.T) {
 	// Not a terminal: no bar, one summary line with the transfer's counts.
 	require.Equal(t, 1, strings.Count(errOut, "\n"), "%q", errOut)
 	require.Contains(t, errOut, "copied 1 tensor, 67,108,864 bytes (64 MiB)")
-	require.Regexp(t, `in [0-9.]+ s, [0-9.]+ [kMG]B/s\n$`, errOut)
+	require.Regexp(t, `in [0-9.]+ s, [0-9.]+ ([KMGT]i)?B/s\n$`, errOut)
 
 	// --progress draws the bar anyway; it ends cleared, before the summary.
 	errOut = cpOK(t, "--progress", a.path("kv/layer0"), "b:/kv/bar")

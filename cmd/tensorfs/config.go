@@ -41,7 +41,7 @@ func applyConfig(fs *pflag.FlagSet, path string, args []string) (mnt string, not
 	}
 	if path == "" {
 		if mnt == "" {
-			return "", nil, errors.New("no MOUNTPOINT: give it as the argument, or as mountpoint in --config")
+			return "", nil, &usageError{"mount: missing MOUNTPOINT"}
 		}
 		return mnt, nil, nil
 	}

@@ -78,7 +78,7 @@ those in stats before the copy and cp's own pid (the daemon records which
 process asked), so concurrent copies of the same SRC and DST do not mix. --quiet prints nothing on success. A failure exits non-zero with
 one line: the errno's text and, in parentheses, the daemon's error text from
 stats when it has one.`,
-		Args: twoArgs,
+		Args: positional(2, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runCp(args[0], args[1], cpOptions{quiet: quiet, progress: progress}, cmd.ErrOrStderr())
 		},
@@ -438,8 +438,9 @@ func resolveMissing(abs string) (string, error) {
 	}
 }
 
-// cpMount is one line of /proc/self/mounts.
-type cpMount struct{ dir, fstype string }
+// cpMount is one line of /proc/self/mounts: its source (tensorfs's is
+// "tensorfs:NODE"), mountpoint and filesystem type.
+type cpMount struct{ source, dir, fstype string }
 
 func readMounts() ([]cpMount, error) {
 	f, err := os.Open("/proc/self/mounts")
@@ -452,7 +453,7 @@ func readMounts() ([]cpMount, error) {
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
 		if len(fields) >= 3 {
-			ms = append(ms, cpMount{dir: unescapeMountField(fields[1]), fstype: fields[2]})
+			ms = append(ms, cpMount{source: unescapeMountField(fields[0]), dir: unescapeMountField(fields[1]), fstype: fields[2]})
 		}
 	}
 	return ms, sc.Err()
@@ -581,6 +582,8 @@ func drawProgress(bar *progressbar.ProgressBar, rec *xattrs.Record, w io.Writer)
 			progressbar.OptionSetWriter(w),
 			progressbar.OptionSetDescription(fmt.Sprintf("%d %s", rec.Tensors, plural(rec.Tensors, "tensor"))),
 			progressbar.OptionShowBytes(true),
+			// IEC like the summary line (humanize.IBytes): one unit system.
+			progressbar.OptionUseIECUnits(true),
 			progressbar.OptionShowCount(),
 			progressbar.OptionSetWidth(30),
 			progressbar.OptionThrottle(cpPoll),
@@ -600,7 +603,8 @@ func plural(n int64, noun string) string {
 	return noun + "s"
 }
 
-// cpSummary is the line printed after a copy: its record's counts, or, when
+// cpSummary is the line printed after a copy (sizes and rate in IEC units,
+// KiB, MiB, GiB, as the progress bar draws them): its record's counts, or, when
 // stats had no record of it (pushed out of the list by many concurrent
 // copies), the local side's file size for a single tensor.
 func cpSummary(src, dst string, rec *xattrs.Record, s, d *cpEnd, elapsed time.Duration) string {
@@ -622,7 +626,7 @@ func cpSummary(src, dst string, rec *xattrs.Record, s, d *cpEnd, elapsed time.Du
 	}
 	rate := ""
 	if nbytes > 0 && secs > 0 {
-		rate = ", " + humanize.Bytes(uint64(float64(nbytes)/secs)) + "/s"
+		rate = ", " + humanize.IBytes(uint64(float64(nbytes)/secs)) + "/s"
 	}
 	return fmt.Sprintf("copied %d %s, %s bytes (%s), from %s to %s in %.2f s%s",
 		tensors, plural(tensors, "tensor"), humanize.Comma(nbytes), humanize.IBytes(uint64(nbytes)), src, dst, secs, rate)

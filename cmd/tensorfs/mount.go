@@ -3,9 +3,11 @@ package main
 import (
 	"errors"
 	"fmt"
+	iofs "io/fs"
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
@@ -106,7 +108,7 @@ key is an error that names it.
 Under systemd (Type=notify, $NOTIFY_SOCKET set) the daemon sends READY=1 once
 it is mounted and listening, and STOPPING=1 when it starts shutting down
 (scripts/tensorfs.service).`,
-		Args: cobra.RangeArgs(0, 1),
+		Args: positional(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			mnt, notes, err := applyConfig(cmd.Flags(), configFile, args)
 			if err != nil {
@@ -150,7 +152,8 @@ it is mounted and listening, and STOPPING=1 when it starts shutting down
 			} else if cmd.Flags().Changed("advertise") {
 				return fmt.Errorf("--advertise needs --etcd")
 			}
-			return runMount(mnt, device, int64(limit), revoke, fs.Options{AllowOther: allowOther, Debug: debug}, cfg, cc, ec.advertise)
+			o := fs.Options{AllowOther: allowOther, Debug: debug, FSName: mountSource(cfg.Name)}
+			return runMount(mnt, device, int64(limit), revoke, o, cfg, cc, ec.advertise)
 		},
 	}
 	f := cmd.Flags()
@@ -164,6 +167,21 @@ it is mounted and listening, and STOPPING=1 when it starts shutting down
 	ec.register(f, true)
 	lf.register(f)
 	return cmd
+}
+
+// mountSourcePrefix starts the source of a tensorfs mount in
+// /proc/self/mounts; the node's name follows it.
+const mountSourcePrefix = "tensorfs:"
+
+// mountSource is the source a mount shows in /proc/self/mounts (and df):
+// "tensorfs:NAME", so that status, and anyone reading the mount table,
+// knows which node serves it without asking the daemon. A name the mount
+// options cannot carry (a ',' separates them) leaves it "tensorfs".
+func mountSource(name string) string {
+	if name == "" || strings.ContainsAny(name, ",\\ \t\n") {
+		return "tensorfs"
+	}
+	return mountSourcePrefix + name
 }
 
 // runMount serves a mount until a signal; with cc (--etcd) the node joins
@@ -358,35 +376,37 @@ func newUnmountCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "unmount [MOUNTPOINT]",
 		Short: "Unmount a tensor filesystem (the daemon then frees everything and exits 0)",
-		Long: `Unmount a tensor filesystem; the daemon then frees every tensor and exits 0.
---config FILE unmounts the mountpoint that FILE (a tensorfs mount --config file)
-names, in place of the argument.`,
-		Args: cobra.RangeArgs(0, 1),
+		Long: `Unmount the tensor filesystem at MOUNTPOINT; its daemon then frees every
+tensor and exits 0. MOUNTPOINT must be the directory a tensorfs is mounted on:
+a path that does not exist, is not a directory, or has no tensorfs mounted on
+it is refused with a line saying which. --config FILE unmounts the mountpoint
+that FILE (a tensorfs mount --config file) names, in place of the argument.`,
+		Args: positional(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var mnt string
+			var dir string
 			switch {
 			case len(args) == 1:
-				mnt = args[0]
+				dir = args[0]
 			case configFile != "":
 				m, err := configMountpointOf(configFile)
 				if err != nil {
 					return err
 				}
-				mnt = m
+				dir = m
 			default:
-				return fmt.Errorf("no MOUNTPOINT: give it as the argument, or --config FILE")
+				return &usageError{"unmount: missing MOUNTPOINT"}
 			}
-			if !mountpoint.IsMounted(mnt) {
-				return fmt.Errorf("unmount %s: not a tensorfs mount", mnt)
+			if err := checkUnmountable(dir); err != nil {
+				return err
 			}
-			err := syscall.Unmount(mnt, 0)
+			err := syscall.Unmount(dir, 0)
 			if err == syscall.EBUSY {
-				return fmt.Errorf("unmount %s: busy (a process has files open there)", mnt)
+				return fmt.Errorf("unmount %s: busy (a process has files open there)", dir)
 			}
 			if err != nil {
 				// Not root: fusermount3 unmounts our own FUSE mounts.
-				if out, ferr := runFusermount(mnt); ferr != nil {
-					return fmt.Errorf("unmount %s: %v; fusermount3: %s", mnt, err, out)
+				if out, ferr := runFusermount(dir); ferr != nil {
+					return fmt.Errorf("unmount %s: %v; fusermount3: %s", dir, err, out)
 				}
 			}
 			return nil
@@ -394,6 +414,37 @@ names, in place of the argument.`,
 	}
 	cmd.Flags().StringVar(&configFile, "config", "", "take MOUNTPOINT from this tensorfs mount --config file")
 	return cmd
+}
+
+// checkUnmountable says why dir cannot be unmounted as a tensorfs, nil when
+// it can: no such directory, not a directory, or not a tensorfs mount (with
+// what is mounted there, if anything). A dead daemon's mount (stat fails
+// with ENOTCONN) is still a tensorfs mount, and unmounting it is the cure.
+func checkUnmountable(dir string) error {
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED):
+	case errors.Is(err, iofs.ErrNotExist):
+		return fmt.Errorf("unmount %s: no such directory", dir)
+	case err != nil:
+		return fmt.Errorf("unmount %s: %v", dir, err)
+	case !st.IsDir():
+		return fmt.Errorf("unmount %s: not a directory (not a tensorfs mount)", dir)
+	}
+	if mountpoint.IsMounted(dir) {
+		return nil
+	}
+	if abs, err := filepath.Abs(dir); err == nil {
+		if ms, err := readMounts(); err == nil {
+			if mp, fstype := mountOf(ms, abs); mp == abs {
+				return fmt.Errorf("unmount %s: not a tensorfs mount (a %s filesystem is mounted there)", dir, fstype)
+			}
+			if mp, fstype := mountOf(ms, abs); fstype == cpFSType {
+				return fmt.Errorf("unmount %s: not a tensorfs mount (a directory inside the tensorfs mounted at %s)", dir, mp)
+			}
+		}
+	}
+	return fmt.Errorf("unmount %s: not a tensorfs mount (nothing is mounted there)", dir)
 }
 
 // profiles writes the daemon's CPU profile (runtime/pprof) from now until

@@ -54,7 +54,7 @@ boot id (or --host-id).
 
 --json prints a JSON array of {name, addr, host_id, same_host, since,
 transports, instance, source, self, stale}.`,
-		Args: cobra.MaximumNArgs(1),
+		Args: positional(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var rows []nodeRow
 			var note string

@@ -76,7 +76,7 @@ JSON in the user.safetensors.metadata xattr of DIR.
 The header is validated before anything is created. If the import fails part
 way, the tensors already imported are left in place, the error says how many,
 and the exit status is non-zero.`,
-		Args: twoArgs,
+		Args: positional(2, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -109,7 +109,7 @@ __metadata__.
 
 FILE is written under a temporary name next to it and renamed into place only
 when complete, so a failed export leaves no FILE behind. FILE "-" is stdout.`,
-		Args: twoArgs,
+		Args: positional(2, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
@@ -129,15 +129,6 @@ when complete, so a failed export leaves no FILE behind. FILE "-" is stdout.`,
 	}
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print no summary line")
 	return cmd
-}
-
-// twoArgs answers a wrong argument count with the usage line, which says
-// which two arguments (cobra's default only counts them).
-func twoArgs(cmd *cobra.Command, args []string) error {
-	if len(args) != 2 {
-		return fmt.Errorf("usage: tensorfs %s (got %d arguments)", cmd.Use, len(args))
-	}
-	return nil
 }
 
 // importSafetensors loads src into dir (see newImportCmd).
