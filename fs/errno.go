@@ -36,6 +36,11 @@ func (fsys *FS) refuse(ctx context.Context, n namespace.Node, attr string, err e
 	if err == nil {
 		return 0
 	}
+	if namespace.Errno(err) == syscall.ENODATA {
+		// Removing a template attribute that is not set: an absence, as
+		// for any xattr (tensorfs import clears them so), not a refusal.
+		return syscall.ENODATA
+	}
 	var pid uint32
 	if c := caller(ctx); c != nil {
 		pid = c.PID

@@ -16,6 +16,8 @@ die() { echo "demo: FAILED: $*" >&2; exit 1; }
 need=()
 command -v fusermount3 >/dev/null || need+=(fuse3)
 command -v getfattr --absolute-names >/dev/null || need+=(attr)
+# inotifywait: the README's two-node example watches arrivals with it.
+command -v inotifywait >/dev/null || need+=(inotify-tools)
 if ((${#need[@]})); then
 	[ "$(id -u)" = 0 ] || die "missing ${need[*]}: install them (apt-get install ${need[*]})"
 	echo "installing ${need[*]}"
