@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -125,6 +126,29 @@ func (s *Store) DeviceNames() []string {
 		}
 	}
 	return names
+}
+
+// DeviceUse is one device's capacity and use, as stats lists it under
+// devices: its name ("host", "cuda:0"), Total and Used in bytes
+// (gpu.MemInfo: the capacity tensorfs may use, the bytes it holds there).
+type DeviceUse struct {
+	Name    string `json:"name"`
+	Total   int64  `json:"total"`
+	Used    int64  `json:"used"`
+	Default bool   `json:"default,omitempty"`
+}
+
+// DevicesUse is every device's capacity and use, default first, the
+// others by name.
+func (s *Store) DevicesUse() []DeviceUse {
+	names := s.DeviceNames()
+	slices.Sort(names[1:])
+	out := make([]DeviceUse, len(names))
+	for i, n := range names {
+		m := s.devs[n].MemInfo()
+		out[i] = DeviceUse{Name: n, Total: m.Total, Used: m.Used, Default: i == 0}
+	}
+	return out
 }
 
 // Import opens memory another process exported, for Tensor.Register: [off,

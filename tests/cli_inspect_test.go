@@ -90,7 +90,8 @@ func TestCLIStatusLsStat(t *testing.T) {
 		Device struct {
 			Capacity, Used, Free uint64
 		} `json:"device"`
-		Live      xattrs.Live `json:"live"`
+		Devices   []xattrs.DeviceUse `json:"devices"`
+		Live      xattrs.Live        `json:"live"`
 		Peers     []struct{ Name, Addr, Source, State string }
 		Transfers []xattrs.Record `json:"transfers"`
 	}
@@ -101,6 +102,13 @@ func TestCLIStatusLsStat(t *testing.T) {
 	require.NoError(t, syscall.Statfs(d.mnt, &sf))
 	require.EqualValues(t, sf.Blocks*uint64(sf.Bsize), st.Device.Capacity)
 	require.Equal(t, st.Device.Capacity, st.Device.Used+st.Device.Free)
+	// Every device, default first, with its capacity and use (host here:
+	// the default; a GPU host lists its GPUs after it).
+	require.NotEmpty(t, st.Devices)
+	require.True(t, st.Devices[0].Default)
+	require.EqualValues(t, st.Device.Capacity, st.Devices[0].Total)
+	require.GreaterOrEqual(t, st.Devices[0].Used, int64(32768+4096))
+	require.Contains(t, out, "device "+st.Devices[0].Name+":")
 	require.Equal(t, 3, st.Live.Tensors)
 	require.EqualValues(t, 32768+4096, st.Live.Bytes)
 	require.Len(t, st.Peers, 1)

@@ -11,6 +11,9 @@ type Stats struct {
 	// Live counts what exists now; all 0 when nothing is allocated,
 	// imported or in flight.
 	Live Live `json:"live"`
+	// Devices are the daemon's devices with their capacity and use in
+	// bytes, the default device first.
+	Devices []DeviceUse `json:"devices"`
 	// Copies counts completed copies by the path they took.
 	Copies Copies `json:"copies"`
 	// Transfers are the copies in flight and the latest ones.
@@ -31,6 +34,17 @@ type Stats struct {
 	// Errors are the refused attribute sets and actions: how many, and
 	// the latest with their reasons.
 	Errors Errors `json:"errors"`
+}
+
+// DeviceUse is one entry of Stats' devices: a device's name ("host",
+// "cuda:0"), the capacity tensorfs may use there (its memory, or
+// --max-memory when smaller) and the bytes it holds, and whether it is the
+// default device.
+type DeviceUse struct {
+	Name    string `json:"name"`
+	Total   int64  `json:"total"`
+	Used    int64  `json:"used"`
+	Default bool   `json:"default,omitempty"`
 }
 
 // Errors is the "errors" object of Stats: refusals since start, and the

@@ -31,6 +31,9 @@ type statusReport struct {
 	Node string `json:"node,omitempty"`
 	// Device is the default device's capacity and use (statfs).
 	Device deviceUse `json:"device"`
+	// Devices are every device's capacity and use (stats "devices"),
+	// default first.
+	Devices []xattrs.DeviceUse `json:"devices"`
 	// Live is the stats document's live counts (all devices).
 	Live xattrs.Live `json:"live"`
 	// Peers are the nodes this one reaches by name, sorted by name.
@@ -143,7 +146,7 @@ func readStatus(arg string) (statusReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("status %s: %v", arg, err)
 	}
-	rep.Live, rep.Cluster = st.Live, st.Cluster
+	rep.Live, rep.Cluster, rep.Devices = st.Live, st.Cluster, st.Devices
 	for name, p := range st.Peers {
 		ps := peerState{Name: name, Addr: p.Addr, Source: p.Source, SameHost: p.SameHost, Since: p.Since}
 		switch {
@@ -211,6 +214,13 @@ func writeStatus(w io.Writer, r statusReport) {
 		pct = 100 * float64(r.Device.Used) / float64(r.Device.Capacity)
 	}
 	fmt.Fprintf(tw, "default device:\t%s capacity, %s used (%.0f%%), %s free\n", humanize.IBytes(r.Device.Capacity), humanize.IBytes(r.Device.Used), pct, humanize.IBytes(r.Device.Free))
+	for _, d := range r.Devices {
+		dpct := 0.0
+		if d.Total > 0 {
+			dpct = 100 * float64(d.Used) / float64(d.Total)
+		}
+		fmt.Fprintf(tw, "device %s:\t%s capacity, %s used (%.0f%%)\n", d.Name, humanize.IBytes(uint64(d.Total)), humanize.IBytes(uint64(d.Used)), dpct)
+	}
 	fmt.Fprintf(tw, "live (all devices):\t%d %s, %s; %d exports, %d leases, %d imports, %d pins\n", r.Live.Tensors, plural(int64(r.Live.Tensors), "tensor"),
 		humanize.IBytes(uint64(r.Live.Bytes)), r.Live.Exports, r.Live.Leases, r.Live.Imports, r.Live.Pins)
 	if c := r.Cluster; c != nil {
