@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorfs/tensorfs/dtype"
@@ -54,6 +55,9 @@ type Config struct {
 	// RevokeTimeout bounds how long releasing a tensor waits for importers to
 	// drop their leases (default 10 s).
 	RevokeTimeout time.Duration
+	// OnRevoke, when set, is told how long each revocation of an export
+	// waited for its importers (ipc.NewRegistry): the daemon's metrics.
+	OnRevoke func(wait time.Duration)
 }
 
 // Store owns every tensor of one daemon and the registries they are recorded in.
@@ -69,6 +73,11 @@ type Store struct {
 
 	mu   sync.Mutex
 	live map[*Tensor]struct{}
+
+	// allocs and frees count device allocations made for tensors
+	// (newAllocation) and freed (retire), since start; memory registered
+	// by its owner (Tensor.Register) is neither.
+	allocs, frees atomic.Int64
 }
 
 // NewStore returns an empty store over cfg's devices. Errors: ErrInvalid when
@@ -82,7 +91,7 @@ func NewStore(cfg Config) (*Store, error) {
 		def:           cfg.Devices[0],
 		revokeTimeout: cfg.RevokeTimeout,
 		MRs:           mr.NewRegistry(),
-		IPC:           ipc.NewRegistry(),
+		IPC:           ipc.NewRegistry(cfg.OnRevoke),
 		live:          map[*Tensor]struct{}{},
 	}
 	if s.revokeTimeout <= 0 {
@@ -256,6 +265,55 @@ func (s *Store) Stats() Stats {
 	return st
 }
 
+// Totals are a store's counts since it was made: they only grow.
+type Totals struct {
+	Allocs int64 // device allocations made for tensors
+	Frees  int64 // of them, freed (retired: deregistered, revoked, freed)
+	// Registrations counts the memory regions registered (mr), Exports,
+	// Leases and Revokes the IPC exports made, the leases given on them
+	// and their revocations (ipc.Totals).
+	Registrations uint64
+	ipc.Totals
+}
+
+// Totals returns the counts since the store was made.
+func (s *Store) Totals() Totals {
+	return Totals{Allocs: s.allocs.Load(), Frees: s.frees.Load(), Registrations: s.MRs.Registered(), Totals: s.IPC.Totals()}
+}
+
+// DeviceStats is what one device holds now.
+type DeviceStats struct {
+	Tensors int   // tensors placed on it, allocated or not
+	Used    int64 // bytes of its memory that tensorfs holds (gpu.MemInfo.Used)
+	Total   int64 // bytes tensorfs may hold there (gpu.MemInfo.Total)
+}
+
+// DeviceStats returns, by device name, the tensors and bytes each device
+// holds now. It takes each live tensor's lock in turn (never two at
+// once, nor the store's with one), so it is for a scrape, not a hot path.
+func (s *Store) DeviceStats() map[string]DeviceStats {
+	s.mu.Lock()
+	all := make([]*Tensor, 0, len(s.live))
+	for t := range s.live {
+		all = append(all, t)
+	}
+	s.mu.Unlock()
+	st := make(map[string]DeviceStats, len(s.devs))
+	for n, d := range s.devs {
+		mi := d.MemInfo()
+		st[n] = DeviceStats{Used: mi.Used, Total: mi.Total}
+	}
+	for _, t := range all {
+		t.mu.RLock()
+		n := t.device
+		t.mu.RUnlock()
+		ds := st[n]
+		ds.Tensors++
+		st[n] = ds
+	}
+	return st
+}
+
 // Close releases every tensor still alive, whatever its links and handles (at
 // unmount), so that all device memory is freed.
 func (s *Store) Close() {
@@ -286,6 +344,9 @@ func (s *Store) retire(a *allocation) {
 	}
 	if err := s.IPC.Revoke(a.export.ID, s.revokeTimeout); err != nil {
 		log.Printf("retire mr%d: %v", a.region.ID, err)
+	}
+	if !a.foreign {
+		s.frees.Add(1)
 	}
 	buf := a.buf
 	if err := s.MRs.Deregister(a.region.ID, func() {
