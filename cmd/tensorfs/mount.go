@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"net"
 	"os"
 	"os/signal"
 	"runtime"
@@ -21,6 +22,7 @@ import (
 	"github.com/tensorfs/tensorfs/cluster"
 	"github.com/tensorfs/tensorfs/fs"
 	"github.com/tensorfs/tensorfs/gpu"
+	"github.com/tensorfs/tensorfs/metrics"
 	"github.com/tensorfs/tensorfs/mountpoint"
 	"github.com/tensorfs/tensorfs/namespace"
 	"github.com/tensorfs/tensorfs/tensor"
@@ -37,6 +39,7 @@ func newMountCmd() *cobra.Command {
 		allowOther bool
 		debug      bool
 		revoke     time.Duration
+		metricsAt  string
 		pc         peerFlags
 		ec         etcdFlags
 	)
@@ -82,7 +85,16 @@ from $ETCD_PASSWORD). The shared secret still authenticates every peer.
 
 --revoke-timeout bounds how long freeing a tensor waits for the peer daemons
 that cached an import of it (a dead peer's leases end with its connection; a
-silent one's after this time, logged).`,
+silent one's after this time, logged).
+
+--metrics HOST:PORT serves Prometheus metrics over HTTP at /metrics
+(tensorfs_*: tensors and bytes per device, allocations, registrations,
+exports, leases, revocations, copies and bytes by path and mode with a
+latency histogram, FUSE requests and errnos by operation, peer
+connections; README "Metrics" lists them). The listener is up before the
+mount appears; an address that cannot be listened on is refused at start.
+The metrics carry counts, never names or secrets, and need no
+--secret-file; bind them to loopback or a monitoring network.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var limit uint64
@@ -112,7 +124,7 @@ silent one's after this time, logged).`,
 			} else if cmd.Flags().Changed("advertise") {
 				return fmt.Errorf("--advertise needs --etcd")
 			}
-			return runMount(args[0], device, int64(limit), revoke, fs.Options{AllowOther: allowOther, Debug: debug}, cfg, cc, ec.advertise)
+			return runMount(args[0], device, int64(limit), revoke, fs.Options{AllowOther: allowOther, Debug: debug}, cfg, cc, ec.advertise, metricsAt)
 		},
 	}
 	f := cmd.Flags()
@@ -121,6 +133,7 @@ silent one's after this time, logged).`,
 	f.BoolVar(&allowOther, "allow-other", false, "let other users access the mount (FUSE allow_other)")
 	f.BoolVar(&debug, "debug", false, "log every FUSE request")
 	f.DurationVar(&revoke, "revoke-timeout", 10*time.Second, "how long freeing a tensor waits for peers holding an import of it")
+	f.StringVar(&metricsAt, "metrics", "", "serve Prometheus metrics at http://HOST:PORT/metrics (default: none)")
 	pc.register(f)
 	ec.register(f, true)
 	return cmd
@@ -128,8 +141,9 @@ silent one's after this time, logged).`,
 
 // runMount serves a mount until a signal; with cc (--etcd) the node joins
 // the cluster, registered at advertise (or its listener's address), before
-// the mount appears.
-func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs.Options, peerCfg transfer.Config, cc *cluster.Config, advertise string) error {
+// the mount appears; with metricsAt (--metrics HOST:PORT) its metrics are
+// served there, from before the mount appears.
+func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs.Options, peerCfg transfer.Config, cc *cluster.Config, advertise, metricsAt string) error {
 	// Catch signals before mounting: go-fuse's mount makes a request on the
 	// new mount from this process (its poll check), and a process killed by a
 	// default-action SIGINT while waiting for its own reply hangs in exit and
@@ -144,6 +158,23 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	// Before opening devices, so that a refusal is the only line printed.
 	if err := checkMountpoint(mountpoint); err != nil {
 		return err
+	}
+	// The metrics' address next, for the same reason; the hooks go into
+	// the store and the peer service, the collector once they exist.
+	var (
+		met   *metrics.Metrics
+		metLn net.Listener
+	)
+	if metricsAt != "" {
+		ln, err := metrics.Listen(metricsAt)
+		if err != nil {
+			return err
+		}
+		metLn = ln
+		defer metLn.Close() // a failure before Serve; Serve's stop closes it too
+		met = metrics.New()
+		peerCfg.CopyDone = met.ObserveCopy
+		o.Counts = &fs.OpCounts{}
 	}
 	// etcd before the devices too: unreachable is a one-line refusal.
 	var member *cluster.Member
@@ -160,7 +191,11 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	if err != nil {
 		return err
 	}
-	store, err := tensor.NewStore(tensor.Config{Devices: devs, RevokeTimeout: revoke})
+	storeCfg := tensor.Config{Devices: devs, RevokeTimeout: revoke}
+	if met != nil {
+		storeCfg.OnRevoke = met.ObserveRevoke
+	}
+	store, err := tensor.NewStore(storeCfg)
 	if err != nil {
 		return err
 	}
@@ -187,8 +222,21 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 			return err
 		}
 	}
+	// Served before the mount appears: a mounted node is observable.
+	stopMetrics := func() {}
+	if met != nil {
+		if err := met.Watch(metrics.Sources{Store: store, Peers: peers, Ops: o.Counts}); err != nil {
+			member.Close()
+			peers.Close()
+			store.Close()
+			return err
+		}
+		stopMetrics = met.Serve(metLn)
+		log.Printf("metrics: serving http://%s/metrics", metLn.Addr())
+	}
 	srv, err := fs.Mount(mountpoint, root, o)
 	if err != nil {
+		stopMetrics()
 		member.Close()
 		peers.Close()
 		store.Close()
@@ -205,6 +253,7 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	serveUntilSignal(srv, mountpoint, sig)
 	// Out of the cluster first: peers see this node go at once.
 	member.Close()
+	stopMetrics()
 	peers.Close()
 	store.Close()
 	for _, d := range devs {
