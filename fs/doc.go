@@ -70,4 +70,13 @@
 //
 // See the namespace package's lock order; a node method holds no lock of
 // its own while it calls the namespace.
+//
+// # Counting requests
+//
+// With Options.Counts (tensorfs mount --metrics), the raw file system
+// go-fuse builds over the nodes is wrapped by one that counts each request
+// by operation and each errno answered (opcount.go): the one place that
+// sees every reply's status, so no handler counts anything and an errno
+// returned directly (EPERM for a read-only attribute) is counted like one
+// from toErrno. Without it the wrapper is not there at all.
 package fs

@@ -29,6 +29,10 @@ type Options struct {
 	Debug bool
 	// FSName is the source shown in /proc/mounts (default "tensorfs").
 	FSName string
+	// Counts, when set, counts every FUSE request of the mount and every
+	// errno answered (OpCounts; the daemon's metrics read it). Nil: no
+	// counting, at no cost.
+	Counts *OpCounts
 }
 
 // Config is what NewRoot builds a tensor tree from.
@@ -100,8 +104,19 @@ func Mount(dir string, root *Dir, o Options) (*fuse.Server, error) {
 			DisableSplice: true,
 		},
 	}
-	srv, err := gofs.Mount(dir, root, opts)
+	// gofs.Mount, with the raw file system wrapped when counting.
+	var raw fuse.RawFileSystem = gofs.NewNodeFS(root, opts)
+	if o.Counts != nil {
+		raw = &countingFS{RawFileSystem: raw, c: o.Counts}
+	}
+	srv, err := fuse.NewServer(raw, dir, &opts.MountOptions)
 	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", dir, err)
+	}
+	go srv.Serve()
+	if err := srv.WaitMount(); err != nil {
+		// As gofs.Mount: the serve loop ends by itself when the mount
+		// failed.
 		return nil, fmt.Errorf("mount %s: %w", dir, err)
 	}
 	return srv, nil

@@ -74,13 +74,24 @@ type exportEntry struct {
 // Registry holds the live exports and leases of one daemon.
 type Registry struct {
 	mu      sync.Mutex
-	nextID  uint64
+	nextID  uint64 // also the number of exports made: ids are never reused
 	exports map[uint64]*exportEntry
 	leases  int
+	// Since start: leases given, revocations done, leases dropped at a
+	// revocation's timeout (Totals).
+	leased, revoked, dropped uint64
+	// onRevoke is called at the end of each Revoke (NewRegistry).
+	onRevoke func(wait time.Duration)
 }
 
-// NewRegistry returns an empty registry.
-func NewRegistry() *Registry { return &Registry{exports: map[uint64]*exportEntry{}} }
+// NewRegistry returns an empty registry. onRevoke, when not nil, is called
+// at the end of every Revoke with how long it waited for the leases to be
+// released (up to its timeout; about 0 for an export nobody leased), so
+// that the daemon's metrics can show the distribution of those waits, which
+// a counter cannot.
+func NewRegistry(onRevoke func(wait time.Duration)) *Registry {
+	return &Registry{exports: map[uint64]*exportEntry{}, onRevoke: onRevoke}
+}
 
 // Export records a new export of [offset, offset+n) of the allocation allocID
 // behind handle.
@@ -107,6 +118,7 @@ func (r *Registry) Lease(id uint64, holder string) (*Lease, error) {
 	l := &Lease{reg: r, export: e, holder: holder, revoked: make(chan struct{})}
 	e.leases[l] = struct{}{}
 	r.leases++
+	r.leased++
 	return l, nil
 }
 
@@ -136,6 +148,8 @@ func (r *Registry) Revoke(id uint64, timeout time.Duration) error {
 		return fmt.Errorf("revoke ipc %d: %w", id, ErrNotFound)
 	}
 	e.revoked = true
+	r.revoked++
+	start := time.Now()
 	e.idle = make(chan struct{})
 	if len(e.leases) == 0 {
 		close(e.idle)
@@ -153,12 +167,17 @@ func (r *Registry) Revoke(id uint64, timeout time.Duration) error {
 			slog.Warn("lease not released within the revoke timeout; dropped", "ipc", id, "holder", l.holder, "seconds", timeout.Seconds())
 			delete(e.leases, l)
 			r.leases--
+			r.dropped++
 		}
 		r.mu.Unlock()
 	}
+	wait := time.Since(start)
 	r.mu.Lock()
 	delete(r.exports, id)
 	r.mu.Unlock()
+	if r.onRevoke != nil {
+		r.onRevoke(wait)
+	}
 	return nil
 }
 
@@ -173,6 +192,21 @@ func (r *Registry) Leases(id uint64) (int, error) {
 		return 0, fmt.Errorf("ipc %d: %w", id, ErrNotFound)
 	}
 	return len(e.leases), nil
+}
+
+// Totals are a registry's counts since it was made.
+type Totals struct {
+	Exports uint64 // exports made (Export)
+	Leases  uint64 // leases given (Lease)
+	Revokes uint64 // revocations begun (Revoke)
+	Dropped uint64 // leases dropped by a revocation's timeout, not released
+}
+
+// Totals returns the counts since the registry was made; they only grow.
+func (r *Registry) Totals() Totals {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return Totals{Exports: r.nextID, Leases: r.leased, Revokes: r.revoked, Dropped: r.dropped}
 }
 
 // Stats returns the number of live exports (including ones being revoked) and

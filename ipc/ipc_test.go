@@ -8,7 +8,7 @@ import (
 )
 
 func TestExportIDsAndLeases(t *testing.T) {
-	r := NewRegistry()
+	r := NewRegistry(nil)
 	a := r.Export("memfd:/proc/1/fd/3", 7, 0, 64)
 	b := r.Export("memfd:/proc/1/fd/4", 8, 128, 64)
 	require.NotEqual(t, a.ID, b.ID)
@@ -27,7 +27,7 @@ func TestExportIDsAndLeases(t *testing.T) {
 }
 
 func TestRevokeWaitsForRelease(t *testing.T) {
-	r := NewRegistry()
+	r := NewRegistry(nil)
 	e := r.Export("h", 1, 0, 8)
 	l, err := r.Lease(e.ID, "peer")
 	require.NoError(t, err)
@@ -50,7 +50,7 @@ func TestRevokeWaitsForRelease(t *testing.T) {
 }
 
 func TestRevokeTimesOutSilentHolder(t *testing.T) {
-	r := NewRegistry()
+	r := NewRegistry(nil)
 	e := r.Export("h", 1, 0, 8)
 	_, err := r.Lease(e.ID, "silent peer")
 	require.NoError(t, err)
@@ -63,7 +63,7 @@ func TestRevokeTimesOutSilentHolder(t *testing.T) {
 }
 
 func TestNoLeaseDuringRevoke(t *testing.T) {
-	r := NewRegistry()
+	r := NewRegistry(nil)
 	e := r.Export("h", 1, 0, 8)
 	l, err := r.Lease(e.ID, "peer")
 	require.NoError(t, err)
@@ -77,7 +77,7 @@ func TestNoLeaseDuringRevoke(t *testing.T) {
 }
 
 func TestLeasesCount(t *testing.T) {
-	r := NewRegistry()
+	r := NewRegistry(nil)
 	e := r.Export("memfd:/proc/1/fd/3", 1, 0, 10)
 	n, err := r.Leases(e.ID)
 	require.NoError(t, err)

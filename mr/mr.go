@@ -217,6 +217,14 @@ func (r *Registry) drop(e *entry) func() {
 	return f
 }
 
+// Registered returns the number of regions registered since the registry
+// was made (ids are never reused, so it is the last id given).
+func (r *Registry) Registered() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.nextID
+}
+
 // Stats returns the number of regions not yet released (live, or deregistered
 // but still pinned) and the number of pins held.
 func (r *Registry) Stats() (regions, pins int) {

@@ -13,7 +13,7 @@ import (
 type Stats struct {
 	Live tensor.Stats `json:"live"`
 	// Devices are the devices' capacity and use, default first.
-	Devices []tensor.DeviceUse `json:"devices"`
+	Devices []tensor.DeviceStats `json:"devices"`
 	transfer.Stats
 	// Errors are the refused attribute sets and actions (Refuse).
 	Errors Errors `json:"errors"`
@@ -32,7 +32,7 @@ const statsPad = 256
 func (f *Tree) StatsJSON() []byte {
 	live := f.store.Stats()
 	live.Imports = f.peers.Imports()
-	b, _ := json.Marshal(Stats{Live: live, Devices: f.store.DevicesUse(), Stats: f.peers.Stats(), Errors: f.errorStats()})
+	b, _ := json.Marshal(Stats{Live: live, Devices: f.store.DeviceStats(), Stats: f.peers.Stats(), Errors: f.errorStats()})
 	n := (len(b) + 1 + statsPad - 1) / statsPad * statsPad
 	for len(b) < n-1 {
 		b = append(b, ' ')

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tensorfs/tensorfs/dtype"
@@ -55,6 +56,9 @@ type Config struct {
 	// RevokeTimeout bounds how long releasing a tensor waits for importers to
 	// drop their leases (default 10 s).
 	RevokeTimeout time.Duration
+	// OnRevoke, when set, is told how long each revocation of an export
+	// waited for its importers (ipc.NewRegistry): the daemon's metrics.
+	OnRevoke func(wait time.Duration)
 }
 
 // Store owns every tensor of one daemon and the registries they are recorded in.
@@ -70,6 +74,11 @@ type Store struct {
 
 	mu   sync.Mutex
 	live map[*Tensor]struct{}
+
+	// allocs and frees count device allocations made for tensors
+	// (newAllocation) and freed (retire), since start; memory registered
+	// by its owner (Tensor.Register) is neither.
+	allocs, frees atomic.Int64
 }
 
 // NewStore returns an empty store over cfg's devices. Errors: ErrInvalid when
@@ -83,7 +92,7 @@ func NewStore(cfg Config) (*Store, error) {
 		def:           cfg.Devices[0],
 		revokeTimeout: cfg.RevokeTimeout,
 		MRs:           mr.NewRegistry(),
-		IPC:           ipc.NewRegistry(),
+		IPC:           ipc.NewRegistry(cfg.OnRevoke),
 		live:          map[*Tensor]struct{}{},
 	}
 	if s.revokeTimeout <= 0 {
@@ -126,29 +135,6 @@ func (s *Store) DeviceNames() []string {
 		}
 	}
 	return names
-}
-
-// DeviceUse is one device's capacity and use, as stats lists it under
-// devices: its name ("host", "cuda:0"), Total and Used in bytes
-// (gpu.MemInfo: the capacity tensorfs may use, the bytes it holds there).
-type DeviceUse struct {
-	Name    string `json:"name"`
-	Total   int64  `json:"total"`
-	Used    int64  `json:"used"`
-	Default bool   `json:"default,omitempty"`
-}
-
-// DevicesUse is every device's capacity and use, default first, the
-// others by name.
-func (s *Store) DevicesUse() []DeviceUse {
-	names := s.DeviceNames()
-	slices.Sort(names[1:])
-	out := make([]DeviceUse, len(names))
-	for i, n := range names {
-		m := s.devs[n].MemInfo()
-		out[i] = DeviceUse{Name: n, Total: m.Total, Used: m.Used, Default: i == 0}
-	}
-	return out
 }
 
 // Import opens memory another process exported, for Tensor.Register: [off,
@@ -280,6 +266,66 @@ func (s *Store) Stats() Stats {
 	return st
 }
 
+// Totals are a store's counts since it was made: they only grow.
+type Totals struct {
+	Allocs int64 // device allocations made for tensors
+	Frees  int64 // of them, freed (retired: deregistered, revoked, freed)
+	// Registrations counts the memory regions registered (mr), Exports,
+	// Leases and Revokes the IPC exports made, the leases given on them
+	// and their revocations (ipc.Totals).
+	Registrations uint64
+	ipc.Totals
+}
+
+// Totals returns the counts since the store was made.
+func (s *Store) Totals() Totals {
+	return Totals{Allocs: s.allocs.Load(), Frees: s.frees.Load(), Registrations: s.MRs.Registered(), Totals: s.IPC.Totals()}
+}
+
+// DeviceStats is what one device holds now, as stats lists it under
+// devices and the metrics export it: its name ("host", "cuda:0"), the
+// tensors placed on it (allocated or not), the bytes of its memory that
+// tensorfs holds (gpu.MemInfo.Used) and may hold (gpu.MemInfo.Total: its
+// memory, or --max-memory when smaller), and whether it is the default.
+type DeviceStats struct {
+	Name    string `json:"name"`
+	Tensors int    `json:"tensors"`
+	Used    int64  `json:"used"`
+	Total   int64  `json:"total"`
+	Default bool   `json:"default,omitempty"`
+}
+
+// DeviceStats returns what each device holds now, the default device
+// first, the others by name. It takes each live tensor's lock in turn
+// (never two at once, nor the store's with one): a stats read or a
+// scrape, not a hot path.
+func (s *Store) DeviceStats() []DeviceStats {
+	s.mu.Lock()
+	all := make([]*Tensor, 0, len(s.live))
+	for t := range s.live {
+		all = append(all, t)
+	}
+	s.mu.Unlock()
+	names := s.DeviceNames()
+	slices.Sort(names[1:])
+	st := make([]DeviceStats, len(names))
+	at := make(map[string]int, len(names))
+	for i, n := range names {
+		mi := s.devs[n].MemInfo()
+		st[i] = DeviceStats{Name: n, Used: mi.Used, Total: mi.Total, Default: i == 0}
+		at[n] = i
+	}
+	for _, t := range all {
+		t.mu.RLock()
+		n := t.device
+		t.mu.RUnlock()
+		if i, ok := at[n]; ok {
+			st[i].Tensors++
+		}
+	}
+	return st
+}
+
 // Close releases every tensor still alive, whatever its links and handles (at
 // unmount), so that all device memory is freed.
 func (s *Store) Close() {
@@ -310,6 +356,9 @@ func (s *Store) retire(a *allocation) {
 	}
 	if err := s.IPC.Revoke(a.export.ID, s.revokeTimeout); err != nil {
 		slog.Warn("retire failed", "mr", a.region.ID, "err", err)
+	}
+	if !a.foreign {
+		s.frees.Add(1)
 	}
 	buf := a.buf
 	if err := s.MRs.Deregister(a.region.ID, func() {

@@ -200,6 +200,7 @@ func (t *Tensor) newAllocation(n int64) (*allocation, error) {
 		return nil, fmt.Errorf("register %d bytes on %s: %w", n, dev.Name(), err)
 	}
 	exp := t.s.IPC.Export(buf.Handle(), buf.ID(), buf.Offset(), n)
+	t.s.allocs.Add(1)
 	return &allocation{buf: buf, region: region, export: exp, key: t.owner}, nil
 }
 

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -102,12 +104,13 @@ func TestSystemdNotify(t *testing.T) {
 
 // TestConfigFile: a --config file drives a real mount (the mountpoint,
 // device, name, listen address, peers, secret file and log settings all
-// from it), the command line wins over it, the reserved metrics key is
-// accepted, and every line of the daemon's log is then a JSON object.
+// from it, the metrics listener too), the command line wins over it, and
+// every line of the daemon's log is then a JSON object.
 func TestConfigFile(t *testing.T) {
 	mnt := t.TempDir()
 	secret := secretFile(t, "a shared secret of enough bytes")
 	listen := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	metricsAt := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 	cfg := filepath.Join(t.TempDir(), "tensorfs.yaml")
 	require.NoError(t, os.WriteFile(cfg, []byte(fmt.Sprintf(`# a node's settings
 mountpoint: %s
@@ -121,8 +124,8 @@ secret-file: %s
 timeout: 5s
 log-format: json
 log-level: info
-metrics: 127.0.0.1:9400
-`, mnt, listen, secret)), 0o644))
+metrics: %s
+`, mnt, listen, secret, metricsAt)), 0o644))
 
 	d := launchOpt(t, mnt, launchOpts{
 		noMountArg: true,
@@ -137,7 +140,7 @@ metrics: 127.0.0.1:9400
 	requireContent(t, d.path("y"), bytes.Repeat([]byte{7}, 4096))
 	d.requireLog(`"msg":"copy"`)
 
-	var started, copied, reserved map[string]any
+	var started, copied map[string]any
 	for _, line := range strings.Split(strings.TrimSpace(d.log.String()), "\n") {
 		var m map[string]any
 		require.NoError(t, json.Unmarshal([]byte(line), &m), "not a JSON line: %s", line)
@@ -146,8 +149,6 @@ metrics: 127.0.0.1:9400
 			started = m
 		case m["msg"] == "copy" && m["dst"] == "/y":
 			copied = m
-		case strings.Contains(fmt.Sprint(m["msg"]), `"metrics" is reserved`):
-			reserved = m
 		}
 	}
 	require.NotNil(t, started, d.log.String())
@@ -157,7 +158,14 @@ metrics: 127.0.0.1:9400
 	require.Equal(t, listen, started["listen"])
 	require.Equal(t, []any{"b=127.0.0.1:1", "c=127.0.0.1:2"}, started["peers"])
 	require.Equal(t, []any{"local", "tcp", "ipc"}, started["transports"])
-	require.NotNil(t, reserved, "the metrics key is accepted with a warning:\n%s", d.log.String())
+	// The file's metrics key set --metrics: the listener answers.
+	tr := &http.Transport{DisableKeepAlives: true} // no connection left open past the test
+	resp, err := (&http.Client{Transport: tr}).Get("http://" + metricsAt + "/metrics")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Contains(t, string(body), "tensorfs_tensors")
 	require.NotNil(t, copied, d.log.String())
 	require.Equal(t, "/x", copied["src"])
 	require.Equal(t, "local", copied["path"])

@@ -103,6 +103,13 @@ type Config struct {
 	// receiving side of a put and the sending side of a get decide: one
 	// stream for transfers under a few chunks per stream (streamsFor).
 	Streams int
+	// CopyDone, when set, is called at the end of every successful copy
+	// this node tracks (Service.Track), with its path ("local", "ipc",
+	// "tcp"), its mode ("whole", "in_place", "mixed"), its bytes and how
+	// long it took on this node: what the counters cannot say, a latency
+	// distribution (the daemon's metrics observe it). It runs on the
+	// copy's goroutine, before the setxattr returns: it must be cheap.
+	CopyDone func(path, mode string, bytes int64, took time.Duration)
 }
 
 // Service is a node's peer service: a listener for peers and the client side
@@ -141,11 +148,12 @@ type Service struct {
 	copyLog copyLog
 
 	nextID atomic.Uint64 // the last record id given
-	// The completed copies' counters, by path (PathLocal, ...): all, the
-	// in-place ones, their bytes; and their descriptors.
-	copies      [3]atomic.Int64
-	inPlace     [3]atomic.Int64
-	bytes       [3]atomic.Int64
+	// The completed copies' counters, by path (PathLocal, ...) and mode
+	// (ModeWhole, ...): their number and bytes; and their descriptors.
+	// Stats and CopyCounts both read these, so the stats document and the
+	// metrics never disagree.
+	copies      [3][3]atomic.Int64
+	bytes       [3][3]atomic.Int64
 	descriptors atomic.Int64
 	active      atomic.Int64
 	recentMu    sync.Mutex

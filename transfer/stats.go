@@ -138,12 +138,15 @@ func (s *Service) TrackCtx(ctx context.Context, src, dst, path string, descs []M
 		if err != nil {
 			rec.err.Store(err.Error())
 		} else if p, ok := pathIndex[path]; ok {
-			s.copies[p].Add(1)
-			if rec.mode.Load() == modeInPlace {
-				s.inPlace[p].Add(1)
-			}
-			s.bytes[p].Add(rec.BytesTotal.Load())
+			mode := rec.mode.Load().(string)
+			m := modeIndex(mode)
+			n := rec.BytesTotal.Load()
+			s.copies[p][m].Add(1)
+			s.bytes[p][m].Add(n)
 			s.descriptors.Add(rec.Tensors.Load())
+			if s.cfg.CopyDone != nil {
+				s.cfg.CopyDone(path, ModeNames[m], n, time.Duration(took)*time.Microsecond)
+			}
 		}
 		s.active.Add(-1)
 		s.logEnd(rec, d, err)
@@ -162,6 +165,67 @@ const (
 	modeInPlace = "in_place"
 	modeMixed   = "mixed"
 )
+
+// Mode kinds, the second index into CopyCounts' arrays.
+const (
+	ModeWhole = iota
+	ModeInPlace
+	ModeMixed
+)
+
+// PathNames and ModeNames name the indexes of CopyCounts' arrays, as the
+// stats document and the metrics' labels spell them.
+var (
+	PathNames = [3]string{PathLocal: "local", PathIPC: "ipc", PathTCP: "tcp"}
+	ModeNames = [3]string{ModeWhole: modeWhole, ModeInPlace: modeInPlace, ModeMixed: modeMixed}
+)
+
+// modeIndex is the index of a record's mode; "" (descriptors never known,
+// which a finished copy does not have) counts as whole.
+func modeIndex(mode string) int {
+	switch mode {
+	case modeInPlace:
+		return ModeInPlace
+	case modeMixed:
+		return ModeMixed
+	}
+	return ModeWhole
+}
+
+// CopyCounts are the completed copies since start, by path and mode
+// (Copies[PathTCP][ModeInPlace]: in-place copies over TCP), and their
+// bytes; the counters behind the stats document's "copies".
+type CopyCounts struct {
+	Copies, Bytes [3][3]int64
+}
+
+// CopyCounts returns the completed copies' counters now; zeros for a nil
+// service.
+func (s *Service) CopyCounts() CopyCounts {
+	var c CopyCounts
+	if s == nil {
+		return c
+	}
+	for p := range s.copies {
+		for m := range s.copies[p] {
+			c.Copies[p][m] = s.copies[p][m].Load()
+			c.Bytes[p][m] = s.bytes[p][m].Load()
+		}
+	}
+	return c
+}
+
+// byPath sums a [path][mode] table over modes (indexes of ModeNames),
+// per path.
+func byPath(t *[3][3]int64, modes ...int) PathCounts {
+	var sum [3]int64
+	for p := range t {
+		for _, m := range modes {
+			sum[p] += t[p][m]
+		}
+	}
+	return PathCounts{Local: sum[PathLocal], IPC: sum[PathIPC], TCP: sum[PathTCP]}
+}
 
 // setDescs records a transfer's descriptors: their bytes, count and mode.
 func (rec *Record) setDescs(descs []Meta) {
@@ -196,10 +260,6 @@ type PathCounts struct {
 	Local int64 `json:"local"`
 	IPC   int64 `json:"ipc"`
 	TCP   int64 `json:"tcp"`
-}
-
-func loadCounts(c *[3]atomic.Int64) PathCounts {
-	return PathCounts{Local: c[PathLocal].Load(), IPC: c[PathIPC].Load(), TCP: c[PathTCP].Load()}
 }
 
 // Stats is the peer part of the stats document.
@@ -313,9 +373,10 @@ func (s *Service) Stats() Stats {
 	if s == nil {
 		return st
 	}
-	st.Copies.PathCounts = loadCounts(&s.copies)
-	st.Copies.InPlace = loadCounts(&s.inPlace)
-	st.Copies.Bytes = loadCounts(&s.bytes)
+	c := s.CopyCounts()
+	st.Copies.PathCounts = byPath(&c.Copies, ModeWhole, ModeInPlace, ModeMixed)
+	st.Copies.InPlace = byPath(&c.Copies, ModeInPlace)
+	st.Copies.Bytes = byPath(&c.Bytes, ModeWhole, ModeInPlace, ModeMixed)
 	st.Copies.Descriptors = s.descriptors.Load()
 	st.Transfers.Active = s.active.Load()
 	s.recentMu.Lock()

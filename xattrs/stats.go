@@ -37,13 +37,14 @@ type Stats struct {
 }
 
 // DeviceUse is one entry of Stats' devices: a device's name ("host",
-// "cuda:0"), the capacity tensorfs may use there (its memory, or
-// --max-memory when smaller) and the bytes it holds, and whether it is the
-// default device.
+// "cuda:0"), the tensors placed on it, the bytes tensorfs holds there and
+// may hold (its memory, or --max-memory when smaller), and whether it is
+// the default device.
 type DeviceUse struct {
 	Name    string `json:"name"`
-	Total   int64  `json:"total"`
+	Tensors int    `json:"tensors"`
 	Used    int64  `json:"used"`
+	Total   int64  `json:"total"`
 	Default bool   `json:"default,omitempty"`
 }
 

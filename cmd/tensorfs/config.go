@@ -16,18 +16,12 @@ import (
 // configMountpoint is the config file's key for the mount's argument.
 const configMountpoint = "mountpoint"
 
-// reservedKeys are config keys accepted for the flags that a build may not
-// have yet (metrics: the address of the metrics listener), so that one
-// file serves the nodes of a cluster while they are upgraded; where the
-// flag exists the key sets it like any other.
-var reservedKeys = map[string]bool{"metrics": true}
-
 // applyConfig sets the flags of fs from the YAML file path (none when path
 // is ""), each key naming a flag without its dashes, and returns the
 // mountpoint: the command line's argument, else the file's "mountpoint".
 // Flags given on the command line win: a key only sets a flag that was not
 // changed before the file was read. notes are warnings to log once the
-// log is set up (a reserved key this build ignores).
+// log is set up (none today: every key is a flag or an error).
 //
 // Generic on purpose: every flag of the command, today's and tomorrow's,
 // can be set from the file without a table to keep in step with the
@@ -72,10 +66,6 @@ func applyConfig(fs *pflag.FlagSet, path string, args []string) (mnt string, not
 		}
 		f := fs.Lookup(k)
 		if f == nil || k == "config" || k == "help" {
-			if reservedKeys[k] && f == nil {
-				notes = append(notes, fmt.Sprintf("config key %q is reserved: this build has no --%s; ignored", k, k))
-				continue
-			}
 			return "", nil, fmt.Errorf("--config %s: unknown key %q (keys are the flags of tensorfs mount without dashes, and mountpoint)", path, k)
 		}
 		if f.Changed {

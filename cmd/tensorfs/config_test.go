@@ -10,8 +10,8 @@ import (
 
 // TestApplyConfig: keys set their flags (a list as a repeatable flag's
 // items, or comma-joined for --etcd), the command line wins, the
-// argument wins over the file's mountpoint, metrics is reserved, and an
-// unknown key is named.
+// argument wins over the file's mountpoint, metrics sets --metrics, and
+// an unknown key is named.
 func TestApplyConfig(t *testing.T) {
 	write := func(body string) string {
 		p := filepath.Join(t.TempDir(), "c.yaml")
@@ -32,8 +32,8 @@ func TestApplyConfig(t *testing.T) {
 	require.Equal(t, "http://a:1,http://b:2", get("etcd"))
 	require.Equal(t, "3s", get("timeout"))
 	require.True(t, f.Changed("listen"), "a key reads as a changed flag")
-	require.Len(t, notes, 1)
-	require.Contains(t, notes[0], `"metrics" is reserved`)
+	require.Equal(t, ":9400", get("metrics"))
+	require.Empty(t, notes)
 
 	mnt, _, err = applyConfig(newMountCmd().Flags(), p, []string{"/mnt/arg"})
 	require.NoError(t, err)

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	iofs "io/fs"
+	"log"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -25,6 +27,7 @@ import (
 	"github.com/tensorfs/tensorfs/cluster"
 	"github.com/tensorfs/tensorfs/fs"
 	"github.com/tensorfs/tensorfs/gpu"
+	"github.com/tensorfs/tensorfs/metrics"
 	"github.com/tensorfs/tensorfs/mountpoint"
 	"github.com/tensorfs/tensorfs/namespace"
 	"github.com/tensorfs/tensorfs/tensor"
@@ -41,6 +44,7 @@ func newMountCmd() *cobra.Command {
 		allowOther bool
 		debug      bool
 		revoke     time.Duration
+		metricsAt  string
 		pc         peerFlags
 		ec         etcdFlags
 		lf         logFlags
@@ -91,6 +95,15 @@ from $ETCD_PASSWORD). The shared secret still authenticates every peer.
 that cached an import of it (a dead peer's leases end with its connection; a
 silent one's after this time, logged).
 
+--metrics HOST:PORT serves Prometheus metrics over HTTP at /metrics
+(tensorfs_*: tensors and bytes per device, allocations, registrations,
+exports, leases, revocations, copies and bytes by path and mode with a
+latency histogram, FUSE requests and errnos by operation, peer
+connections; README "Metrics" lists them). The listener is up before the
+mount appears; an address that cannot be listened on is refused at start.
+The metrics carry counts, never names or secrets, and need no
+--secret-file; bind them to loopback or a monitoring network.
+
 Logs go to stderr through log/slog: --log-format text (key=value, the
 default) or json (one object a line); --log-level debug, info (default), warn
 or error. Every copy logs one line at its end (path local/ipc/tcp, mode,
@@ -100,9 +113,7 @@ each one at debug.
 --config FILE reads the mount's settings from a YAML file: "mountpoint" (in
 place of the argument) and any flag of this command by its name without the
 dashes (device, name, listen, peer: a list, secret-file, etcd: a list or a
-comma-separated string, cluster, log-level, ...); "metrics" is reserved for
-the metrics address and ignored (with a warning) where this build has no
---metrics. A flag given on the command line wins over the file; an unknown
+comma-separated string, cluster, log-level, ...); "metrics" sets --metrics. A flag given on the command line wins over the file; an unknown
 key is an error that names it.
 
 Under systemd (Type=notify, $NOTIFY_SOCKET set) the daemon sends READY=1 once
@@ -153,7 +164,7 @@ it is mounted and listening, and STOPPING=1 when it starts shutting down
 				return fmt.Errorf("--advertise needs --etcd")
 			}
 			o := fs.Options{AllowOther: allowOther, Debug: debug, FSName: mountSource(cfg.Name)}
-			return runMount(mnt, device, int64(limit), revoke, o, cfg, cc, ec.advertise)
+			return runMount(mnt, device, int64(limit), revoke, o, cfg, cc, ec.advertise, metricsAt)
 		},
 	}
 	f := cmd.Flags()
@@ -163,6 +174,7 @@ it is mounted and listening, and STOPPING=1 when it starts shutting down
 	f.BoolVar(&debug, "debug", false, "log every FUSE request")
 	f.DurationVar(&revoke, "revoke-timeout", 10*time.Second, "how long freeing a tensor waits for peers holding an import of it")
 	f.StringVar(&configFile, "config", "", "YAML file of mount settings (flags by name, and mountpoint); the command line wins")
+	f.StringVar(&metricsAt, "metrics", "", "serve Prometheus metrics at http://HOST:PORT/metrics (default: none)")
 	pc.register(f)
 	ec.register(f, true)
 	lf.register(f)
@@ -186,8 +198,9 @@ func mountSource(name string) string {
 
 // runMount serves a mount until a signal; with cc (--etcd) the node joins
 // the cluster, registered at advertise (or its listener's address), before
-// the mount appears.
-func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs.Options, peerCfg transfer.Config, cc *cluster.Config, advertise string) error {
+// the mount appears; with metricsAt (--metrics HOST:PORT) its metrics are
+// served there, from before the mount appears.
+func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs.Options, peerCfg transfer.Config, cc *cluster.Config, advertise, metricsAt string) error {
 	// Catch signals before mounting: go-fuse's mount makes a request on the
 	// new mount from this process (its poll check), and a process killed by a
 	// default-action SIGINT while waiting for its own reply hangs in exit and
@@ -202,6 +215,23 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	// Before opening devices, so that a refusal is the only line printed.
 	if err := checkMountpoint(mountpoint); err != nil {
 		return err
+	}
+	// The metrics' address next, for the same reason; the hooks go into
+	// the store and the peer service, the collector once they exist.
+	var (
+		met   *metrics.Metrics
+		metLn net.Listener
+	)
+	if metricsAt != "" {
+		ln, err := metrics.Listen(metricsAt)
+		if err != nil {
+			return err
+		}
+		metLn = ln
+		defer metLn.Close() // a failure before Serve; Serve's stop closes it too
+		met = metrics.New()
+		peerCfg.CopyDone = met.ObserveCopy
+		o.Counts = &fs.OpCounts{}
 	}
 	// etcd before the devices too: unreachable is a one-line refusal.
 	var member *cluster.Member
@@ -218,7 +248,11 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	if err != nil {
 		return err
 	}
-	store, err := tensor.NewStore(tensor.Config{Devices: devs, RevokeTimeout: revoke})
+	storeCfg := tensor.Config{Devices: devs, RevokeTimeout: revoke}
+	if met != nil {
+		storeCfg.OnRevoke = met.ObserveRevoke
+	}
+	store, err := tensor.NewStore(storeCfg)
 	if err != nil {
 		return err
 	}
@@ -245,8 +279,21 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 			return err
 		}
 	}
+	// Served before the mount appears: a mounted node is observable.
+	stopMetrics := func() {}
+	if met != nil {
+		if err := met.Watch(metrics.Sources{Store: store, Peers: peers, Ops: o.Counts}); err != nil {
+			member.Close()
+			peers.Close()
+			store.Close()
+			return err
+		}
+		stopMetrics = met.Serve(metLn)
+		log.Printf("metrics: serving http://%s/metrics", metLn.Addr())
+	}
 	srv, err := fs.Mount(mountpoint, root, o)
 	if err != nil {
+		stopMetrics()
 		member.Close()
 		peers.Close()
 		store.Close()
@@ -270,6 +317,7 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	serveUntilSignal(srv, mountpoint, sig)
 	// Out of the cluster first: peers see this node go at once.
 	member.Close()
+	stopMetrics()
 	peers.Close()
 	store.Close()
 	for _, d := range devs {
