@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
 	--destdir) destdir=$2; shift 2 ;;
 	--bin) bin=$2; shift 2 ;;
 	--no-reload) reload=0; shift ;;
-	-h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "install.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
 	esac
 done

@@ -222,6 +222,16 @@ func TestPeerRefusals(t *testing.T) {
 	a.requireLog("hold different shared secrets")
 	b.requireLog("node b and peer a at ")
 	b.requireLog("(refused by a)")
+	// A node with no secret at all (allowed on loopback): both sides say
+	// which one has none.
+	c := startDaemon(t, "--name", "c", "--peer", fmt.Sprintf("b=127.0.0.1:%d", pb), "--timeout", "2s")
+	require.NoError(t, os.WriteFile(c.path("t"), fill(100, 1), 0o644))
+	require.ErrorIs(t, unix.Setxattr(c.path("t"), xattrs.CopyTo, []byte("b:/t"), 0), syscall.EACCES)
+	c.requireLog("node c has no shared secret (--secret-file) and peer b at 127.0.0.1:")
+	b.requireLog("peer c at ")
+	b.requireLog("has no shared secret (--secret-file) and node b has one")
+	require.NoError(t, os.Remove(c.path("t")))
+	c.requireClean()
 	require.NoError(t, os.Remove(a.path("t")))
 	a.requireClean()
 	b.requireClean()

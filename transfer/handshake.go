@@ -29,8 +29,9 @@ func (s *Service) authenticate(c *conn, addr string) error {
 	if !hmac.Equal(ch.Proof, proof(s.cfg.Secret, "server", cn, ch.Nonce, s.cfg.Name, ch.Name)) {
 		// Either side may hold the wrong secret (or none): say so, and tell
 		// the server too, whose log would otherwise show only an EOF.
-		err := &Error{Errno: syscall.EACCES, Msg: secretMismatch(s.cfg.Name, s.cfg.Secret, ch.NoSecret, ch.Name, addr)}
-		c.sendError(&Error{Errno: syscall.EACCES, Msg: secretMismatch(ch.Name, nil, len(s.cfg.Secret) == 0, s.cfg.Name, c.c.LocalAddr().String()) + " (refused by " + s.cfg.Name + ")"})
+		none := len(s.cfg.Secret) == 0
+		err := &Error{Errno: syscall.EACCES, Msg: secretMismatch(s.cfg.Name, none, ch.NoSecret, ch.Name, addr)}
+		c.sendError(&Error{Errno: syscall.EACCES, Msg: secretMismatch(ch.Name, ch.NoSecret, none, s.cfg.Name, c.c.LocalAddr().String()) + " (refused by " + s.cfg.Name + ")"})
 		return err
 	}
 	if err := c.sendJSON(frameAuth, authMsg{Proof: proof(s.cfg.Secret, "client", cn, ch.Nonce, s.cfg.Name, ch.Name)}); err != nil {
@@ -73,8 +74,9 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 		return nil, err
 	}
 	if !hmac.Equal(a.Proof, proof(s.cfg.Secret, "client", h.Nonce, sn, h.Name, s.cfg.Name)) {
-		err := &Error{Errno: syscall.EACCES, Msg: secretMismatch(s.cfg.Name, s.cfg.Secret, h.NoSecret, h.Name, nc.RemoteAddr().String())}
-		c.sendError(&Error{Errno: syscall.EACCES, Msg: secretMismatch(h.Name, nil, len(s.cfg.Secret) == 0, s.cfg.Name, nc.LocalAddr().String()) + " (refused by " + s.cfg.Name + ")"})
+		none := len(s.cfg.Secret) == 0
+		err := &Error{Errno: syscall.EACCES, Msg: secretMismatch(s.cfg.Name, none, h.NoSecret, h.Name, nc.RemoteAddr().String())}
+		c.sendError(&Error{Errno: syscall.EACCES, Msg: secretMismatch(h.Name, h.NoSecret, none, s.cfg.Name, nc.LocalAddr().String()) + " (refused by " + s.cfg.Name + ")"})
 		return nil, err
 	}
 	if err := c.sendJSON(frameOK, reply{}); err != nil {
@@ -87,17 +89,17 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 }
 
 // secretMismatch is the refusal of a handshake whose proof did not match,
-// as node self (with secret, nil when unknown) tells it about peer (which
-// says whether it has none) at addr: which of the two has no secret, or
-// that theirs differ. Neither side can tell which secret is the wrong one.
-func secretMismatch(self string, secret []byte, peerNone bool, peer, addr string) string {
+// as node self tells it about peer at addr, each saying whether it has no
+// secret: which of the two has none, or that theirs differ. Neither side
+// can tell which of two secrets is the wrong one.
+func secretMismatch(self string, selfNone, peerNone bool, peer, addr string) string {
 	switch {
-	case peerNone && secret != nil && len(secret) > 0:
-		return fmt.Sprintf("peer %s at %s has no shared secret (--secret-file) and node %s has one", peer, addr, self)
-	case !peerNone && secret != nil && len(secret) == 0:
-		return fmt.Sprintf("node %s has no shared secret (--secret-file) and peer %s at %s has one", self, peer, addr)
+	case selfNone && peerNone:
+		return fmt.Sprintf("neither node %s nor peer %s at %s has a shared secret (--secret-file)", self, peer, addr)
 	case peerNone:
-		return fmt.Sprintf("peer %s at %s has no shared secret (--secret-file)", peer, addr)
+		return fmt.Sprintf("peer %s at %s has no shared secret (--secret-file) and node %s has one", peer, addr, self)
+	case selfNone:
+		return fmt.Sprintf("node %s has no shared secret (--secret-file) and peer %s at %s has one", self, peer, addr)
 	}
 	return fmt.Sprintf("node %s and peer %s at %s hold different shared secrets (--secret-file): the proofs do not match", self, peer, addr)
 }

@@ -73,22 +73,21 @@ func TestCallerPID(t *testing.T) {
 }
 
 // TestSecretMismatch: a refused handshake names the side without a
-// secret, or says that the two differ, naming both nodes.
+// secret, or says that the two differ, naming both nodes (a node run with
+// no secret was told the secrets differ: its own was nil, not empty).
 func TestSecretMismatch(t *testing.T) {
 	for _, c := range []struct {
-		secret   []byte
-		peerNone bool
-		want     string
+		selfNone, peerNone bool
+		want               string
 	}{
-		{[]byte("s"), true, "peer b at 10.0.0.2:7000 has no shared secret (--secret-file) and node a has one"},
-		{[]byte{}, false, "node a has no shared secret (--secret-file) and peer b at 10.0.0.2:7000 has one"},
-		{nil, true, "peer b at 10.0.0.2:7000 has no shared secret"},
-		{[]byte("s"), false, "node a and peer b at 10.0.0.2:7000 hold different shared secrets"},
-		{nil, false, "node a and peer b at 10.0.0.2:7000 hold different shared secrets"},
+		{false, true, "peer b at 10.0.0.2:7000 has no shared secret (--secret-file) and node a has one"},
+		{true, false, "node a has no shared secret (--secret-file) and peer b at 10.0.0.2:7000 has one"},
+		{true, true, "neither node a nor peer b at 10.0.0.2:7000 has a shared secret"},
+		{false, false, "node a and peer b at 10.0.0.2:7000 hold different shared secrets"},
 	} {
-		got := secretMismatch("a", c.secret, c.peerNone, "b", "10.0.0.2:7000")
+		got := secretMismatch("a", c.selfNone, c.peerNone, "b", "10.0.0.2:7000")
 		if !strings.HasPrefix(got, c.want) {
-			t.Errorf("secret %q, peer without one %v: %q, want %q...", c.secret, c.peerNone, got, c.want)
+			t.Errorf("node without a secret %v, peer without one %v: %q, want %q...", c.selfNone, c.peerNone, got, c.want)
 		}
 	}
 }
