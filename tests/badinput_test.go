@@ -3,6 +3,8 @@ package tests
 import (
 	"bytes"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -348,4 +350,34 @@ func TestRefusalReasons(t *testing.T) {
 	// --only-values starts on its own line).
 	raw := getx(t, d.mnt, xattrs.StatsName)
 	require.True(t, strings.HasSuffix(raw, "\n"), "stats ends with a newline")
+}
+
+// TestStatsStaysReadable: refusals on a 4 KiB path fill the recent lists
+// past what an xattr value may hold (64 KiB: reading stats failed with
+// E2BIG, and tensorfs wait and status with it); the document drops its
+// oldest entries instead and stays readable, the newest refusal kept.
+func TestStatsStaysReadable(t *testing.T) {
+	d := startDaemon(t, "--device", "host")
+	dir := d.mnt
+	for range 15 {
+		dir = filepath.Join(dir, strings.Repeat("d", 250))
+		require.NoError(t, os.Mkdir(dir, 0o755))
+	}
+	f := filepath.Join(dir, strings.Repeat("f", 200))
+	require.NoError(t, os.WriteFile(f, []byte("abcd"), 0o644))
+	for range 20 {
+		require.ErrorIs(t, unix.Setxattr(f, xattrs.DType, []byte("bad"), 0), syscall.EINVAL)
+		require.ErrorIs(t, unix.Setxattr(f, xattrs.CopyTo, []byte("nopeer:"+strings.TrimPrefix(f, d.mnt)), 0), syscall.ENOENT)
+	}
+	raw := getx(t, d.mnt, xattrs.StatsName)
+	require.Less(t, len(raw), 64<<10)
+	st := d.stats()
+	require.EqualValues(t, 40, st.Errors.Total)
+	require.NotEmpty(t, st.Errors.Recent, "the newest refusals are kept")
+	last := st.Errors.Recent[len(st.Errors.Recent)-1]
+	require.EqualValues(t, 40, last.ID)
+	require.Equal(t, strings.TrimPrefix(f, d.mnt), last.Path)
+	out, err := exec.Command(bin, "status", d.mnt).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.NoError(t, os.RemoveAll(filepath.Join(d.mnt, strings.Repeat("d", 250))))
 }

@@ -34,6 +34,9 @@ type Stats struct {
 	// Errors are the refused attribute sets and actions: how many, and
 	// the latest with their reasons.
 	Errors Errors `json:"errors"`
+	// Truncated: the daemon dropped the peers from the document to keep
+	// it under 64 KiB (its recent lists were emptied first).
+	Truncated bool `json:"truncated,omitempty"`
 }
 
 // DeviceUse is one entry of Stats' devices: a device's name ("host",

@@ -39,7 +39,7 @@ func TestStatsMatchesProducers(t *testing.T) {
 	peer.Imports.Hits, peer.Imports.Misses = 16, 17
 	peer.Connections.Idle, peer.Connections.Waiting = 18, 19
 	doc := namespace.Stats{Live: tensor.Stats{Tensors: 1, Regions: 2, Exports: 3, Imports: 4, Leases: 5, Pins: 6, Bytes: 7}, Stats: peer,
-		Devices: []tensor.DeviceStats{{Name: "cuda:0", Tensors: 27, Used: 24, Total: 23, Default: true}, {Name: "host", Used: 26, Total: 25}},
+		Truncated: true, Devices: []tensor.DeviceStats{{Name: "cuda:0", Tensors: 27, Used: 24, Total: 23, Default: true}, {Name: "host", Used: 26, Total: 25}},
 		Errors: namespace.Errors{Total: 20, Recent: []namespace.Refusal{{ID: 22, Time: time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC), PID: 21,
 			Path: "/x", Attr: "user.tensorfs.dtype", Errno: "EINVAL", Reason: "r"}}}}
 	want, err := json.Marshal(doc)

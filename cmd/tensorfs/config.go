@@ -50,6 +50,12 @@ func applyConfig(fs *pflag.FlagSet, path string, args []string) (mnt string, not
 	// Sorted: the first error named is the same from run to run.
 	sort.Strings(keys)
 	for _, k := range keys {
+		var f *pflag.Flag
+		if k != configMountpoint {
+			if f = fs.Lookup(k); f == nil || k == "config" || k == "help" {
+				return "", nil, fmt.Errorf("--config %s: unknown key %q (keys are the flags of tensorfs mount without dashes, and mountpoint)", path, k)
+			}
+		}
 		n := doc[k]
 		vals, err := configValues(&n)
 		if err != nil {
@@ -64,10 +70,6 @@ func applyConfig(fs *pflag.FlagSet, path string, args []string) (mnt string, not
 			}
 			continue
 		}
-		f := fs.Lookup(k)
-		if f == nil || k == "config" || k == "help" {
-			return "", nil, fmt.Errorf("--config %s: unknown key %q (keys are the flags of tensorfs mount without dashes, and mountpoint)", path, k)
-		}
 		if f.Changed {
 			continue // the command line wins
 		}
@@ -81,17 +83,39 @@ func applyConfig(fs *pflag.FlagSet, path string, args []string) (mnt string, not
 	return mnt, notes, nil
 }
 
-// readConfig reads the YAML file path: one mapping of keys to scalars or
-// lists of scalars (yaml.v3 refuses a key given twice). An empty file is
-// an empty mapping.
+// maxConfig is the largest config file read, in bytes: a node's settings
+// are a few hundred; --config /dev/zero must not take the memory.
+const maxConfig = 1 << 20
+
+// readConfig reads the YAML file path: one document, one mapping of keys
+// to scalars or lists of scalars (yaml.v3 refuses a key given twice). An
+// empty file is an empty mapping. Errors: not a regular file (a FIFO would
+// block the start, a device would never end), over maxConfig bytes, a
+// second document (its keys would be ignored), YAML's.
 func readConfig(path string) (map[string]yaml.Node, error) {
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("--config: %w", err)
 	}
-	var doc map[string]yaml.Node
-	if err := yaml.NewDecoder(bytes.NewReader(b)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("--config %s: not a regular file", path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxConfig+1))
+	if err != nil {
 		return nil, fmt.Errorf("--config %s: %v", path, err)
+	}
+	if len(b) > maxConfig {
+		return nil, fmt.Errorf("--config %s: larger than %d bytes", path, maxConfig)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	var doc map[string]yaml.Node
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("--config %s: %v", path, err)
+	}
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("--config %s: more than one YAML document (one mapping of settings, no ---)", path)
 	}
 	return doc, nil
 }
@@ -116,13 +140,22 @@ func configMountpointOf(path string) (string, error) {
 // item for a list of scalars. Mappings and nested lists are refused: no
 // flag takes them.
 func configValues(n *yaml.Node) ([]string, error) {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias // an anchor's value, as if written here
+	}
 	switch n.Kind {
 	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return nil, errors.New("no value (null): give one, or leave the key out")
+		}
 		return []string{n.Value}, nil
 	case yaml.SequenceNode:
 		vals := make([]string, len(n.Content))
 		for i, c := range n.Content {
-			if c.Kind != yaml.ScalarNode {
+			if c.Kind == yaml.AliasNode && c.Alias != nil {
+				c = c.Alias
+			}
+			if c.Kind != yaml.ScalarNode || c.Tag == "!!null" {
 				return nil, fmt.Errorf("item %d is not a scalar", i+1)
 			}
 			vals[i] = c.Value

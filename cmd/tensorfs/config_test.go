@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -46,11 +47,50 @@ func TestApplyConfig(t *testing.T) {
 		"mountpoint: /m\nname: [a, [b]]\n": `key "name": item 2 is not a scalar`,
 		"mountpoint: /m\nname: a\nname: b": `already defined`,
 		"name: a\n":                        "no MOUNTPOINT",
+		// Found by trying to break it: a null taken as the name "null", a
+		// second document's keys ignored, an unknown key holding a map
+		// refused for its type rather than its name.
+		"mountpoint: /m\nname: null\n":           `key "name": no value (null)`,
+		"mountpoint: /m\nname: ~\n":              `key "name": no value (null)`,
+		"mountpoint: /m\n---\ndevice: host\n":    "more than one YAML document",
+		"mountpoint: /m\nbase: {device: host}\n": `unknown key "base"`,
+		"mountpoint: /m\npeer: [a=h:1, null]\n":  `item 2 is not a scalar`,
 	} {
 		_, _, err := applyConfig(newMountCmd().Flags(), write(body), nil)
 		require.ErrorContains(t, err, want, body)
 	}
+	// An anchor's value serves where its alias is written.
+	mnt, _, err = applyConfig(newMountCmd().Flags(), write("mountpoint: /m\ndevice: &d host\nname: *d\n"), nil)
+	require.NoError(t, err)
+	require.Equal(t, "/m", mnt)
+	// Not a regular file, or too large: refused before reading it whole.
+	_, _, err = applyConfig(newMountCmd().Flags(), "/dev/zero", nil)
+	require.ErrorContains(t, err, "not a regular file")
+	_, _, err = applyConfig(newMountCmd().Flags(), write("mountpoint: /m\n# "+strings.Repeat("x", maxConfig)+"\n"), nil)
+	require.ErrorContains(t, err, "larger than")
 	got, err := configMountpointOf(p)
 	require.NoError(t, err)
 	require.Equal(t, "/mnt/x", got)
+}
+
+// TestCheckNodeName: a name a peer path, the mount's source and a log
+// line can carry; the rest refused (a, b and a\nb were taken as --name).
+func TestCheckNodeName(t *testing.T) {
+	for _, ok := range []string{"a", "node-1", "gpu_07.rack3", "ü"} {
+		require.NoError(t, checkNodeName(ok), ok)
+	}
+	for _, bad := range []string{"", "a,b", "a\nb", "a\tb", `a\b`, "-x", "a:b", "a/b", "a b", "a\x00", strings.Repeat("n", 65)} {
+		require.Error(t, checkNodeName(bad), "%q", bad)
+	}
+}
+
+// TestShown: printable names print as they are; one with a newline, a
+// tab, an escape or invalid UTF-8 is quoted (a row split, a terminal
+// reached by an escape: found by trying to break it).
+func TestShown(t *testing.T) {
+	require.Equal(t, "block 0 ü", shown("block 0 ü"))
+	require.Equal(t, `"a\nb"`, shown("a\nb"))
+	require.Equal(t, `"a\tb"`, shown("a\tb"))
+	require.Equal(t, `"\x1b[31mred"`, shown("\x1b[31mred"))
+	require.Equal(t, `"\xff\xfe"`, shown("\xff\xfe"))
 }

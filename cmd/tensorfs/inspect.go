@@ -18,6 +18,8 @@ import (
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
@@ -329,11 +331,22 @@ func intText[T int64 | uint64](p *T) string {
 	return fmt.Sprint(*p)
 }
 
+// shown is a name (or path) as the human output prints it: as it is when
+// it is printable UTF-8, else Go-quoted, so that a name holding a newline,
+// a tab or a terminal escape (anyone who can write to the mount can make
+// one) cannot split a row or reach the reader's terminal.
+func shown(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, func(r rune) bool { return unicode.IsControl(r) }) {
+		return s
+	}
+	return strconv.Quote(s)
+}
+
 // writeLs prints ls's text: names, or with long a table.
 func writeLs(w io.Writer, ents []entryInfo, long bool) {
 	if !long {
 		for _, e := range ents {
-			name := e.Name
+			name := shown(e.Name)
 			if e.Type == "dir" {
 				name += "/"
 			}
@@ -344,7 +357,7 @@ func writeLs(w io.Writer, ents []entryInfo, long bool) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "TYPE\tDTYPE\tSHAPE\tNBYTES\tDEVICE\tNAME")
 	for _, e := range ents {
-		dtype, shape, device, name := e.DType, e.Shape, e.Device, e.Name
+		dtype, shape, device, name := e.DType, e.Shape, e.Device, shown(e.Name)
 		if e.Type == "dir" {
 			name += "/"
 			dtype, shape, device = "", nil, ""
@@ -360,7 +373,7 @@ func writeLs(w io.Writer, ents []entryInfo, long bool) {
 // writeStat prints stat's text: one "name: value" line per attribute.
 func writeStat(w io.Writer, e entryInfo) {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	fmt.Fprintf(tw, "path:\t%s\n", e.Path)
+	fmt.Fprintf(tw, "path:\t%s\n", shown(e.Path))
 	fmt.Fprintf(tw, "type:\t%s\n", e.Type)
 	if e.Type == "dir" {
 		t := template{}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/spf13/pflag"
 
@@ -32,6 +33,27 @@ func (p *peerFlags) register(f *pflag.FlagSet) {
 	f.IntVar(&p.streams, "streams", transfer.DefaultStreams, fmt.Sprintf("parallel TCP streams per large copy (1 to %d)", transfer.MaxStreams))
 }
 
+// checkNodeName refuses a node name that a peer path, the mount's source
+// (tensorfs:NAME, between mount options split at commas) or a log line
+// could not carry: empty, over 64 bytes, starting with '-' (a flag), or
+// holding ':', '/', ',', '\', white space or a control character.
+func checkNodeName(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("empty")
+	case len(name) > 64:
+		return fmt.Errorf("longer than 64 bytes")
+	case name[0] == '-':
+		return fmt.Errorf("starts with '-'")
+	}
+	for _, r := range name {
+		if r <= ' ' || r == 0x7f || strings.ContainsRune(":/,\\", r) || unicode.IsSpace(r) || unicode.IsControl(r) {
+			return fmt.Errorf("no ':', '/', ',', '\\', spaces or control characters (%q)", r)
+		}
+	}
+	return nil
+}
+
 // config builds the peer service configuration. Errors: a malformed --peer,
 // an unreadable secret file, one readable by group or others (as ssh refuses
 // such keys), or one under 16 bytes.
@@ -44,8 +66,8 @@ func (p *peerFlags) config() (transfer.Config, error) {
 		}
 		cfg.Name = h
 	}
-	if strings.ContainsAny(cfg.Name, ":/ ") {
-		return cfg, fmt.Errorf("--name %q: no ':', '/' or spaces", cfg.Name)
+	if err := checkNodeName(cfg.Name); err != nil {
+		return cfg, fmt.Errorf("--name %q: %v", cfg.Name, err)
 	}
 	if cfg.HostID == "" {
 		b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
@@ -56,8 +78,11 @@ func (p *peerFlags) config() (transfer.Config, error) {
 	}
 	for _, pe := range p.peers {
 		name, addr, ok := strings.Cut(pe, "=")
-		if !ok || name == "" || addr == "" || strings.ContainsAny(name, ":/ ") {
+		if !ok || name == "" || addr == "" {
 			return cfg, fmt.Errorf("--peer %q: want NAME=HOST:PORT", pe)
+		}
+		if err := checkNodeName(name); err != nil {
+			return cfg, fmt.Errorf("--peer %q: name %q: %v", pe, name, err)
 		}
 		if host, port, err := net.SplitHostPort(addr); err != nil || host == "" || port == "" {
 			return cfg, fmt.Errorf("--peer %q: %q is not HOST:PORT", pe, addr)

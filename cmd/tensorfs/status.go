@@ -270,8 +270,8 @@ func writeStatus(w io.Writer, r statusReport) {
 			fmt.Fprintln(tw, "  TIME\tPID\tPATH\tATTR\tERRNO\tREASON")
 		}
 		for _, e := range r.Errors {
-			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%s\t%s\n", e.Time.Format(time.RFC3339), e.PID, orDash(e.Path), orDash(e.Attr),
-				orDash(e.Errno), oneLine(e.Reason))
+			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%s\t%s\n", e.Time.Format(time.RFC3339), e.PID, orDash(shown(e.Path)), orDash(shown(e.Attr)),
+				orDash(e.Errno), oneLine(shown(e.Reason)))
 		}
 		tw.Flush()
 	}
