@@ -6,9 +6,12 @@ import (
 	"log/slog"
 	"maps"
 	"path"
+	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/tensorfs/tensorfs/dtype"
+	"github.com/tensorfs/tensorfs/gpu"
 	"github.com/tensorfs/tensorfs/tensor"
 	"github.com/tensorfs/tensorfs/transfer"
 )
@@ -74,6 +77,11 @@ type dest struct {
 	// their files by path.
 	pins      map[*File]*pinned
 	inPlaceAt map[string]*File
+	// scratch is device memory a batch of small chunks lands in before
+	// its scatter (WriteBatch), freed at Commit or Abort; scratchMu
+	// serializes the batches of a copy's streams through it.
+	scratchMu sync.Mutex
+	scratch   gpu.Buffer
 }
 
 // pinned is an in-place destination held for a copy: open (alive after an
@@ -377,6 +385,73 @@ func (d *dest) WriteAt(i int, p []byte, off int64) error {
 	return copyErr(err)
 }
 
+// WriteBatch implements transfer.BatchWriter for chunks that all go to
+// GPU memory of one device: the chunks' bytes in one host-to-device copy
+// into device scratch, then one scatter kernel launch from there
+// (tensor.CopyExtents), where a WriteAt each cost a staged copy and a
+// stream synchronize (15 µs an 8 KiB chunk on an H200). done=false for
+// host memory (it takes bytes in place), chunks on several devices, or no
+// scratch to be had.
+func (d *dest) WriteBatch(data []byte, chunks []transfer.BatchChunk) (bool, error) {
+	dev := ""
+	exts := make([]tensor.Extent, len(chunks))
+	for k, c := range chunks {
+		t, at := d.at(c.I)
+		dn := t.Device()
+		if !strings.HasPrefix(dn, "cuda:") || dev != "" && dn != dev {
+			return false, nil
+		}
+		dev = dn
+		exts[k] = tensor.Extent{Dst: t, DstOff: at + c.Off, SrcOff: int64(c.Pos), N: int64(c.N)}
+	}
+	d.scratchMu.Lock()
+	defer d.scratchMu.Unlock()
+	scratch, err := d.scratchOn(dev, int64(len(data)))
+	if err != nil {
+		return false, nil
+	}
+	if _, err := scratch.WriteAt(data, 0); err != nil {
+		return true, copyErr(err)
+	}
+	for k := range exts {
+		exts[k].SrcBuf = scratch
+	}
+	return true, copyErr(tensor.CopyExtents(exts))
+}
+
+// scratchOn is device memory of dev of at least n bytes for WriteBatch: the
+// copy's own, allocated once (1 MiB at least: a batch's most).
+func (d *dest) scratchOn(dev string, n int64) (gpu.Buffer, error) {
+	if d.scratch != nil && d.scratch.Device().Name() == dev && d.scratch.Size() >= n {
+		return d.scratch, nil
+	}
+	d.freeScratchLocked()
+	dv, err := d.tree.store.Device(dev)
+	if err != nil {
+		return nil, err
+	}
+	b, err := dv.Alloc(max(n, 1<<20), 0)
+	if err != nil {
+		return nil, err
+	}
+	d.scratch = b
+	return b, nil
+}
+
+// freeScratch frees the batch scratch, if any.
+func (d *dest) freeScratch() {
+	d.scratchMu.Lock()
+	defer d.scratchMu.Unlock()
+	d.freeScratchLocked()
+}
+
+func (d *dest) freeScratchLocked() {
+	if d.scratch != nil {
+		d.scratch.Free()
+		d.scratch = nil
+	}
+}
+
 // at is where item i's bytes go: its temporary from byte 0, or its
 // in-place tensor from its offset.
 func (d *dest) at(i int) (*tensor.Tensor, int64) {
@@ -486,6 +561,7 @@ func (internalRename) End() {}
 // Commit implements transfer.Dest: each tensor is put in place atomically;
 // a staged directory (a new one) with all its tensors at once.
 func (d *dest) Commit() (int, error) {
+	d.freeScratch()
 	// Every in-place byte has landed: those descriptors are done, before
 	// any whole tensor appears (a batch's notification comes last).
 	for i := range d.items {
@@ -581,6 +657,7 @@ func (d *dest) place(pl Placement, it *destItem) error {
 // Abort implements transfer.Dest: the temporaries not yet in place go away,
 // and the staged directories with them.
 func (d *dest) Abort() {
+	d.freeScratch()
 	d.unpinAll()
 	for i := range d.items {
 		it := &d.items[i]

@@ -45,6 +45,10 @@ type memLocal struct {
 	// as GPU tensors do.
 	inPlace  bool
 	inPlaces int64 // chunks written in place
+	// batch: its dests take WriteBatch (else they decline it, and the
+	// chunks come one by one); batches counts the batches taken.
+	batch   bool
+	batches int64
 
 	// Hooks, called without mu held.
 	onWrite func(i int, off int64, n int) error // before each Dest.WriteAt
@@ -390,6 +394,23 @@ func (d *memDest) WriteAt(i int, p []byte, off int64) error {
 	d.l.writes += int64(len(p))
 	d.l.mu.Unlock()
 	return nil
+}
+
+// WriteBatch implements BatchWriter when the local takes batches: each
+// chunk as WriteAt would write it.
+func (d *memDest) WriteBatch(data []byte, chunks []BatchChunk) (bool, error) {
+	if !d.l.batch {
+		return false, nil
+	}
+	for _, c := range chunks {
+		if err := d.WriteAt(c.I, data[c.Pos:c.Pos+c.N], c.Off); err != nil {
+			return true, err
+		}
+	}
+	d.l.mu.Lock()
+	d.l.batches++
+	d.l.mu.Unlock()
+	return true, nil
 }
 
 // WriteInPlace implements inPlaceDest when the local is inPlace: fill gets

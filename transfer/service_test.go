@@ -1671,3 +1671,57 @@ func TestClosedConnNeverPooled(t *testing.T) {
 	defer s.mu.Unlock()
 	require.Empty(t, s.idle["b"], "a closed connection is not pooled")
 }
+
+// TestBatchedWrites: a destination that takes batches (BatchWriter: GPU
+// memory) gets a tree's small chunks gathered, far fewer writes than
+// chunks, every byte in place; with a corrupt chunk among them the copy
+// fails with EIO and nothing is committed.
+func TestBatchedWrites(t *testing.T) {
+	p := newPair(t, nil)
+	p.b.batch = true
+	want := makeTree(p.a, "/tree", 300, 10)
+	n, err := push(context.Background(), p.client, p.a, "/tree", "b", "/dst")
+	require.NoError(t, err)
+	require.Equal(t, 300, n)
+	for rel, data := range want {
+		got, _, ok := p.b.get("/dst/" + rel)
+		require.True(t, ok, rel)
+		require.True(t, bytes.Equal(data, got), rel)
+	}
+	p.b.mu.Lock()
+	batches := p.b.batches
+	p.b.mu.Unlock()
+	require.Positive(t, batches)
+	require.Less(t, batches, int64(300), "chunks gathered into batches")
+	requireClean(t, p.b)
+
+	// A destination that declines batches, past the first batch's bytes:
+	// the chunks gathered so far, then the rest, one by one.
+	q := newPair(t, nil)
+	wantQ := makeTree(q.a, "/tree", 200, 8<<10)
+	n, err = push(context.Background(), q.client, q.a, "/tree", "b", "/dst")
+	require.NoError(t, err)
+	require.Equal(t, 200, n)
+	for rel, data := range wantQ {
+		got, _, ok := q.b.get("/dst/" + rel)
+		require.True(t, ok, rel)
+		require.True(t, bytes.Equal(data, got), rel)
+	}
+	require.Zero(t, q.b.batches)
+	requireClean(t, q.b)
+
+	// A corrupt chunk in a batch: EIO, the copy aborted.
+	b := newMemLocal()
+	b.batch = true
+	srv := startServer(t, "b", b, testSecret, nil)
+	c := authed(t, srv)
+	putRequest(t, c, "/x", Meta{DType: "U8", Shape: "8", NBytes: 8})
+	data := []byte("newbytes")
+	require.NoError(t, c.send(frameData, dataFrame(0, 0, data, crcOf(data)^1)))
+	require.NoError(t, c.sendJSON(frameDone, doneMsg{Chunks: 1}))
+	we := expectError(t, c)
+	require.Equal(t, "EIO", we.Errno)
+	require.Contains(t, we.Message, "CRC32C")
+	require.Zero(t, b.counts().Commits)
+	requireClean(t, b)
+}
