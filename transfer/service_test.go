@@ -1055,30 +1055,35 @@ func putRequest(t testing.TB, c *conn, path string, metas ...Meta) {
 }
 
 func TestCorruptChunk(t *testing.T) {
-	b := newMemLocal()
-	b.put("/x", []byte("old contents"))
-	srv := startServer(t, "b", b, testSecret, nil)
-	before := b.snapshot()
-
-	c := authed(t, srv)
-	putRequest(t, c, "/x", Meta{DType: "U8", Shape: "8", NBytes: 8})
 	data := []byte("newbytes")
-	require.NoError(t, c.send(frameData, dataFrame(0, 0, data, crcOf(data)^1)))
-	require.NoError(t, c.sendJSON(frameDone, doneMsg{Chunks: 1}))
-	we := expectError(t, c)
-	require.Equal(t, "EIO", we.Errno)
-	require.Contains(t, we.Message, "CRC32C")
-	expectClosed(t, c, 2*time.Second)
+	// Into a destination written chunk by chunk, and into one that takes
+	// small chunks as batches (BatchWriter: GPU memory).
+	for _, batch := range []bool{false, true} {
+		b := newMemLocal()
+		b.batch = batch
+		b.put("/x", []byte("old contents"))
+		srv := startServer(t, "b", b, testSecret, nil)
+		before := b.snapshot()
 
-	require.Equal(t, before, b.snapshot())
-	requireClean(t, b)
-	cnt := b.counts()
-	require.Zero(t, cnt.Commits)
-	require.Equal(t, 1, cnt.Aborts)
-	st := srv.Stats()
-	require.Zero(t, st.Copies.TCP)
-	require.Len(t, st.Transfers.Recent, 1)
-	require.Contains(t, st.Transfers.Recent[0].Error, "CRC32C")
+		c := authed(t, srv)
+		putRequest(t, c, "/x", Meta{DType: "U8", Shape: "8", NBytes: 8})
+		require.NoError(t, c.send(frameData, dataFrame(0, 0, data, crcOf(data)^1)))
+		require.NoError(t, c.sendJSON(frameDone, doneMsg{Chunks: 1}))
+		we := expectError(t, c)
+		require.Equal(t, "EIO", we.Errno, "batch %v", batch)
+		require.Contains(t, we.Message, "CRC32C")
+		expectClosed(t, c, 2*time.Second)
+
+		require.Equal(t, before, b.snapshot())
+		requireClean(t, b)
+		cnt := b.counts()
+		require.Zero(t, cnt.Commits)
+		require.Equal(t, 1, cnt.Aborts)
+		st := srv.Stats()
+		require.Zero(t, st.Copies.TCP)
+		require.Len(t, st.Transfers.Recent, 1)
+		require.Contains(t, st.Transfers.Recent[0].Error, "CRC32C")
+	}
 
 	// a corrupted chunk on a pull: the client aborts and keeps its tensor
 	addr := rawServer(t, func(nc net.Conn) {
@@ -1710,18 +1715,4 @@ func TestBatchedWrites(t *testing.T) {
 	require.Zero(t, q.b.batches)
 	requireClean(t, q.b)
 
-	// A corrupt chunk in a batch: EIO, the copy aborted.
-	b := newMemLocal()
-	b.batch = true
-	srv := startServer(t, "b", b, testSecret, nil)
-	c := authed(t, srv)
-	putRequest(t, c, "/x", Meta{DType: "U8", Shape: "8", NBytes: 8})
-	data := []byte("newbytes")
-	require.NoError(t, c.send(frameData, dataFrame(0, 0, data, crcOf(data)^1)))
-	require.NoError(t, c.sendJSON(frameDone, doneMsg{Chunks: 1}))
-	we := expectError(t, c)
-	require.Equal(t, "EIO", we.Errno)
-	require.Contains(t, we.Message, "CRC32C")
-	require.Zero(t, b.counts().Commits)
-	requireClean(t, b)
 }

@@ -106,3 +106,14 @@ func TestMountSource(t *testing.T) {
 	require.Equal(t, "tensorfs", mountSource("a,b"))
 	require.Equal(t, "tensorfs", mountSource(""))
 }
+
+// TestShown: printable names print as they are; one with a newline, a
+// tab, an escape or invalid UTF-8 is quoted (a row split, a terminal
+// reached by an escape: found by trying to break it).
+func TestShown(t *testing.T) {
+	require.Equal(t, "block 0 ü", shown("block 0 ü"))
+	require.Equal(t, `"a\nb"`, shown("a\nb"))
+	require.Equal(t, `"a\tb"`, shown("a\tb"))
+	require.Equal(t, `"\x1b[31mred"`, shown("\x1b[31mred"))
+	require.Equal(t, `"\xff\xfe"`, shown("\xff\xfe"))
+}

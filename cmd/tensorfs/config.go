@@ -20,8 +20,7 @@ const configMountpoint = "mountpoint"
 // is ""), each key naming a flag without its dashes, and returns the
 // mountpoint: the command line's argument, else the file's "mountpoint".
 // Flags given on the command line win: a key only sets a flag that was not
-// changed before the file was read. notes are warnings to log once the
-// log is set up (none today: every key is a flag or an error).
+// changed before the file was read.
 //
 // Generic on purpose: every flag of the command, today's and tomorrow's,
 // can be set from the file without a table to keep in step with the
@@ -29,19 +28,19 @@ const configMountpoint = "mountpoint"
 // with commas for a comma-separated one (--etcd).
 // Errors: an unreadable file, bad YAML, an unknown key (named), a value
 // the flag refuses, no mountpoint at all.
-func applyConfig(fs *pflag.FlagSet, path string, args []string) (mnt string, notes []string, err error) {
+func applyConfig(fs *pflag.FlagSet, path string, args []string) (mnt string, err error) {
 	if len(args) > 0 {
 		mnt = args[0]
 	}
 	if path == "" {
 		if mnt == "" {
-			return "", nil, &usageError{"mount: missing MOUNTPOINT"}
+			return "", &usageError{"mount: missing MOUNTPOINT"}
 		}
-		return mnt, nil, nil
+		return mnt, nil
 	}
 	doc, err := readConfig(path)
 	if err != nil {
-		return "", nil, err
+		return "", err
 	}
 	keys := make([]string, 0, len(doc))
 	for k := range doc {
@@ -53,17 +52,17 @@ func applyConfig(fs *pflag.FlagSet, path string, args []string) (mnt string, not
 		var f *pflag.Flag
 		if k != configMountpoint {
 			if f = fs.Lookup(k); f == nil || k == "config" || k == "help" {
-				return "", nil, fmt.Errorf("--config %s: unknown key %q (keys are the flags of tensorfs mount without dashes, and mountpoint)", path, k)
+				return "", fmt.Errorf("--config %s: unknown key %q (keys are the flags of tensorfs mount without dashes, and mountpoint)", path, k)
 			}
 		}
 		n := doc[k]
 		vals, err := configValues(&n)
 		if err != nil {
-			return "", nil, fmt.Errorf("--config %s: key %q: %v", path, k, err)
+			return "", fmt.Errorf("--config %s: key %q: %v", path, k, err)
 		}
 		if k == configMountpoint {
 			if len(vals) != 1 {
-				return "", nil, fmt.Errorf("--config %s: key %q: want one path", path, k)
+				return "", fmt.Errorf("--config %s: key %q: want one path", path, k)
 			}
 			if mnt == "" {
 				mnt = vals[0]
@@ -74,13 +73,13 @@ func applyConfig(fs *pflag.FlagSet, path string, args []string) (mnt string, not
 			continue // the command line wins
 		}
 		if err := setFlag(fs, f, vals); err != nil {
-			return "", nil, fmt.Errorf("--config %s: key %q: %v", path, k, err)
+			return "", fmt.Errorf("--config %s: key %q: %v", path, k, err)
 		}
 	}
 	if mnt == "" {
-		return "", nil, fmt.Errorf("no MOUNTPOINT: neither an argument nor mountpoint in %s", path)
+		return "", fmt.Errorf("no MOUNTPOINT: neither an argument nor mountpoint in %s", path)
 	}
-	return mnt, notes, nil
+	return mnt, nil
 }
 
 // maxConfig is the largest config file read, in bytes: a node's settings

@@ -23,7 +23,7 @@ func TestApplyConfig(t *testing.T) {
 	f := cmd.Flags()
 	require.NoError(t, f.Parse([]string{"--name", "cli"}))
 	p := write("mountpoint: /mnt/x\nname: file\nlisten: 127.0.0.1:1\npeer: [b=h:1, c=h:2]\netcd: [http://a:1, http://b:2]\ntimeout: 3s\nmetrics: :9400\n")
-	mnt, notes, err := applyConfig(f, p, nil)
+	mnt, err := applyConfig(f, p, nil)
 	require.NoError(t, err)
 	require.Equal(t, "/mnt/x", mnt)
 	get := func(name string) string { return f.Lookup(name).Value.String() }
@@ -34,9 +34,8 @@ func TestApplyConfig(t *testing.T) {
 	require.Equal(t, "3s", get("timeout"))
 	require.True(t, f.Changed("listen"), "a key reads as a changed flag")
 	require.Equal(t, ":9400", get("metrics"))
-	require.Empty(t, notes)
 
-	mnt, _, err = applyConfig(newMountCmd().Flags(), p, []string{"/mnt/arg"})
+	mnt, err = applyConfig(newMountCmd().Flags(), p, []string{"/mnt/arg"})
 	require.NoError(t, err)
 	require.Equal(t, "/mnt/arg", mnt, "the argument wins")
 
@@ -56,17 +55,17 @@ func TestApplyConfig(t *testing.T) {
 		"mountpoint: /m\nbase: {device: host}\n": `unknown key "base"`,
 		"mountpoint: /m\npeer: [a=h:1, null]\n":  `item 2 is not a scalar`,
 	} {
-		_, _, err := applyConfig(newMountCmd().Flags(), write(body), nil)
+		_, err := applyConfig(newMountCmd().Flags(), write(body), nil)
 		require.ErrorContains(t, err, want, body)
 	}
 	// An anchor's value serves where its alias is written.
-	mnt, _, err = applyConfig(newMountCmd().Flags(), write("mountpoint: /m\ndevice: &d host\nname: *d\n"), nil)
+	mnt, err = applyConfig(newMountCmd().Flags(), write("mountpoint: /m\ndevice: &d host\nname: *d\n"), nil)
 	require.NoError(t, err)
 	require.Equal(t, "/m", mnt)
 	// Not a regular file, or too large: refused before reading it whole.
-	_, _, err = applyConfig(newMountCmd().Flags(), "/dev/zero", nil)
+	_, err = applyConfig(newMountCmd().Flags(), "/dev/zero", nil)
 	require.ErrorContains(t, err, "not a regular file")
-	_, _, err = applyConfig(newMountCmd().Flags(), write("mountpoint: /m\n# "+strings.Repeat("x", maxConfig)+"\n"), nil)
+	_, err = applyConfig(newMountCmd().Flags(), write("mountpoint: /m\n# "+strings.Repeat("x", maxConfig)+"\n"), nil)
 	require.ErrorContains(t, err, "larger than")
 	got, err := configMountpointOf(p)
 	require.NoError(t, err)
@@ -82,15 +81,4 @@ func TestCheckNodeName(t *testing.T) {
 	for _, bad := range []string{"", "a,b", "a\nb", "a\tb", `a\b`, "-x", "a:b", "a/b", "a b", "a\x00", strings.Repeat("n", 65)} {
 		require.Error(t, checkNodeName(bad), "%q", bad)
 	}
-}
-
-// TestShown: printable names print as they are; one with a newline, a
-// tab, an escape or invalid UTF-8 is quoted (a row split, a terminal
-// reached by an escape: found by trying to break it).
-func TestShown(t *testing.T) {
-	require.Equal(t, "block 0 ü", shown("block 0 ü"))
-	require.Equal(t, `"a\nb"`, shown("a\nb"))
-	require.Equal(t, `"a\tb"`, shown("a\tb"))
-	require.Equal(t, `"\x1b[31mred"`, shown("\x1b[31mred"))
-	require.Equal(t, `"\xff\xfe"`, shown("\xff\xfe"))
 }

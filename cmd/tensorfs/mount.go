@@ -121,15 +121,12 @@ it is mounted and listening, and STOPPING=1 when it starts shutting down
 (scripts/tensorfs.service).`,
 		Args: positional(0, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			mnt, notes, err := applyConfig(cmd.Flags(), configFile, args)
+			mnt, err := applyConfig(cmd.Flags(), configFile, args)
 			if err != nil {
 				return err
 			}
 			if err := lf.setup(os.Stderr); err != nil {
 				return err
-			}
-			for _, n := range notes {
-				slog.Warn(n, "config", configFile)
 			}
 			var limit uint64
 			if maxMemory != "" {
