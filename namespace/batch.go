@@ -2,9 +2,11 @@ package namespace
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"syscall"
 
+	"github.com/tensorfs/tensorfs/tensor"
 	"github.com/tensorfs/tensorfs/transfer"
 )
 
@@ -25,11 +27,16 @@ import (
 // It stops at the first failure and returns it. label names the call's
 // source in records and logs.
 func (f *Tree) runLines(ctx context.Context, lines []copyLine, viaMount bool, label string) error {
-	p := &linePlan{set: sourceSet{}, pushes: map[string]*push{}}
+	p := &linePlan{set: sourceSet{}, pushes: map[string]*push{}, lists: map[listKey]*fileSource{}}
 	defer func() { closeAll(p.opened) }()
 	for i := range lines {
 		if err := f.planLine(ctx, p, &lines[i], viaMount); err != nil {
 			return err
+		}
+	}
+	for _, s := range p.lists {
+		if s.meta.Spans != nil {
+			s.meta.Shape = strconv.FormatInt(s.meta.NBytes, 10)
 		}
 	}
 	f.schedule(ctx, p, label)
@@ -51,6 +58,17 @@ type linePlan struct {
 	peers       []string
 	local       []transfer.Source
 	first, then []func() error
+	// lists are the in-place descriptors by source tensor and
+	// destination: the call's later lines between the same two tensors
+	// join them as spans (fileSource.addSpan).
+	lists map[listKey]*fileSource
+}
+
+// listKey names a range-list descriptor of a call: its source tensor and
+// its destination (peer "" for this mount, and path).
+type listKey struct {
+	t          *tensor.Tensor
+	peer, path string
 }
 
 // push is one peer's share of a call: its in-place and whole descriptors.
@@ -92,6 +110,23 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 		p.later(inPlace, func() error { return f.copyNode(ctx, node, *l, viaMount) })
 		return nil
 	}
+	key := listKey{file.t, l.dst.peer, l.dst.path}
+	if inPlace {
+		if s := p.lists[key]; s != nil {
+			// One more span of a range list: no source, row or item of
+			// its own.
+			off, n, err := rangeIn(s.ref.meta.NBytes, l.src.r)
+			if err != nil {
+				return err
+			}
+			m, err := l.dst.r.Dest(transfer.Meta{NBytes: n})
+			if err != nil {
+				return err
+			}
+			s.addSpan(off, m.Off, n)
+			return nil
+		}
+	}
 	s, err := p.set.open(file, strings.TrimPrefix(l.dst.path, "/"), l.src.r)
 	if err != nil {
 		return err
@@ -101,6 +136,7 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 		if s.meta, err = l.dst.r.Dest(s.meta); err != nil {
 			return err
 		}
+		p.lists[key] = s
 	}
 	if l.dst.peer == "" {
 		p.local = append(p.local, s)

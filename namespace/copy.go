@@ -437,13 +437,19 @@ func (f *Tree) localCopy(ctx context.Context, label, dst string, srcs []transfer
 		return prepare(isDir, metas)
 	}, func(d transfer.Dest, _ func()) error {
 		dd := d.(*dest)
-		exts := make([]tensor.Extent, len(srcs))
+		exts := make([]tensor.Extent, 0, len(srcs))
 		var total int64
 		for i, s := range srcs {
 			fs := s.(*fileSource)
 			t, at := dd.at(i)
-			exts[i] = tensor.Extent{Dst: t, DstOff: at, Src: fs.t, SrcOff: fs.off, N: metas[i].NBytes}
 			total += metas[i].NBytes
+			if metas[i].Spans == nil {
+				exts = append(exts, tensor.Extent{Dst: t, DstOff: at, Src: fs.t, SrcOff: fs.off, N: metas[i].NBytes})
+				continue
+			}
+			for _, sp := range metas[i].Spans {
+				exts = append(exts, tensor.Extent{Dst: t, DstOff: sp.Dst, Src: fs.t, SrcOff: sp.Src, N: sp.N})
+			}
 		}
 		if err := tensor.CopyExtents(exts); err != nil {
 			return copyErr(err)

@@ -1,14 +1,17 @@
 package namespace
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
+	"unsafe"
 
 	"github.com/tensorfs/tensorfs/dtype"
 	"github.com/tensorfs/tensorfs/gpu"
@@ -36,7 +39,8 @@ type destItem struct {
 	// inPlace: the item is bytes [off, off+n) of the existing tensor
 	// target, written where they are (no temporary; see pinned).
 	inPlace bool
-	off     int64
+	off, n  int64
+	spans   []transfer.Span // a range list's, in place: where its bytes go (off 0)
 }
 
 // stagedDir is a directory a copy creates: it is built under a temporary
@@ -82,6 +86,11 @@ type dest struct {
 	// serializes the batches of a copy's streams through it.
 	scratchMu sync.Mutex
 	scratch   gpu.Buffer
+	// shared marks the in-place items whose tensor has bytes that two of
+	// the copy's ranges write (findShared), once a stream asks to write in
+	// place.
+	sharedOnce sync.Once
+	shared     []bool
 }
 
 // pinned is an in-place destination held for a copy: open (alive after an
@@ -375,34 +384,74 @@ func templateFor(dir *Dir, m transfer.Meta) (tensor.Template, error) {
 	return tensor.Template{DType: dt, Shape: sh, Device: tmpl.Device, Owner: owner}, nil
 }
 
-// WriteAt implements transfer.Dest.
+// WriteAt implements transfer.Dest. A range list's bytes go to its spans:
+// on a GPU as one scatter from device scratch when they are several
+// (scatter), else one write each.
 func (d *dest) WriteAt(i int, p []byte, off int64) error {
 	it := &d.items[i]
-	if it.inPlace {
+	if !it.inPlace {
+		_, err := it.temp.WriteAt(p, off)
+		return copyErr(err)
+	}
+	if it.spans == nil {
 		return copyErr(it.target.t.WriteRange(p, it.off+off))
 	}
-	_, err := it.temp.WriteAt(p, off)
-	return copyErr(err)
+	t := it.target.t
+	var exts []tensor.Extent
+	err := transfer.Pieces(it.spans, off, int64(len(p)), func(pos, _, dst, n int64) error {
+		exts = append(exts, tensor.Extent{Dst: t, DstOff: dst, SrcOff: pos - off, N: n})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if len(exts) > 1 {
+		if done, err := d.scatter(t.Device(), p, exts); done {
+			return err
+		}
+	}
+	for _, e := range exts {
+		if err := t.WriteRange(p[e.SrcOff:e.SrcOff+e.N], e.DstOff); err != nil {
+			return copyErr(err)
+		}
+	}
+	return nil
 }
 
 // WriteBatch implements transfer.BatchWriter for chunks that all go to
-// GPU memory of one device: the chunks' bytes in one host-to-device copy
-// into device scratch, then one scatter kernel launch from there
-// (tensor.CopyExtents), where a WriteAt each cost a staged copy and a
-// stream synchronize (15 µs an 8 KiB chunk on an H200). done=false for
-// host memory (it takes bytes in place), chunks on several devices, or no
-// scratch to be had.
+// GPU memory of one device: see scatter. done=false for host memory (it
+// takes bytes in place), chunks on several devices, or no scratch to be
+// had.
 func (d *dest) WriteBatch(data []byte, chunks []transfer.BatchChunk) (bool, error) {
 	dev := ""
-	exts := make([]tensor.Extent, len(chunks))
-	for k, c := range chunks {
-		t, at := d.at(c.I)
+	exts := make([]tensor.Extent, 0, len(chunks))
+	for _, c := range chunks {
+		t, _ := d.at(c.I)
 		dn := t.Device()
 		if !strings.HasPrefix(dn, "cuda:") || dev != "" && dn != dev {
 			return false, nil
 		}
 		dev = dn
-		exts[k] = tensor.Extent{Dst: t, DstOff: at + c.Off, SrcOff: int64(c.Pos), N: int64(c.N)}
+		err := d.pieces(c.I, c.Off, int64(c.N), func(t *tensor.Tensor, dst, pos, n int64) error {
+			exts = append(exts, tensor.Extent{Dst: t, DstOff: dst, SrcOff: int64(c.Pos) + pos - c.Off, N: n})
+			return nil
+		})
+		if err != nil {
+			return true, err
+		}
+	}
+	return d.scatter(dev, data, exts)
+}
+
+// scatter writes exts, each N bytes of data at its SrcOff into its tensor,
+// all in GPU memory of device dev: data in one host-to-device copy into
+// device scratch, then one scatter kernel launch from there
+// (tensor.CopyExtents), where a write each cost a staged copy and a stream
+// synchronize (15 µs an 8 KiB chunk on an H200). done=false, nothing
+// written, for host memory or no scratch to be had.
+func (d *dest) scatter(dev string, data []byte, exts []tensor.Extent) (bool, error) {
+	if !strings.HasPrefix(dev, "cuda:") {
+		return false, nil
 	}
 	d.scratchMu.Lock()
 	defer d.scratchMu.Unlock()
@@ -417,6 +466,20 @@ func (d *dest) WriteBatch(data []byte, chunks []transfer.BatchChunk) (bool, erro
 		exts[k].SrcBuf = scratch
 	}
 	return true, copyErr(tensor.CopyExtents(exts))
+}
+
+// pieces calls fn for each contiguous piece of item i's bytes [off,
+// off+n): where in which tensor it goes (dst), and its position in the
+// item's bytes (pos). One piece, but for a range list's spans.
+func (d *dest) pieces(i int, off, n int64, fn func(t *tensor.Tensor, dst, pos, n int64) error) error {
+	it := &d.items[i]
+	t, at := d.at(i)
+	if it.spans == nil {
+		return fn(t, at+off, off, n)
+	}
+	return transfer.Pieces(it.spans, off, n, func(pos, _, dst, k int64) error {
+		return fn(t, dst, pos, k)
+	})
 }
 
 // scratchOn is device memory of dev of at least n bytes for WriteBatch: the
@@ -509,8 +572,67 @@ func (d *dest) addInPlace(p string, m transfer.Meta, c *Caller) error {
 	if m.Off < 0 || m.NBytes < 0 || m.Off > pin.size-m.NBytes {
 		return errf(syscall.EINVAL, "in-place range [%d, +%d) outside %s (%d bytes)", m.Off, m.NBytes, p, pin.size)
 	}
-	d.items = append(d.items, destItem{inPlace: true, target: file, off: m.Off, toRel: p})
+	for _, sp := range m.Spans {
+		if sp.Dst < 0 || sp.N < 0 || sp.Dst > pin.size-sp.N {
+			return errf(syscall.EINVAL, "in-place range [%d, +%d) outside %s (%d bytes)", sp.Dst, sp.N, p, pin.size)
+		}
+	}
+	d.items = append(d.items, destItem{inPlace: true, target: file, off: m.Off, n: m.NBytes, spans: m.Spans, toRel: p})
 	return nil
+}
+
+// findShared sets d.shared: the in-place items of every tensor that two
+// ranges of the copy overlap in (the spans of one range list, or of
+// several descriptors). A chunk received straight into such memory could be
+// overwritten by another chunk before its CRC32C is checked there (a
+// spurious EIO), so those items take their chunks through a buffer
+// (WriteInPlace declines). All of a tensor's items, not only the
+// overlapping ones: overlaps are rare, and one pass finds them.
+func (d *dest) findShared() {
+	type iv struct {
+		t          *tensor.Tensor
+		start, end int64
+		item       int
+	}
+	var ivs []iv
+	for i := range d.items {
+		it := &d.items[i]
+		if !it.inPlace {
+			continue
+		}
+		t := it.target.t
+		if it.spans == nil {
+			ivs = append(ivs, iv{t, it.off, it.off + it.n, i})
+			continue
+		}
+		for _, sp := range it.spans {
+			if sp.N > 0 {
+				ivs = append(ivs, iv{t, sp.Dst, sp.Dst + sp.N, i})
+			}
+		}
+	}
+	slices.SortFunc(ivs, func(a, b iv) int {
+		if a.t != b.t {
+			return cmp.Compare(uintptr(unsafe.Pointer(a.t)), uintptr(unsafe.Pointer(b.t)))
+		}
+		return cmp.Compare(a.start, b.start)
+	})
+	d.shared = make([]bool, len(d.items))
+	overlap := map[*tensor.Tensor]bool{}
+	for k := 1; k < len(ivs); k++ {
+		if ivs[k].t == ivs[k-1].t && ivs[k].start < ivs[k-1].end {
+			overlap[ivs[k].t] = true
+		}
+		// Carry the furthest end of the tensor so far.
+		if ivs[k].t == ivs[k-1].t && ivs[k].end < ivs[k-1].end {
+			ivs[k].end = ivs[k-1].end
+		}
+	}
+	for _, v := range ivs {
+		if overlap[v.t] {
+			d.shared[v.item] = true
+		}
+	}
 }
 
 // unpinAll ends the in-place destinations' pins: their bytes have landed

@@ -118,8 +118,17 @@ func (d *dest) CopyFromMapping(i int, m transfer.Mapping, srcOff, dstOff, n int6
 	if !ok {
 		return false, nil
 	}
-	t, at := d.at(i)
-	return true, tensor.CopyExtents([]tensor.Extent{{Dst: t, DstOff: at + dstOff, SrcBuf: bm.onDevice(t.Device()), SrcOff: srcOff, N: n}})
+	t, _ := d.at(i)
+	src := bm.onDevice(t.Device())
+	var exts []tensor.Extent
+	err := d.pieces(i, dstOff, n, func(t *tensor.Tensor, dst, pos, k int64) error {
+		exts = append(exts, tensor.Extent{Dst: t, DstOff: dst, SrcBuf: src, SrcOff: srcOff + pos - dstOff, N: k})
+		return nil
+	})
+	if err != nil {
+		return true, err
+	}
+	return true, tensor.CopyExtents(exts)
 }
 
 // CopyFromMappings implements transfer.BatchMappingDest: a descriptor list
@@ -127,7 +136,7 @@ func (d *dest) CopyFromMapping(i int, m transfer.Mapping, srcOff, dstOff, n int6
 // gather/scatter kernel launch). done=false when one of the mappings is a
 // plain memfd (read through the caller's buffer).
 func (d *dest) CopyFromMappings(exts []transfer.MappingExtent) (bool, error) {
-	te := make([]tensor.Extent, len(exts))
+	te := make([]tensor.Extent, 0, len(exts))
 	// The import in each destination device's context, looked up once per
 	// mapping and device.
 	type onKey struct {
@@ -136,12 +145,12 @@ func (d *dest) CopyFromMappings(exts []transfer.MappingExtent) (bool, error) {
 	}
 	on := map[onKey]gpu.Buffer{}
 	devs := map[*tensor.Tensor]string{}
-	for i, e := range exts {
+	for _, e := range exts {
 		bm, ok := e.M.(*bufferMapping)
 		if !ok {
 			return false, nil
 		}
-		t, at := d.at(e.I)
+		t, _ := d.at(e.I)
 		dev, ok := devs[t]
 		if !ok {
 			dev = t.Device()
@@ -153,7 +162,13 @@ func (d *dest) CopyFromMappings(exts []transfer.MappingExtent) (bool, error) {
 			buf = bm.onDevice(dev)
 			on[k] = buf
 		}
-		te[i] = tensor.Extent{Dst: t, DstOff: at, SrcBuf: buf, SrcOff: e.SrcOff, N: e.N}
+		err := d.pieces(e.I, e.Off, e.N, func(t *tensor.Tensor, dst, pos, k int64) error {
+			te = append(te, tensor.Extent{Dst: t, DstOff: dst, SrcBuf: buf, SrcOff: e.SrcOff + pos - e.Off, N: k})
+			return nil
+		})
+		if err != nil {
+			return true, err
+		}
 	}
 	return true, copyErr(tensor.CopyExtents(te))
 }

@@ -1,11 +1,14 @@
 package namespace
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"syscall"
 
 	"github.com/tensorfs/tensorfs/dtype"
+	"github.com/tensorfs/tensorfs/gpu"
 	"github.com/tensorfs/tensorfs/tensor"
 	"github.com/tensorfs/tensorfs/transfer"
 )
@@ -46,8 +49,13 @@ func metaOf(t *tensor.Tensor, rel string) transfer.Meta {
 type fileSource struct {
 	t    *tensor.Tensor
 	off  int64
-	meta transfer.Meta
+	meta transfer.Meta // with Spans: a range list (addSpan), off 0
 	ref  *openTensor
+	// pieces is a range list's read of the last ReadAt, kept for the next
+	// (a TCP stream reads one source from one goroutine at a time: the
+	// sender's readers take whole chunks, each of a source and stream).
+	pieceMu sync.Mutex
+	pieces  []tensor.Piece
 }
 
 // openTensor is a tensor open for a call's sources: one handle and one
@@ -62,6 +70,13 @@ type openTensor struct {
 	// partShape is the shape of the last part (range) opened, partN bytes.
 	partN     int64
 	partShape string
+	// scratch is device memory that a range list's reads gather into
+	// (tensor.Gather), allocated at the first such read of a GPU tensor,
+	// freed with the last source; scratchMu serializes the streams that
+	// read through it.
+	scratchMu sync.Mutex
+	scratch   gpu.Buffer
+	noScratch bool // host memory, or none could be had: read piece by piece
 }
 
 // sharedExport is one export pin of a tensor, shared by the sources of a
@@ -77,13 +92,53 @@ type sharedExport struct {
 // Meta implements transfer.Source.
 func (s *fileSource) Meta() transfer.Meta { return s.meta }
 
-// ReadAt implements transfer.Source.
+// ReadAt implements transfer.Source. A range list's bytes are gathered
+// from its spans' sources (tensor.Gather: on a GPU one gather kernel and
+// one device-to-host copy per read).
 func (s *fileSource) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 || int64(len(p)) > s.meta.NBytes-off {
 		p = p[:max(0, min(int64(len(p)), s.meta.NBytes-off))]
 	}
-	n, err := s.t.ReadAt(p, s.off+off)
-	return n, copyErr(err)
+	if s.meta.Spans == nil {
+		n, err := s.t.ReadAt(p, s.off+off)
+		return n, copyErr(err)
+	}
+	s.pieceMu.Lock()
+	defer s.pieceMu.Unlock()
+	s.pieces = s.pieces[:0]
+	transfer.Pieces(s.meta.Spans, off, int64(len(p)), func(_, src, _, n int64) error {
+		s.pieces = append(s.pieces, tensor.Piece{Off: src, N: n})
+		return nil
+	})
+	var err error
+	if len(s.pieces) > 1 {
+		err = s.ref.gather(s.t, p, s.pieces)
+	} else {
+		err = s.t.Gather(p, s.pieces, nil)
+	}
+	if err != nil {
+		return 0, copyErr(err)
+	}
+	return len(p), nil
+}
+
+// gather reads pieces of t into p through the tensor's scratch when it is
+// GPU memory (see fileSource.scratch).
+func (o *openTensor) gather(t *tensor.Tensor, p []byte, pieces []tensor.Piece) error {
+	o.scratchMu.Lock()
+	defer o.scratchMu.Unlock()
+	if !o.noScratch && (o.scratch == nil || o.scratch.Size() < int64(len(p))) {
+		if o.scratch != nil {
+			o.scratch.Free()
+			o.scratch = nil
+		}
+		b, err := t.NewScratch(max(int64(len(p)), 1<<20))
+		if err != nil || b == nil {
+			o.noScratch = true
+		}
+		o.scratch = b
+	}
+	return t.Gather(p, pieces, o.scratch)
 }
 
 // Close implements transfer.Source: the tensor thaws and may be released
@@ -93,10 +148,31 @@ func (s *fileSource) Close() {
 		return
 	}
 	if s.ref.refs--; s.ref.refs == 0 {
+		if s.ref.scratch != nil {
+			s.ref.scratch.Free()
+			s.ref.scratch = nil
+		}
 		s.ref.thaw()
 		s.ref.h.Close()
 	}
 	s.ref = nil
+}
+
+// addSpan makes s, an in-place source of one range, a range list (or one
+// with one more span): n bytes at src of the tensor into the destination at
+// dst, after the bytes s has. The lines of one call between one source
+// tensor and one destination tensor become one descriptor this way (see
+// transfer.Span for why).
+func (s *fileSource) addSpan(src, dst, n int64) {
+	m := &s.meta
+	if m.Spans == nil {
+		m.Spans = []transfer.Span{{Pos: 0, Src: s.off, Dst: m.Off, N: m.NBytes}}
+		s.off, m.Off = 0, 0
+		// A range list has no shape of its own but its bytes.
+		m.DType = "U8"
+	}
+	m.Spans = append(m.Spans, transfer.Span{Pos: m.NBytes, Src: src, Dst: dst, N: n})
+	m.NBytes += n
 }
 
 // Export implements transfer.Exporter: a peer of this host opens the
@@ -159,19 +235,16 @@ func (ss sourceSet) open(f *File, rel string, r transfer.Range) (*fileSource, er
 	s := &fileSource{t: f.t, meta: meta}
 	if r.Set {
 		size := meta.NBytes
-		n := size - r.Off
-		if r.HasLen {
-			n = r.Len
-		}
-		if r.Off < 0 || r.Off > size || n < 0 || n > size-r.Off {
+		off, n, err := rangeIn(size, r)
+		if err != nil {
 			if ref.refs == 0 {
 				ref.thaw()
 				ref.h.Close()
 				delete(ss, f.t)
 			}
-			return nil, errf(syscall.EINVAL, "source range %s of a %d-byte tensor", r, size)
+			return nil, err
 		}
-		s.off, s.meta.NBytes = r.Off, n
+		s.off, s.meta.NBytes = off, n
 		if n != size {
 			// A part of the tensor: no shape of its own.
 			if ref.partN != n {
@@ -184,6 +257,20 @@ func (ss sourceSet) open(f *File, rel string, r transfer.Range) (*fileSource, er
 	ref.refs++
 	s.ref = ref
 	return s, nil
+}
+
+// rangeIn is the offset and length of source range r of a tensor of size
+// bytes (r's length defaults to the rest of the tensor). Errors: EINVAL for
+// a range outside the tensor.
+func rangeIn(size int64, r transfer.Range) (off, n int64, err error) {
+	n = size - r.Off
+	if r.HasLen {
+		n = r.Len
+	}
+	if r.Off < 0 || r.Off > size || n < 0 || n > size-r.Off {
+		return 0, 0, errf(syscall.EINVAL, "source range %s of a %d-byte tensor", r, size)
+	}
+	return r.Off, n, nil
 }
 
 // sources opens the tensors of a node: one for a file (r: its bytes to
@@ -241,8 +328,29 @@ func (f *Tree) Put(p string, isDir bool, metas []transfer.Meta) (transfer.Dest, 
 // straight into the temporary's memory when that is host memory
 // (tensor.WriteInPlace); ok is false for GPU memory (the copy then stages
 // through WriteAt).
+//
+// A range list's bytes are filled span by span, in order. Ranges that
+// overlap others of the copy are declined too (findShared).
 func (d *dest) WriteInPlace(i int, off, n int64, fill func(p []byte) error) (bool, error) {
-	t, at := d.at(i)
-	ok, err := t.WriteInPlace(at+off, n, fill)
+	d.sharedOnce.Do(d.findShared)
+	if d.shared[i] {
+		return false, nil
+	}
+	ok := true
+	err := d.pieces(i, off, n, func(t *tensor.Tensor, dst, _, k int64) error {
+		var err error
+		ok, err = t.WriteInPlace(dst, k, fill)
+		if !ok {
+			return errDeclined
+		}
+		return err
+	})
+	if err == errDeclined {
+		return false, nil
+	}
 	return ok, copyErr(err)
 }
+
+// errDeclined stops a range list's WriteInPlace at its first span when the
+// memory cannot be filled in place (it is all one tensor's: none can).
+var errDeclined = errors.New("not host memory")

@@ -309,6 +309,12 @@ func TestInPlaceRefusals(t *testing.T) {
 		{a.path("src"), xattrs.CopyTo, "b:/missing@0", syscall.ENOENT},                // no destination
 		{a.path("src"), xattrs.CopyTo, "b:/dst@99999999999999999999", syscall.EINVAL}, // does not fit
 		{a.path("src"), xattrs.CopyTo, "b:/dst@0\nb:/dst@5000", syscall.EINVAL},       // one line of two out of range
+		// Lines between two tensors travel as one range list: its third
+		// span is outside the source, or the destination, or too long.
+		{a.path("src"), xattrs.CopyTo, "@0+10 b:/dst@0\n@10+10 b:/dst@100\n@4090+10 b:/dst@200", syscall.EINVAL},
+		{a.path("src"), xattrs.CopyTo, "@0+10 b:/dst@0\n@10+10 b:/dst@100\n@20+10 b:/dst@8190", syscall.EINVAL},
+		{a.path("src"), xattrs.CopyTo, "@0+10 b:/dst@0\n@10+10 b:/dst@100\n@20+10 b:/dst@200+11", syscall.EINVAL},
+		{a.mnt, xattrs.Batch, "/src@0+10 /src@100\n/src@10+10 /src@5000", syscall.EINVAL}, // the local path: src holds 4096
 		{a.path("tree"), xattrs.CopyTo, "b:/tree@0", syscall.EINVAL},                  // one size mismatch
 		{a.path("tree"), xattrs.CopyTo, "b:/tree@100", syscall.EINVAL},                // a directory range other than @0
 		{a.path("tree"), xattrs.CopyTo, "@0 b:/tree@0", syscall.EINVAL},               // a source range on a directory
@@ -322,6 +328,7 @@ func TestInPlaceRefusals(t *testing.T) {
 		require.ErrorIs(t, err, c.want, "%s %q", c.attr, c.v)
 		require.Equal(t, before, snap(), "%s %q wrote something", c.attr, c.v)
 	}
+	requireContent(t, a.path("src"), fill(4096, 2))
 	for _, d := range []*daemon{a, b} {
 		require.Zero(t, d.stats().Live.Pins)
 	}

@@ -32,7 +32,7 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 		total += metas[i].NBytes
 	}
 	dst := peer + ":" + remotePath
-	if len(metas) == 1 && metas[0].InPlace {
+	if len(metas) == 1 && metas[0].InPlace && metas[0].Spans == nil {
 		// The record names the range it writes, as the line did.
 		dst += Range{Set: true, Off: metas[0].Off, Len: metas[0].NBytes, HasLen: true}.String()
 	}
@@ -610,8 +610,14 @@ func checkMetas(metas []Meta, isDir bool) error {
 	}
 	whole := map[string]bool{}
 	for _, m := range metas {
-		if m.NBytes < 0 || m.Off < 0 || m.Off > math.MaxInt64-m.NBytes || !m.InPlace && (m.Off != 0 || m.Exact) {
+		if m.NBytes < 0 || m.Off < 0 || m.Off > math.MaxInt64-m.NBytes || !m.InPlace && (m.Off != 0 || m.Exact) ||
+			m.Spans != nil && (!m.InPlace || m.Exact || m.Off != 0) {
 			return &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("descriptor %q of %d bytes at %d", m.Rel, m.NBytes, m.Off)}
+		}
+		if m.Spans != nil {
+			if err := checkSpans(m.Spans, m.NBytes); err != nil {
+				return err
+			}
 		}
 		if isDir {
 			if _, err := CleanRel(m.Rel); err != nil {

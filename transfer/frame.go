@@ -11,8 +11,8 @@ import (
 // ProtocolVersion is the version of the wire protocol (these frames and the
 // messages of wire_*.go); peers with another version are refused at the
 // handshake with both versions named. 3: descriptor tables (wire_table.go)
-// with in-place ranges.
-const ProtocolVersion = 3
+// with in-place ranges; 4: range-list descriptors (Meta.Spans).
+const ProtocolVersion = 4
 
 // Frame types. Control frames carry JSON; data frames carry a binary chunk
 // header (see dataHeaderLen) followed by the bytes.

@@ -3,6 +3,7 @@ package transfer
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -249,14 +250,38 @@ type BatchMappingDest interface {
 	CopyFromMappings(exts []MappingExtent) (done bool, err error)
 }
 
-// MappingExtent is one descriptor of a batch from imported allocations: N
-// bytes of M at SrcOff (from the allocation's start) into the
-// destination's descriptor I, from its byte 0.
+// MappingExtent is one piece of a batch from imported allocations: N bytes
+// of M at SrcOff (from the allocation's start) into the destination's
+// descriptor I at its byte Off (of the descriptor's own bytes: a range-list
+// descriptor's spans laid end to end, Meta.Spans).
 type MappingExtent struct {
 	I      int
 	M      Mapping
 	SrcOff int64
+	Off    int64
 	N      int64
+}
+
+// run is a contiguous piece of descriptor i's source in its imported
+// allocation: n bytes at src into the descriptor's bytes at pos.
+type run struct{ src, pos, n int64 }
+
+// runsOf is where descriptor m's bytes are in the allocation desc exports:
+// one run, or one per span. Errors: EPROTO for a span past int64 there.
+func runsOf(m Meta, desc IPCDesc) ([]run, error) {
+	if m.Spans == nil {
+		return []run{{desc.Offset, 0, m.NBytes}}, nil
+	}
+	rs := make([]run, 0, len(m.Spans))
+	for _, sp := range m.Spans {
+		if sp.Src > math.MaxInt64-desc.Offset {
+			return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("span at %d of an export at %d", sp.Src, desc.Offset)}
+		}
+		if sp.N > 0 {
+			rs = append(rs, run{desc.Offset + sp.Src, sp.Pos, sp.N})
+		}
+	}
+	return rs, nil
 }
 
 // copyExports copies each descriptor from its imported allocation into
@@ -265,14 +290,23 @@ type MappingExtent struct {
 // buffer.
 func copyExports(entries []*importEntry, descs []IPCDesc, metas []Meta, dest Dest, chunk int, rec *Record) error {
 	small := true
-	for _, m := range metas {
+	runs := make([][]run, len(metas))
+	npieces := 0
+	for i, m := range metas {
 		small = small && m.NBytes < progressPiece
+		var err error
+		if runs[i], err = runsOf(m, descs[i]); err != nil {
+			return err
+		}
+		npieces += len(runs[i])
 	}
-	if bd, ok := dest.(BatchMappingDest); ok && len(metas) > 1 && small {
-		exts := make([]MappingExtent, len(metas))
+	if bd, ok := dest.(BatchMappingDest); ok && npieces > 1 && small {
+		exts := make([]MappingExtent, 0, npieces)
 		var total int64
 		for i, e := range entries {
-			exts[i] = MappingExtent{I: i, M: e.m, SrcOff: descs[i].Offset, N: metas[i].NBytes}
+			for _, r := range runs[i] {
+				exts = append(exts, MappingExtent{I: i, M: e.m, SrcOff: r.src, Off: r.pos, N: r.n})
+			}
 			total += metas[i].NBytes
 		}
 		done, err := bd.CopyFromMappings(exts)
@@ -287,51 +321,61 @@ func copyExports(entries []*importEntry, descs []IPCDesc, metas []Meta, dest Des
 	var buf []byte
 	md, _ := dest.(MappingDest)
 	for i, e := range entries {
-		n := metas[i].NBytes
-		if md != nil {
-			piece := int64(progressPiece)
-			if ps, ok := dest.(PieceSizer); ok {
-				switch p := ps.Piece(i); {
-				case p == 0:
-					piece = max(n, 1)
-				case p > 0:
-					piece = p
-				}
-			}
-			done := true
-			for off := int64(0); done && (off < n || n == 0); {
-				k := min(n-off, piece)
-				var err error
-				done, err = md.CopyFromMapping(i, e.m, descs[i].Offset+off, off, k)
-				if err != nil {
-					return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("copy %d bytes from %s at %d: %v", k, descs[i].Handle, descs[i].Offset+off, err)}
-				}
-				if done {
-					rec.BytesDone.Add(k)
-				}
-				if off += k; n == 0 {
-					break
-				}
+		for _, r := range runs[i] {
+			done, err := copyRun(md, dest, i, e.m, r, rec)
+			if err != nil {
+				return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("copy %d bytes from %s at %d: %v", r.n, descs[i].Handle, r.src, err)}
 			}
 			if done {
 				continue
 			}
-		}
-		if buf == nil {
-			buf = make([]byte, chunk)
-		}
-		for off := int64(0); off < n; {
-			m := min(int64(chunk), n-off)
-			got, err := e.m.ReadAt(buf[:m], descs[i].Offset+off)
-			if int64(got) != m {
-				return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("read %s at %d: %d of %d bytes (%v)", descs[i].Handle, descs[i].Offset+off, got, m, err)}
+			if buf == nil {
+				buf = make([]byte, chunk)
 			}
-			if err := dest.WriteAt(i, buf[:m], off); err != nil {
-				return err
+			for off := int64(0); off < r.n; {
+				m := min(int64(chunk), r.n-off)
+				got, err := e.m.ReadAt(buf[:m], r.src+off)
+				if int64(got) != m {
+					return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("read %s at %d: %d of %d bytes (%v)", descs[i].Handle, r.src+off, got, m, err)}
+				}
+				if err := dest.WriteAt(i, buf[:m], r.pos+off); err != nil {
+					return err
+				}
+				off += m
+				rec.BytesDone.Add(m)
 			}
-			off += m
-			rec.BytesDone.Add(m)
 		}
 	}
 	return nil
+}
+
+// copyRun copies run r of descriptor i from mapping m by the destination
+// itself (md, device to device), in pieces of progressPiece (or what its
+// PieceSizer says); done=false: md is nil or declines, copy through a
+// buffer.
+func copyRun(md MappingDest, dest Dest, i int, m Mapping, r run, rec *Record) (bool, error) {
+	if md == nil {
+		return false, nil
+	}
+	piece := int64(progressPiece)
+	if ps, ok := dest.(PieceSizer); ok {
+		switch p := ps.Piece(i); {
+		case p == 0:
+			piece = max(r.n, 1)
+		case p > 0:
+			piece = p
+		}
+	}
+	for off := int64(0); off < r.n || r.n == 0; {
+		k := min(r.n-off, piece)
+		done, err := md.CopyFromMapping(i, m, r.src+off, r.pos+off, k)
+		if err != nil || !done {
+			return done, err
+		}
+		rec.BytesDone.Add(k)
+		if off += k; r.n == 0 {
+			break
+		}
+	}
+	return true, nil
 }

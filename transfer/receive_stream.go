@@ -14,7 +14,9 @@ import (
 
 // inPlaceDest is a Dest that lets a copy write a tensor's bytes in place
 // (host memory mapped into the daemon): fill runs on bytes [off, off+n) of
-// tensor i, which stay valid until it returns. ok is false, fill not run,
+// tensor i, which stay valid until it returns; for a range list
+// (Meta.Spans) fill runs once per span's piece, in order, on bytes that
+// together are [off, off+n). ok is false, fill not run,
 // when tensor i is not in such memory (GPU memory: the copy stages through
 // a buffer and WriteAt). Errors: a range outside the tensor, or fill's.
 type inPlaceDest interface {
@@ -495,8 +497,9 @@ func (rs *recvStream) check(w work) {
 	ran := true
 	if w.buf == nil {
 		ran = ss.guard(func() {
+			// A range list's chunk is filled span by span.
 			_, werr = rs.inPlace.WriteInPlace(w.i, w.off, w.n, func(p []byte) error {
-				crc = crc32.Checksum(p, crcTable)
+				crc = crc32.Update(crc, crcTable, p)
 				return nil
 			})
 		})

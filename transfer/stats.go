@@ -232,10 +232,11 @@ func (rec *Record) setDescs(descs []Meta) {
 	if descs == nil {
 		return
 	}
-	var total int64
+	var total, n int64
 	whole, inPlace := false, false
 	for _, m := range descs {
 		total += m.NBytes
+		n += m.Descriptors()
 		if m.InPlace {
 			inPlace = true
 		} else {
@@ -243,7 +244,7 @@ func (rec *Record) setDescs(descs []Meta) {
 		}
 	}
 	rec.BytesTotal.Store(total)
-	rec.Tensors.Store(int64(len(descs)))
+	rec.Tensors.Store(n)
 	switch {
 	case whole && inPlace:
 		rec.mode.Store(modeMixed)

@@ -31,6 +31,12 @@ type Meta struct {
 	// Exact, with InPlace: the destination must hold exactly NBytes (the
 	// tensors of a directory's "@0" weight update).
 	Exact bool `json:"exact,omitempty"`
+	// Spans, with InPlace (Off 0, not Exact), make the descriptor a range
+	// list: its NBytes bytes are the spans' (Span), each from its own
+	// offset of the source into its own offset of the destination; the
+	// lines of one call between one source tensor and one destination
+	// tensor travel as one such descriptor. Nil for one range.
+	Spans []Span `json:"-"`
 }
 
 // request is what a client asks (client -> server).

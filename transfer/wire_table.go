@@ -19,11 +19,14 @@ import (
 //	u32 nstrings, then each string: u32 length, bytes (Rel, DType, Shape
 //	    and handle strings, each once however many descriptors name it)
 //	u32 nmeta, then each Meta: u32 rel, u32 dtype, u32 shape (string
-//	    indices), i64 nbytes, i64 off, u8 flags (1 in place, 2 exact)
+//	    indices), i64 nbytes, i64 off, u8 flags (1 in place, 2 exact,
+//	    4 spans); with flag 4, u32 nspans, then each Span: i64 src,
+//	    i64 dst, i64 n (its Pos is the sum of the n before it)
 //	u32 nipc (0 or nmeta), then each IPCDesc: u32 handle (a string index),
 //	    i64 offset, u64 alloc, u64 export, u64 generation, u8 flags (1 leased)
 const (
 	tableMetaLen = 3*4 + 8 + 8 + 1
+	tableSpanLen = 3 * 8
 	tableIPCLen  = 4 + 8 + 8 + 8 + 8 + 1
 )
 
@@ -50,6 +53,11 @@ func encodeTable(metas []Meta, descs []IPCDesc) []byte {
 		handles[i] = intern(d.Handle)
 	}
 	n := 12 + len(metas)*tableMetaLen + len(descs)*tableIPCLen
+	for _, m := range metas {
+		if m.Spans != nil {
+			n += 4 + len(m.Spans)*tableSpanLen
+		}
+	}
 	for _, s := range strs {
 		n += 4 + len(s)
 	}
@@ -74,7 +82,18 @@ func encodeTable(metas []Meta, descs []IPCDesc) []byte {
 		if m.Exact {
 			fl |= 2
 		}
+		if m.Spans != nil {
+			fl |= 4
+		}
 		b = append(b, fl)
+		if m.Spans != nil {
+			b = le.AppendUint32(b, uint32(len(m.Spans)))
+			for _, sp := range m.Spans {
+				b = le.AppendUint64(b, uint64(sp.Src))
+				b = le.AppendUint64(b, uint64(sp.Dst))
+				b = le.AppendUint64(b, uint64(sp.N))
+			}
+		}
 	}
 	b = le.AppendUint32(b, uint32(len(descs)))
 	for i, d := range descs {
@@ -141,6 +160,22 @@ func (r *tableReader) count(size int) int {
 	return int(n)
 }
 
+// spans reads a span list, its positions laid end to end; a value past
+// int64 marks the table bad (checkSpans checks the rest).
+func (r *tableReader) spans() []Span {
+	spans := make([]Span, r.count(tableSpanLen))
+	var pos int64
+	for i := range spans {
+		src, dst, n := r.u64(), r.u64(), r.u64()
+		if src > math.MaxInt64 || dst > math.MaxInt64 || n > math.MaxInt64 {
+			r.bad = true
+		}
+		spans[i] = Span{Pos: pos, Src: int64(src), Dst: int64(dst), N: int64(n)}
+		pos += int64(n)
+	}
+	return spans
+}
+
 // decodeTable parses a table (encodeTable). Errors: EPROTO for a table that
 // is short, has trailing bytes, names a string it lacks, or has a size or
 // offset past int64.
@@ -168,6 +203,9 @@ func decodeTable(p []byte) ([]Meta, []IPCDesc, error) {
 		m.NBytes, m.Off = int64(nb), int64(off)
 		fl := r.u8()
 		m.InPlace, m.Exact = fl&1 != 0, fl&2 != 0
+		if fl&4 != 0 {
+			m.Spans = r.spans()
+		}
 	}
 	var descs []IPCDesc
 	if n := r.count(tableIPCLen); n > 0 {

@@ -17,11 +17,13 @@ func TestTableRoundTrip(t *testing.T) {
 		{Rel: "kv/0", DType: "BF16", Shape: "16,8", NBytes: 256, InPlace: true, Off: 1 << 40},
 		{Rel: "kv/0", DType: "BF16", Shape: "16,8", NBytes: 256, InPlace: true, Off: 0, Exact: true},
 		{Rel: "note", DType: "U8", Shape: "3", NBytes: math.MaxInt64},
+		{Rel: "kv/1", DType: "U8", Shape: "24", NBytes: 24, InPlace: true, Spans: []Span{{0, 8, 1 << 40, 16}, {16, 0, 0, 0}, {16, 1, 2, 8}}},
 	}
 	descs := []IPCDesc{
 		{Handle: "memfd:/proc/1/fd/3", Offset: 8, Alloc: 1, Export: 2, Generation: 3, Leased: true},
 		{Handle: "memfd:/proc/1/fd/3", Offset: 9, Alloc: 1, Export: 2, Generation: 3},
 		{Handle: "cuda:ab", Offset: math.MaxInt64, Alloc: math.MaxUint64, Export: 5, Generation: 6},
+		{Handle: "cuda:ab", Offset: 0, Alloc: 7, Export: 8, Generation: 9},
 	}
 	b := encodeMsg(request{Op: "put", Path: "/", Dir: true, Tensors: metas, IPC: descs})
 	js, _, _ := bytes.Cut(b, []byte{0})
@@ -49,6 +51,62 @@ func TestTableRoundTrip(t *testing.T) {
 	require.Error(t, err, "trailing bytes")
 	// A count larger than the bytes behind it allocates nothing.
 	_, _, err = decodeTable([]byte{0xff, 0xff, 0xff, 0xff})
+	require.Error(t, err)
+}
+
+// TestSpans: a range list's pieces of any byte range are its spans' bytes in
+// order, clipped to the range; a range past them is EINVAL; checkMetas
+// refuses a peer's span list that does not add up, has a negative or
+// overflowing offset, or sits on a descriptor that is not in place.
+func TestSpans(t *testing.T) {
+	spans := []Span{{0, 100, 1000, 10}, {10, 0, 0, 0}, {10, 200, 5, 20}, {30, 50, 5000, 5}}
+	type piece struct{ pos, src, dst, n int64 }
+	collect := func(off, n int64) ([]piece, error) {
+		var got []piece
+		err := Pieces(spans, off, n, func(pos, src, dst, n int64) error {
+			got = append(got, piece{pos, src, dst, n})
+			return nil
+		})
+		return got, err
+	}
+	got, err := collect(0, 35)
+	require.NoError(t, err)
+	require.Equal(t, []piece{{0, 100, 1000, 10}, {10, 200, 5, 20}, {30, 50, 5000, 5}}, got, "the zero-length span gives no piece")
+	got, err = collect(5, 27)
+	require.NoError(t, err)
+	require.Equal(t, []piece{{5, 105, 1005, 5}, {10, 200, 5, 20}, {30, 50, 5000, 2}}, got)
+	got, err = collect(12, 3)
+	require.NoError(t, err)
+	require.Equal(t, []piece{{12, 202, 7, 3}}, got)
+	got, err = collect(35, 0)
+	require.NoError(t, err)
+	require.Empty(t, got)
+	_, err = collect(30, 6)
+	require.Error(t, err, "past the spans")
+	_, err = collect(-1, 2)
+	require.Error(t, err)
+	require.EqualValues(t, 35, SpanEnd(spans))
+	require.EqualValues(t, 4, Meta{Spans: spans}.Descriptors())
+	require.EqualValues(t, 1, Meta{}.Descriptors())
+
+	ok := Meta{Rel: "", NBytes: 35, InPlace: true, Spans: spans}
+	require.NoError(t, checkMetas([]Meta{ok}, false))
+	bad := map[string]Meta{
+		"sum":        {NBytes: 34, InPlace: true, Spans: spans},
+		"not placed": {NBytes: 35, Spans: spans},
+		"exact":      {NBytes: 35, InPlace: true, Exact: true, Spans: spans},
+		"offset":     {NBytes: 35, InPlace: true, Off: 1, Spans: spans},
+		"negative":   {NBytes: 1, InPlace: true, Spans: []Span{{0, -1, 0, 1}}},
+		"overflow":   {NBytes: 2, InPlace: true, Spans: []Span{{0, 0, math.MaxInt64, 2}}},
+		"positions":  {NBytes: 2, InPlace: true, Spans: []Span{{0, 0, 0, 1}, {0, 0, 0, 1}}},
+	}
+	for name, m := range bad {
+		require.Error(t, checkMetas([]Meta{m}, false), name)
+	}
+	// On the wire a span past int64 is EPROTO before any check.
+	tab := encodeTable([]Meta{{NBytes: 1, InPlace: true, Spans: []Span{{0, 0, 0, 1}}}}, nil)
+	copy(tab[len(tab)-8:], []byte{0, 0, 0, 0, 0, 0, 0, 0x80})
+	_, _, err = decodeTable(tab)
 	require.Error(t, err)
 }
 
