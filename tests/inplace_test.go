@@ -315,9 +315,9 @@ func TestInPlaceRefusals(t *testing.T) {
 		{a.path("src"), xattrs.CopyTo, "@0+10 b:/dst@0\n@10+10 b:/dst@100\n@20+10 b:/dst@8190", syscall.EINVAL},
 		{a.path("src"), xattrs.CopyTo, "@0+10 b:/dst@0\n@10+10 b:/dst@100\n@20+10 b:/dst@200+11", syscall.EINVAL},
 		{a.mnt, xattrs.Batch, "/src@0+10 /src@100\n/src@10+10 /src@5000", syscall.EINVAL}, // the local path: src holds 4096
-		{a.path("tree"), xattrs.CopyTo, "b:/tree@0", syscall.EINVAL},                  // one size mismatch
-		{a.path("tree"), xattrs.CopyTo, "b:/tree@100", syscall.EINVAL},                // a directory range other than @0
-		{a.path("tree"), xattrs.CopyTo, "@0 b:/tree@0", syscall.EINVAL},               // a source range on a directory
+		{a.path("tree"), xattrs.CopyTo, "b:/tree@0", syscall.EINVAL},                      // one size mismatch
+		{a.path("tree"), xattrs.CopyTo, "b:/tree@100", syscall.EINVAL},                    // a directory range other than @0
+		{a.path("tree"), xattrs.CopyTo, "@0 b:/tree@0", syscall.EINVAL},                   // a source range on a directory
 		{a.mnt, xattrs.Batch, "/src b:/dst@0\n/src b:/missing@0", syscall.ENOENT},
 		{a.mnt, xattrs.Batch, "/src b:/dst@0+1", syscall.EINVAL},
 		{a.path("src"), xattrs.CopyTo, "@x b:/dst@0", syscall.EINVAL}, // not a range
