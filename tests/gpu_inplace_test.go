@@ -41,7 +41,8 @@ m.close()
 
 // TestGPUInPlace: on cuda:0, between two daemons on the IPC path and on the
 // TCP path, in-place copies (one range, and a 1000-line scatter: one
-// gather/scatter kernel launch on the IPC path) land in the destination's
+// range-list descriptor, one gather/scatter kernel launch on the IPC path,
+// gathered and scattered through device scratch on TCP) land in the destination's
 // GPU memory where a CuPy process that mapped it by its IPC handle before
 // the copies sees them; mr_id, ipc_id and generation stay; bytes outside
 // the ranges are untouched.
@@ -74,10 +75,14 @@ func TestGPUInPlace(t *testing.T) {
 			setx(t, a.path("src"), xattrs.CopyTo, "@0+65536 b:/cache@1048576")
 			copy(want[1<<20:], src[:65536])
 			var lines []string
-			for i := range 1000 {
+			for i, so := 0, 0; i < 1000; i++ {
 				j := (i*389 + 17) % 1500 // scattered, distinct blocks
-				lines = append(lines, fmt.Sprintf("@%d+%d b:/cache@%d", i*blk, blk, 2<<20+j*blk))
-				copy(want[2<<20+j*blk:], src[i*blk:(i+1)*blk])
+				// Lengths that are not all 8 KiB, so that the chunks of
+				// the range list (one descriptor) cut spans in two.
+				n := blk - (i%5)*7
+				lines = append(lines, fmt.Sprintf("@%d+%d b:/cache@%d", so, n, 2<<20+j*blk))
+				copy(want[2<<20+j*blk:], src[so:so+n])
+				so += n
 			}
 			setx(t, a.path("src"), xattrs.CopyTo, strings.Join(lines, "\n"))
 			require.True(t, bytes.Equal(want, read(0, size)), "the mapping made before the copies sees their bytes, and only theirs")
