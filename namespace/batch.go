@@ -26,14 +26,27 @@ import (
 //
 // It stops at the first failure and returns it. label names the call's
 // source in records and logs.
-func (f *Tree) runLines(ctx context.Context, lines []copyLine, viaMount bool, label string) error {
-	p := &linePlan{set: sourceSet{}, pushes: map[string]*push{}, lists: map[listKey]*fileSource{}}
-	defer func() { closeAll(p.opened) }()
+//
+// p holds what planRangeLines made of the call's first lines (the caller
+// closes its sources once the call is done).
+func (f *Tree) runLines(ctx context.Context, p *linePlan, lines []copyLine, viaMount bool, label string) error {
 	for i := range lines {
 		if err := f.planLine(ctx, p, &lines[i], viaMount); err != nil {
 			return err
 		}
 	}
+	return f.runPlan(ctx, p, label)
+}
+
+// newLinePlan is an empty plan for a call of about hint lines.
+func newLinePlan(hint int) *linePlan {
+	return &linePlan{set: sourceSet{}, pushes: map[string]*push{}, lists: map[listKey]*fileSource{}, hint: hint}
+}
+
+// runPlan runs the work of a call's planned lines: the in-place work, then
+// the whole-tensor work (schedule). It stops at the first failure and
+// returns it.
+func (f *Tree) runPlan(ctx context.Context, p *linePlan, label string) error {
 	for _, s := range p.lists {
 		if s.meta.Spans != nil {
 			s.meta.Shape = strconv.FormatInt(s.meta.NBytes, 10)
@@ -62,6 +75,7 @@ type linePlan struct {
 	// destination: the call's later lines between the same two tensors
 	// join them as spans (fileSource.addSpan).
 	lists map[listKey]*fileSource
+	hint  int // the call's lines: room for a range list's spans
 }
 
 // listKey names a range-list descriptor of a call: its source tensor and
@@ -123,7 +137,7 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 			if err != nil {
 				return err
 			}
-			s.addSpan(off, m.Off, n)
+			s.addSpan(off, m.Off, n, p.hint)
 			return nil
 		}
 	}
@@ -138,22 +152,28 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 		}
 		p.lists[key] = s
 	}
-	if l.dst.peer == "" {
+	p.add(l.dst.peer, s)
+	return nil
+}
+
+// add puts source s of a line to peer ("": this mount) into the plan's
+// work: the local batch, or that peer's push.
+func (p *linePlan) add(peer string, s *fileSource) {
+	if peer == "" {
 		p.local = append(p.local, s)
-		return nil
+		return
 	}
-	ps := p.pushes[l.dst.peer]
+	ps := p.pushes[peer]
 	if ps == nil {
 		ps = &push{}
-		p.pushes[l.dst.peer] = ps
-		p.peers = append(p.peers, l.dst.peer)
+		p.pushes[peer] = ps
+		p.peers = append(p.peers, peer)
 	}
-	if inPlace {
+	if s.meta.InPlace {
 		ps.inPlace = append(ps.inPlace, s)
 	} else {
 		ps.whole = append(ps.whole, s)
 	}
-	return nil
 }
 
 // schedule adds the local batch and the pushes to p's work. When one

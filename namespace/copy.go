@@ -197,10 +197,12 @@ func (l actionLine) String() string { return strings.TrimSpace(l.a + " " + l.b) 
 
 // actionLines splits an action's value into its lines' fields, skipping
 // blank lines and # comments; each line has one or two fields. A thousand
-// lines cost one allocation. Errors: EINVAL.
-func actionLines(value, want string) ([]actionLine, error) {
+// lines cost one allocation. skipped is how many lines of the action came
+// before value (planRangeLines took them), for the line numbers of errors;
+// a value with none is EINVAL only when skipped is 0. Errors: EINVAL.
+func actionLines(value string, skipped int, want string) ([]actionLine, error) {
 	out := make([]actionLine, 0, strings.Count(value, "\n")+1)
-	for i, rest := 0, value; rest != ""; i++ {
+	for i, rest := skipped, value; rest != ""; i++ {
 		var line string
 		line, rest, _ = strings.Cut(rest, "\n")
 		line = strings.TrimSpace(line)
@@ -218,7 +220,7 @@ func actionLines(value, want string) ([]actionLine, error) {
 		}
 		out = append(out, l)
 	}
-	if len(out) == 0 {
+	if len(out) == 0 && skipped == 0 {
 		return nil, errf(syscall.EINVAL, "no copy in %q (want %s)", value, want)
 	}
 	return out, nil
@@ -242,7 +244,21 @@ func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool
 	defer func() {
 		err = copyErr(logRefusal("copy_to", f.Path(src), value, err))
 	}()
-	fields, err := actionLines(value, "[@SRCRANGE ]DST")
+	p := newLinePlan(strings.Count(value, "\n") + 1)
+	defer func() { closeAll(p.opened) }()
+	var rest string
+	var fast int
+	if p.hint > 1 {
+		if rest, fast, err = f.planRangeLines(p, src, value); err != nil {
+			return err
+		}
+		if rest == "" {
+			return f.runPlan(ctx, p, f.Path(src))
+		}
+	} else {
+		rest = value
+	}
+	fields, err := actionLines(rest, fast, "[@SRCRANGE ]DST")
 	if err != nil {
 		return err
 	}
@@ -262,10 +278,10 @@ func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool
 			return err
 		}
 	}
-	if len(lines) == 1 {
+	if len(lines) == 1 && fast == 0 {
 		return f.copyNode(ctx, src, lines[0], viaMount)
 	}
-	return f.runLines(ctx, lines, viaMount, f.Path(src))
+	return f.runLines(ctx, p, lines, viaMount, f.Path(src))
 }
 
 // copyNode pushes node src (or its range l.src.r) to l.dst, one line of a
@@ -341,7 +357,7 @@ func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error)
 	defer func() {
 		err = copyErr(logRefusal("copy_from", f.Path(dst), value, err))
 	}()
-	fields, err := actionLines(value, "SRC[ @DSTRANGE]")
+	fields, err := actionLines(value, 0, "SRC[ @DSTRANGE]")
 	if err != nil {
 		return err
 	}
@@ -469,7 +485,13 @@ func (f *Tree) Batch(ctx context.Context, value string) (err error) {
 	defer func() {
 		err = copyErr(logRefusal("batch", "/", value, err))
 	}()
-	fields, err := actionLines(value, "SRC DST")
+	p := newLinePlan(strings.Count(value, "\n") + 1)
+	defer func() { closeAll(p.opened) }()
+	rest, fast, err := f.planRangeLines(p, nil, value)
+	if err != nil {
+		return err
+	}
+	fields, err := actionLines(rest, fast, "SRC DST")
 	if err != nil {
 		return err
 	}
@@ -477,7 +499,7 @@ func (f *Tree) Batch(ctx context.Context, value string) (err error) {
 	rp := refParser{f: f}
 	for i, fl := range fields {
 		if fl.b == "" {
-			return errf(syscall.EINVAL, "batch line %d: want SRC DST, got %q", i+1, fl)
+			return errf(syscall.EINVAL, "batch line %d: want SRC DST, got %q", fast+i+1, fl)
 		}
 		if lines[i].src, err = rp.parseRef(fl.a); err != nil {
 			return err
@@ -488,7 +510,7 @@ func (f *Tree) Batch(ctx context.Context, value string) (err error) {
 	}
 	// The kernel holds the root's lock: nothing is renamed through the
 	// mount.
-	return f.runLines(ctx, lines, false, "batch")
+	return f.runLines(ctx, p, lines, false, "batch")
 }
 
 // logCopy logs a copy's failure, with its errno, and marks the error as

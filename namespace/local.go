@@ -162,11 +162,12 @@ func (s *fileSource) Close() {
 // with one more span): n bytes at src of the tensor into the destination at
 // dst, after the bytes s has. The lines of one call between one source
 // tensor and one destination tensor become one descriptor this way (see
-// transfer.Span for why).
-func (s *fileSource) addSpan(src, dst, n int64) {
+// transfer.Span for why). The first span added makes room for hint spans.
+func (s *fileSource) addSpan(src, dst, n int64, hint int) {
 	m := &s.meta
 	if m.Spans == nil {
-		m.Spans = []transfer.Span{{Pos: 0, Src: s.off, Dst: m.Off, N: m.NBytes}}
+		m.Spans = make([]transfer.Span, 1, max(2, hint))
+		m.Spans[0] = transfer.Span{Pos: 0, Src: s.off, Dst: m.Off, N: m.NBytes}
 		s.off, m.Off = 0, 0
 		// A range list has no shape of its own but its bytes.
 		m.DType = "U8"
