@@ -14,7 +14,6 @@ import (
 	"unsafe"
 
 	"github.com/tensorfs/tensorfs/dtype"
-	"github.com/tensorfs/tensorfs/gpu"
 	"github.com/tensorfs/tensorfs/tensor"
 	"github.com/tensorfs/tensorfs/transfer"
 )
@@ -81,11 +80,6 @@ type dest struct {
 	// their files by path.
 	pins      map[*File]*pinned
 	inPlaceAt map[string]*File
-	// scratch is device memory a batch of small chunks lands in before
-	// its scatter (WriteBatch), freed at Commit or Abort; scratchMu
-	// serializes the batches of a copy's streams through it.
-	scratchMu sync.Mutex
-	scratch   gpu.Buffer
 	// shared marks the in-place items whose tensor has bytes that two of
 	// the copy's ranges write (findShared), once a stream asks to write in
 	// place.
@@ -445,18 +439,17 @@ func (d *dest) WriteBatch(data []byte, chunks []transfer.BatchChunk) (bool, erro
 
 // scatter writes exts, each N bytes of data at its SrcOff into its tensor,
 // all in GPU memory of device dev: data in one host-to-device copy into
-// device scratch, then one scatter kernel launch from there
-// (tensor.CopyExtents), where a write each cost a staged copy and a stream
-// synchronize (15 µs an 8 KiB chunk on an H200). done=false, nothing
-// written, for host memory or no scratch to be had.
+// device scratch (tensor.Scratch), then one scatter kernel launch from
+// there (tensor.CopyExtents), where a write each cost a staged copy and a
+// stream synchronize (15 µs an 8 KiB chunk on an H200). done=false,
+// nothing written, for host memory or no scratch to be had.
 func (d *dest) scatter(dev string, data []byte, exts []tensor.Extent) (bool, error) {
-	if !strings.HasPrefix(dev, "cuda:") {
+	if !strings.HasPrefix(dev, "cuda:") || len(exts) == 0 {
 		return false, nil
 	}
-	d.scratchMu.Lock()
-	defer d.scratchMu.Unlock()
-	scratch, err := d.scratchOn(dev, int64(len(data)))
-	if err != nil {
+	scratch, release, err := exts[0].Dst.Scratch(int64(len(data)))
+	defer release()
+	if err != nil || scratch == nil {
 		return false, nil
 	}
 	if _, err := scratch.WriteAt(data, 0); err != nil {
@@ -480,39 +473,6 @@ func (d *dest) pieces(i int, off, n int64, fn func(t *tensor.Tensor, dst, pos, n
 	return transfer.Pieces(it.spans, off, n, func(pos, _, dst, k int64) error {
 		return fn(t, dst, pos, k)
 	})
-}
-
-// scratchOn is device memory of dev of at least n bytes for WriteBatch: the
-// copy's own, allocated once (1 MiB at least: a batch's most).
-func (d *dest) scratchOn(dev string, n int64) (gpu.Buffer, error) {
-	if d.scratch != nil && d.scratch.Device().Name() == dev && d.scratch.Size() >= n {
-		return d.scratch, nil
-	}
-	d.freeScratchLocked()
-	dv, err := d.tree.store.Device(dev)
-	if err != nil {
-		return nil, err
-	}
-	b, err := dv.Alloc(max(n, 1<<20), 0)
-	if err != nil {
-		return nil, err
-	}
-	d.scratch = b
-	return b, nil
-}
-
-// freeScratch frees the batch scratch, if any.
-func (d *dest) freeScratch() {
-	d.scratchMu.Lock()
-	defer d.scratchMu.Unlock()
-	d.freeScratchLocked()
-}
-
-func (d *dest) freeScratchLocked() {
-	if d.scratch != nil {
-		d.scratch.Free()
-		d.scratch = nil
-	}
 }
 
 // at is where item i's bytes go: its temporary from byte 0, or its
@@ -683,7 +643,6 @@ func (internalRename) End() {}
 // Commit implements transfer.Dest: each tensor is put in place atomically;
 // a staged directory (a new one) with all its tensors at once.
 func (d *dest) Commit() (int, error) {
-	d.freeScratch()
 	// Every in-place byte has landed: those descriptors are done, before
 	// any whole tensor appears (a batch's notification comes last).
 	for i := range d.items {
@@ -779,7 +738,6 @@ func (d *dest) place(pl Placement, it *destItem) error {
 // Abort implements transfer.Dest: the temporaries not yet in place go away,
 // and the staged directories with them.
 func (d *dest) Abort() {
-	d.freeScratch()
 	d.unpinAll()
 	for i := range d.items {
 		it := &d.items[i]

@@ -70,13 +70,6 @@ type openTensor struct {
 	// partShape is the shape of the last part (range) opened, partN bytes.
 	partN     int64
 	partShape string
-	// scratch is device memory that a range list's reads gather into
-	// (tensor.Gather), allocated at the first such read of a GPU tensor,
-	// freed with the last source; scratchMu serializes the streams that
-	// read through it.
-	scratchMu sync.Mutex
-	scratch   gpu.Buffer
-	noScratch bool // host memory, or none could be had: read piece by piece
 }
 
 // sharedExport is one export pin of a tensor, shared by the sources of a
@@ -110,35 +103,18 @@ func (s *fileSource) ReadAt(p []byte, off int64) (int, error) {
 		s.pieces = append(s.pieces, tensor.Piece{Off: src, N: n})
 		return nil
 	})
-	var err error
+	var scratch gpu.Buffer
 	if len(s.pieces) > 1 {
-		err = s.ref.gather(s.t, p, s.pieces)
-	} else {
-		err = s.t.Gather(p, s.pieces, nil)
+		// GPU memory gathers in device scratch (nil for host memory,
+		// or none to be had: piece by piece then).
+		var release func()
+		scratch, release, _ = s.t.Scratch(int64(len(p)))
+		defer release()
 	}
-	if err != nil {
+	if err := s.t.Gather(p, s.pieces, scratch); err != nil {
 		return 0, copyErr(err)
 	}
 	return len(p), nil
-}
-
-// gather reads pieces of t into p through the tensor's scratch when it is
-// GPU memory (see fileSource.scratch).
-func (o *openTensor) gather(t *tensor.Tensor, p []byte, pieces []tensor.Piece) error {
-	o.scratchMu.Lock()
-	defer o.scratchMu.Unlock()
-	if !o.noScratch && (o.scratch == nil || o.scratch.Size() < int64(len(p))) {
-		if o.scratch != nil {
-			o.scratch.Free()
-			o.scratch = nil
-		}
-		b, err := t.NewScratch(max(int64(len(p)), 1<<20))
-		if err != nil || b == nil {
-			o.noScratch = true
-		}
-		o.scratch = b
-	}
-	return t.Gather(p, pieces, o.scratch)
 }
 
 // Close implements transfer.Source: the tensor thaws and may be released
@@ -148,10 +124,6 @@ func (s *fileSource) Close() {
 		return
 	}
 	if s.ref.refs--; s.ref.refs == 0 {
-		if s.ref.scratch != nil {
-			s.ref.scratch.Free()
-			s.ref.scratch = nil
-		}
 		s.ref.thaw()
 		s.ref.h.Close()
 	}

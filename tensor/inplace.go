@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"unsafe"
 
@@ -203,7 +202,7 @@ type Piece struct{ Off, N int64 }
 // Gather reads the tensor's pieces into p, laid end to end (their N must add
 // up to len(p)): the read of a range-list descriptor's bytes for a TCP copy.
 // With scratch, device memory of at least len(p) bytes on the tensor's
-// device (NewScratch), the pieces are gathered there by one batch
+// device (Scratch), the pieces are gathered there by one batch
 // (gpu.CopyBatch: on CUDA one gather kernel launch) and read to the host by
 // one copy, where a ReadAt each cost a device-to-host copy and a stream
 // synchronize (10 µs an 8 KiB piece on an H200); without, piece by piece
@@ -249,17 +248,4 @@ func (t *Tensor) Gather(p []byte, pieces []Piece, scratch gpu.Buffer) error {
 		pos += pc.N
 	}
 	return nil
-}
-
-// NewScratch allocates n bytes of staging on the tensor's device for
-// Gather, outside any tensor (no memory region, no export; the caller frees
-// it), or returns nil when the tensor is host memory (its pieces are
-// memmoves: staging would add one) or unallocated. Errors: the device's.
-func (t *Tensor) NewScratch(n int64) (gpu.Buffer, error) {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	if t.alloc == nil || t.released || !strings.HasPrefix(t.device, "cuda:") {
-		return nil, nil
-	}
-	return t.alloc.buf.Device().Alloc(n, 0)
 }

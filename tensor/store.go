@@ -75,6 +75,9 @@ type Store struct {
 	mu   sync.Mutex
 	live map[*Tensor]struct{}
 
+	// scratch is the device staging of range lists (Tensor.Scratch).
+	scratch scratchPool
+
 	// allocs and frees count device allocations made for tensors
 	// (newAllocation) and freed (retire), since start; memory registered
 	// by its owner (Tensor.Register) is neither.
@@ -345,6 +348,7 @@ func (s *Store) Close() {
 		t.mu.Unlock()
 		t.maybeRelease()
 	}
+	s.scratch.close()
 }
 
 // retire ends an allocation's registration: the IPC export is revoked (waiting,

@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 	"time"
 
@@ -244,6 +245,68 @@ func TestFreeze(t *testing.T) {
 		case <-done:
 		case <-time.After(5 * time.Second):
 			t.Fatal("a change still waits after the last thaw")
+		}
+	}
+}
+
+// TestScratchPool: a tensor in host memory has no scratch (its pieces are
+// memmoves); the pool hands out buffers of at least the size asked for,
+// keeps at most scratchKeep of them per device, reuses a kept one, and
+// frees what it keeps at Close.
+func TestScratchPool(t *testing.T) {
+	s := newStore(t, 1<<30)
+	ten, err := s.New(Template{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ten.Truncate(4096); err != nil {
+		t.Fatal(err)
+	}
+	b, release, err := ten.Scratch(1 << 20)
+	if b != nil || err != nil {
+		t.Fatalf("host tensor: scratch %v, %v", b, err)
+	}
+	release()
+
+	dev := s.DefaultDevice()
+	var p scratchPool
+	var bufs []gpu.Buffer
+	var rels []func()
+	for range scratchKeep + 2 {
+		b, rel, err := p.take(dev, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Size() < scratchMin {
+			t.Fatalf("scratch of %d bytes, want at least %d", b.Size(), scratchMin)
+		}
+		bufs, rels = append(bufs, b), append(rels, rel)
+	}
+	for _, rel := range rels {
+		rel()
+	}
+	if n := len(p.free[dev.Name()]); n != scratchKeep {
+		t.Fatalf("%d kept, want %d", n, scratchKeep)
+	}
+	for _, b := range bufs[scratchKeep:] {
+		if err := b.Free(); err == nil {
+			t.Fatal("a scratch buffer past the kept ones was not freed")
+		}
+	}
+	again, rel, _ := p.take(dev, 100)
+	if !slices.Contains(bufs[:scratchKeep], again) {
+		t.Fatal("a kept buffer was not reused")
+	}
+	rel()
+	big, rel, err := p.take(dev, 2<<20)
+	if err != nil || big.Size() < 2<<20 {
+		t.Fatalf("2 MiB scratch: %v, %v", big, err)
+	}
+	rel()
+	p.close()
+	for _, b := range bufs[:scratchKeep] {
+		if err := b.Free(); err == nil {
+			t.Fatal("a kept scratch buffer was not freed at close")
 		}
 	}
 }

@@ -436,9 +436,14 @@ func (rs *recvStream) flush() {
 	}
 	var done bool
 	var err error
-	ran := ss.guard(func() { done, err = rs.batch.WriteBatch(rs.bbuf, rs.bpend) })
+	ran := true
+	if len(rs.bpend) > 1 { // one chunk is one WriteAt, batched or not
+		ran = ss.guard(func() { done, err = rs.batch.WriteBatch(rs.bbuf, rs.bpend) })
+	}
 	if ran && err == nil && !done {
-		rs.batch = nil
+		if len(rs.bpend) > 1 {
+			rs.batch = nil
+		}
 		for _, c := range rs.bpend {
 			if ran = ss.guard(func() { err = rs.dest.WriteAt(c.I, rs.bbuf[c.Pos:c.Pos+c.N], c.Off) }); !ran || err != nil {
 				break
