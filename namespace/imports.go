@@ -145,22 +145,33 @@ func (d *dest) CopyFromMappings(exts []transfer.MappingExtent) (bool, error) {
 	}
 	on := map[onKey]gpu.Buffer{}
 	devs := map[*tensor.Tensor]string{}
+	// A range list's thousand extents are one descriptor's: the lookups
+	// are made again only when the descriptor changes.
+	lastI, lastM := -1, transfer.Mapping(nil)
+	var t *tensor.Tensor
+	var buf gpu.Buffer
 	for _, e := range exts {
-		bm, ok := e.M.(*bufferMapping)
-		if !ok {
-			return false, nil
+		if e.I != lastI || e.M != lastM {
+			bm, ok := e.M.(*bufferMapping)
+			if !ok {
+				return false, nil
+			}
+			t, _ = d.at(e.I)
+			dev, ok := devs[t]
+			if !ok {
+				dev = t.Device()
+				devs[t] = dev
+			}
+			k := onKey{bm, dev}
+			if buf, ok = on[k]; !ok {
+				buf = bm.onDevice(dev)
+				on[k] = buf
+			}
+			lastI, lastM = e.I, e.M
 		}
-		t, _ := d.at(e.I)
-		dev, ok := devs[t]
-		if !ok {
-			dev = t.Device()
-			devs[t] = dev
-		}
-		k := onKey{bm, dev}
-		buf, ok := on[k]
-		if !ok {
-			buf = bm.onDevice(dev)
-			on[k] = buf
+		if e.HasDst { // a span: where it goes is known
+			te = append(te, tensor.Extent{Dst: t, DstOff: e.Dst, SrcBuf: buf, SrcOff: e.SrcOff, N: e.N})
+			continue
 		}
 		err := d.pieces(e.I, e.Off, e.N, func(t *tensor.Tensor, dst, pos, k int64) error {
 			te = append(te, tensor.Extent{Dst: t, DstOff: dst, SrcBuf: buf, SrcOff: e.SrcOff + pos - e.Off, N: k})

@@ -3,6 +3,7 @@ package tensor
 import (
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/tensorfs/tensorfs/gpu"
 )
@@ -12,7 +13,9 @@ import (
 // around one host<->device copy. Allocating and freeing it per copy cost a
 // 4 KiB TCP copy into GPU memory more than its data (cuMemAlloc and cuMemFree
 // of 1 MiB, tens of µs each on an H200), so freed scratch is kept, a few
-// buffers per device, for the next.
+// buffers per device, for the next copy, until scratchIdle passes without
+// one: an idle daemon holds no memory (stats' live bytes are 0), as with
+// the host backend's recycled memfds.
 
 // scratchMin is the least bytes a scratch buffer holds: a TCP chunk's
 // (transfer's default chunk size), so that one buffer serves any chunk.
@@ -22,9 +25,14 @@ const scratchMin = 1 << 20
 // stream of a copy, a few copies at once.
 const scratchKeep = 4
 
+// scratchIdle is how long kept scratch outlives the last copy that used
+// it: a serving loop copies far more often.
+const scratchIdle = 500 * time.Millisecond
+
 type scratchPool struct {
-	mu   sync.Mutex
-	free map[string][]gpu.Buffer // by device name
+	mu    sync.Mutex
+	free  map[string][]gpu.Buffer // by device name
+	timer *time.Timer             // frees what is kept after scratchIdle
 }
 
 // Scratch returns staging of at least n bytes in the GPU memory of the
@@ -70,6 +78,11 @@ func (p *scratchPool) give(dev string, b gpu.Buffer) {
 	if len(p.free[dev]) < scratchKeep {
 		p.free[dev] = append(p.free[dev], b)
 		b = nil
+		if p.timer == nil {
+			p.timer = time.AfterFunc(scratchIdle, p.close)
+		} else {
+			p.timer.Reset(scratchIdle)
+		}
 	}
 	p.mu.Unlock()
 	if b != nil {
@@ -77,7 +90,8 @@ func (p *scratchPool) give(dev string, b gpu.Buffer) {
 	}
 }
 
-// close frees the kept scratch (Store.Close).
+// close frees the kept scratch (Store.Close, and scratchIdle after the
+// last give).
 func (p *scratchPool) close() {
 	p.mu.Lock()
 	all := p.free

@@ -309,4 +309,16 @@ func TestScratchPool(t *testing.T) {
 			t.Fatal("a kept scratch buffer was not freed at close")
 		}
 	}
+	// Idle, the pool lets go of what it keeps: the device holds only the
+	// tensor again.
+	base := dev.MemInfo().Used
+	_, rel, err = p.take(dev, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel()
+	if used := dev.MemInfo().Used; used <= base {
+		t.Fatalf("the kept buffer is not counted by its device: %d, %d before", used, base)
+	}
+	require.Eventually(t, func() bool { return dev.MemInfo().Used == base }, 5*time.Second, 10*time.Millisecond, "kept scratch freed after scratchIdle")
 }

@@ -253,32 +253,40 @@ type BatchMappingDest interface {
 // MappingExtent is one piece of a batch from imported allocations: N bytes
 // of M at SrcOff (from the allocation's start) into the destination's
 // descriptor I at its byte Off (of the descriptor's own bytes: a range-list
-// descriptor's spans laid end to end, Meta.Spans).
+// descriptor's spans laid end to end, Meta.Spans), or, with Dst set, at
+// byte Dst of the descriptor's destination tensor (a span, which says where
+// it goes: the destination need not look it up).
 type MappingExtent struct {
 	I      int
 	M      Mapping
 	SrcOff int64
 	Off    int64
 	N      int64
+	Dst    int64
+	HasDst bool
 }
 
 // run is a contiguous piece of descriptor i's source in its imported
-// allocation: n bytes at src into the descriptor's bytes at pos.
-type run struct{ src, pos, n int64 }
+// allocation: n bytes at src into the descriptor's bytes at pos (and, for
+// a span, at dst of its destination tensor).
+type run struct {
+	src, pos, n, dst int64
+	hasDst           bool
+}
 
-// runsOf is where descriptor m's bytes are in the allocation desc exports:
-// one run, or one per span. Errors: EPROTO for a span past int64 there.
-func runsOf(m Meta, desc IPCDesc) ([]run, error) {
+// runsOf appends to rs where descriptor m's bytes are in the allocation
+// desc exports: one run, or one per span. Errors: EPROTO for a span past
+// int64 there.
+func runsOf(rs []run, m Meta, desc IPCDesc) ([]run, error) {
 	if m.Spans == nil {
-		return []run{{desc.Offset, 0, m.NBytes}}, nil
+		return append(rs, run{src: desc.Offset, n: m.NBytes}), nil
 	}
-	rs := make([]run, 0, len(m.Spans))
 	for _, sp := range m.Spans {
 		if sp.Src > math.MaxInt64-desc.Offset {
 			return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("span at %d of an export at %d", sp.Src, desc.Offset)}
 		}
 		if sp.N > 0 {
-			rs = append(rs, run{desc.Offset + sp.Src, sp.Pos, sp.N})
+			rs = append(rs, run{desc.Offset + sp.Src, sp.Pos, sp.N, sp.Dst, true})
 		}
 	}
 	return rs, nil
@@ -290,22 +298,28 @@ func runsOf(m Meta, desc IPCDesc) ([]run, error) {
 // buffer.
 func copyExports(entries []*importEntry, descs []IPCDesc, metas []Meta, dest Dest, chunk int, rec *Record) error {
 	small := true
-	runs := make([][]run, len(metas))
-	npieces := 0
+	// All descriptors' runs in one slice (a range list has a thousand):
+	// descriptor i's are all[at[i]:at[i+1]].
+	n := 0
+	for _, m := range metas {
+		n += int(m.Descriptors())
+	}
+	all, at := make([]run, 0, n), make([]int, len(metas)+1)
 	for i, m := range metas {
 		small = small && m.NBytes < progressPiece
 		var err error
-		if runs[i], err = runsOf(m, descs[i]); err != nil {
+		if all, err = runsOf(all, m, descs[i]); err != nil {
 			return err
 		}
-		npieces += len(runs[i])
+		at[i+1] = len(all)
 	}
-	if bd, ok := dest.(BatchMappingDest); ok && npieces > 1 && small {
-		exts := make([]MappingExtent, 0, npieces)
+	runs := func(i int) []run { return all[at[i]:at[i+1]] }
+	if bd, ok := dest.(BatchMappingDest); ok && len(all) > 1 && small {
+		exts := make([]MappingExtent, 0, len(all))
 		var total int64
 		for i, e := range entries {
-			for _, r := range runs[i] {
-				exts = append(exts, MappingExtent{I: i, M: e.m, SrcOff: r.src, Off: r.pos, N: r.n})
+			for _, r := range runs(i) {
+				exts = append(exts, MappingExtent{I: i, M: e.m, SrcOff: r.src, Off: r.pos, N: r.n, Dst: r.dst, HasDst: r.hasDst})
 			}
 			total += metas[i].NBytes
 		}
@@ -321,7 +335,7 @@ func copyExports(entries []*importEntry, descs []IPCDesc, metas []Meta, dest Des
 	var buf []byte
 	md, _ := dest.(MappingDest)
 	for i, e := range entries {
-		for _, r := range runs[i] {
+		for _, r := range runs(i) {
 			done, err := copyRun(md, dest, i, e.m, r, rec)
 			if err != nil {
 				return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("copy %d bytes from %s at %d: %v", r.n, descs[i].Handle, r.src, err)}
