@@ -262,7 +262,7 @@ type benchInterrupted struct {
 }
 
 func (e *benchInterrupted) Error() string {
-	return fmt.Sprintf("bench %s: interrupted (%v); its files are removed", e.mnt, e.sig)
+	return fmt.Sprintf("bench %s: interrupted by %s; its files are removed", e.mnt, unix.SignalName(e.sig))
 }
 
 // runBench runs the bench of the mount that arg is on (see newBenchCmd):
