@@ -286,20 +286,23 @@ func runBench(arg string, opt benchOptions, stdout, stderr io.Writer) error {
 	b.tid = unix.Gettid()
 
 	rep, err := b.run()
-	if cerr := b.cleanup(); cerr != nil {
-		if err == nil {
-			err = cerr
-		} else {
-			err = fmt.Errorf("%v; and cleaning up: %v", err, strings.TrimPrefix(cerr.Error(), "bench "+b.mnt+": "))
-		}
-	}
+	cerr := b.cleanup()
 	var ie *benchInterrupted
 	if errors.As(err, &ie) {
-		fmt.Fprintln(stderr, "tensorfs:", err)
+		if cerr != nil {
+			fmt.Fprintf(stderr, "tensorfs: bench %s: interrupted by %s, and then %s\n", b.mnt, unix.SignalName(ie.sig), strings.TrimPrefix(cerr.Error(), "bench "+b.mnt+": "))
+		} else {
+			fmt.Fprintln(stderr, "tensorfs:", err)
+		}
 		os.Exit(128 + int(ie.sig))
 	}
-	if err != nil {
+	switch {
+	case err != nil && cerr != nil:
+		return fmt.Errorf("%v; and then %v", err, strings.TrimPrefix(cerr.Error(), "bench "+b.mnt+": "))
+	case err != nil:
 		return err
+	case cerr != nil:
+		return cerr
 	}
 	if opt.json {
 		if err := writeJSON(stdout, rep); err != nil {

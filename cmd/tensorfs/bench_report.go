@@ -161,6 +161,43 @@ func (t sizeTicks) Ticks(lo, hi float64) []plot.Tick {
 	return ticks
 }
 
+// latencyTicks marks a log-scale latency axis (in µs) at 1, 2 and 5 times
+// its powers of ten, labelled as the table writes latencies (100 µs, 1 ms,
+// 20 ms, 1 s); over more than two decades only the powers of ten are
+// labelled, the others are minor ticks.
+type latencyTicks struct{}
+
+// Ticks implements plot.Ticker.
+func (latencyTicks) Ticks(lo, hi float64) []plot.Tick {
+	var ticks []plot.Tick
+	few := hi <= lo*100
+	for dec := math.Pow(10, math.Floor(math.Log10(lo))); dec <= hi; dec *= 10 {
+		for _, m := range []float64{1, 2, 5} {
+			v := dec * m
+			if v < lo*0.9999 || v > hi*1.0001 {
+				continue
+			}
+			t := plot.Tick{Value: v}
+			if m == 1 || few {
+				t.Label = latencyLabel(v)
+			}
+			ticks = append(ticks, t)
+		}
+	}
+	return ticks
+}
+
+// latencyLabel is a round latency in µs as an axis label.
+func latencyLabel(us float64) string {
+	switch {
+	case us < 1000:
+		return fmt.Sprintf("%g µs", us)
+	case us < 1e6:
+		return fmt.Sprintf("%g ms", us/1e3)
+	}
+	return fmt.Sprintf("%g s", us/1e6)
+}
+
 // writeBenchPlot draws the report into the PNG file path: GB/s (top) and
 // p50 latency (bottom, log scale) against size (log scale), one line per
 // mode and direction. A failed write removes the file: no half image.
@@ -190,15 +227,18 @@ func writeBenchPlot(path string, r *benchReport) error {
 	bw.Title.TextStyle.Font.Size = vg.Points(10)
 	bw.Y.Label.Text = "GB/s"
 	bw.Y.Min = 0
-	lat.Y.Label.Text = "p50 latency per call (µs)"
+	lat.Y.Label.Text = "p50 latency per call"
 	lat.Y.Scale = plot.LogScale{}
-	lat.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	lat.Y.Tick.Marker = latencyTicks{}
 	for _, p := range []*plot.Plot{bw, lat} {
 		p.X.Label.Text = "bytes per descriptor"
 		p.X.Scale = plot.LogScale{}
 		p.X.Tick.Marker = sizeTicks(sizes)
 		p.Add(plotter.NewGrid())
-		p.Legend.Top = true
+		// Both rise with size: the top left corner is where the lines
+		// are not.
+		p.Legend.Top, p.Legend.Left = true, true
+		p.Legend.XOffs, p.Legend.YOffs = vg.Points(8), vg.Points(-4)
 	}
 	if len(sizes) == 1 {
 		// A log axis needs a span: put the one size in the middle.
