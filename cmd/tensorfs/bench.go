@@ -261,6 +261,8 @@ type benchInterrupted struct {
 	sig syscall.Signal
 }
 
+// Error is the line the command prints: that it stopped, by which
+// signal, and that it cleaned up.
 func (e *benchInterrupted) Error() string {
 	return fmt.Sprintf("bench %s: interrupted by %s; its files are removed", e.mnt, unix.SignalName(e.sig))
 }

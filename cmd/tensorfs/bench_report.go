@@ -44,12 +44,16 @@ type benchReport struct {
 
 // benchResult is one point: one mode and direction at one size.
 type benchResult struct {
-	// Mode is "inplace" or "whole"; Dir is "push" or "pull".
+	// Mode is "inplace" (ranges into existing tensors) or "whole"
+	// (replacing tensors).
 	Mode string `json:"mode"`
-	Dir  string `json:"dir"`
-	// Size is the bytes of one descriptor; Batch the descriptors per call.
-	Size  int64 `json:"size"`
-	Batch int   `json:"batch"`
+	// Dir is "push" (copy_to on the local tensor) or "pull" (copy_from on
+	// it, or a batch on the root for several whole tensors).
+	Dir string `json:"dir"`
+	// Size is the bytes of one descriptor.
+	Size int64 `json:"size"`
+	// Batch is the descriptors per call.
+	Batch int `json:"batch"`
 	// BytesPerCall is Size x Batch.
 	BytesPerCall int64 `json:"bytes_per_call"`
 	// Calls is how many timed calls ran.
@@ -57,11 +61,14 @@ type benchResult struct {
 	// WritesPerCall is the setxattr calls one call took (more than 1 when
 	// its value was over the kernel's 64 KiB limit and was split).
 	WritesPerCall int `json:"writes_per_call"`
-	// P50US, P99US and MeanUS are the latency of one call, in
-	// microseconds: the 50th and 99th percentiles (nearest rank) and the
-	// mean.
-	P50US  float64 `json:"p50_us"`
-	P99US  float64 `json:"p99_us"`
+	// P50US is the latency of one call at the 50th percentile (nearest
+	// rank: a call's own time, never an interpolation), in microseconds.
+	P50US float64 `json:"p50_us"`
+	// P99US is the latency at the 99th percentile, in microseconds (the
+	// slowest call when there are fewer than 100).
+	P99US float64 `json:"p99_us"`
+	// MeanUS is the mean latency, in microseconds: GBPerS's reciprocal,
+	// scaled by BytesPerCall.
 	MeanUS float64 `json:"mean_us"`
 	// GBPerS is the bandwidth: bytes moved by the timed calls over the
 	// time spent in them, in 10^9 bytes a second.
