@@ -97,10 +97,13 @@ the bandwidth (bytes moved / time in calls, in GB/s: 10^9 bytes a second),
 the path the daemon took (local, ipc or tcp) and how many calls were
 checked. --check N more calls a point (default 2) move fresh bytes, which
 are then read back (through the mount, or from the peer by a copy_from) and
-compared; a difference is an error.
+compared; a difference is an error. A check moves its bytes through the
+mount several times, so at large sizes it takes longer than the calls it
+checks (--check 0 or 1 for a quicker run).
 
---sizes takes byte sizes (go-humanize's parser, as --max-memory): a bare
-K, M, G or T is binary as for truncate and dd (4K = 4096 = 4KiB; 4KB = 4000).
+--sizes takes byte sizes, comma-separated or repeated (go-humanize's parser,
+as --max-memory): a bare K, M, G or T is binary as for truncate and dd
+(4K = 4096 = 4KiB; 4KB = 4000).
 --modes is inplace, whole or both; --dirs push, pull or both.
 
 The table goes to stdout (--json: a JSON document instead, {mount, node,
@@ -109,18 +112,25 @@ calls, writes_per_call, p50_us, p99_us, mean_us, gb_per_s, path, checked}]});
 a progress bar goes to stderr when it is a terminal. --plot FILE.png draws
 GB/s and p50 latency against size, one line per mode and direction.
 
-Everything is created in a new directory tensorfs-bench-XXXXXXXX at the
-mount's root (and, with --peer, one of the same name at the peer's root,
-made by copies) and removed at the end, after a failure or SIGINT too. A
-peer's directory is removed through the peer's mount, which must be on this
-host (its source in /proc/mounts is tensorfs:NAME): tensorfs has no way to
-remove a peer's files. For a peer on another host, --leave-peer-dir runs
-anyway: the peer's tensors are emptied (their memory freed) as bench goes,
-and the empty directory is left there, named on stderr, to remove on that
-host. Before anything is created bench refuses, with one line, an unknown
-peer, a MOUNT not on tensorfs, sizes that do not parse, and sizes (x batch)
-that do not fit in the mount's free space (statfs; the peer's too when its
-mount is on this host).`,
+Everything is created in a new directory tensorfs-bench-NNNN (random
+digits) at the mount's root (and, with --peer, one of the same name at the
+peer's root, made by copies) and removed at the end, after a failure too,
+and on SIGINT, SIGTERM or SIGHUP, which stop bench after the call in flight
+(exit 128 + the signal). A peer's directory is removed through the peer's
+mount, which must be on this host (its source in /proc/mounts is
+tensorfs:NAME): tensorfs has no way to remove a peer's files. For a peer on
+another host, --leave-peer-dir runs anyway: the peer's tensors are emptied
+(their memory freed) as bench goes, and the empty directory is left there,
+named on stderr, to remove on that host.
+
+Before anything is created bench refuses, with one line: an unknown peer
+(or the mount's own node), a MOUNT not on tensorfs, a peer whose mount is
+not on this host (without --leave-peer-dir), sizes that do not parse, a
+--plot file that cannot be created, and sizes (x batch) that do not fit in
+the mount's free space (statfs), the peer's when its mount is on this host,
+or, on host memory, the host's MemAvailable (the needs of both mounts
+together: host-memory daemons of one host each count all its memory as
+free).`,
 		Args: positional(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f := cmd.Flags()
