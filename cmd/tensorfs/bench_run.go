@@ -168,7 +168,8 @@ func (b *bench) makeDirs() error {
 	if err != nil {
 		return err
 	}
-	return b.checkSpace(local, &remote)
+	avail, _ := memAvailable()
+	return b.checkSpace(local, &remote, avail)
 }
 
 // remote is the reference to name in the peer's directory as the daemons

@@ -63,7 +63,8 @@ func (b *bench) preflight() error {
 	if err != nil {
 		return err
 	}
-	return b.checkSpace(local, remote)
+	avail, _ := memAvailable()
+	return b.checkSpace(local, remote, avail)
 }
 
 // benchSpace is what a mount has room for: its free bytes (statfs), and
@@ -101,10 +102,9 @@ func (b *bench) space(mnt string) (benchSpace, error) {
 
 // checkSpace refuses the first phase that needs, at once, more than the
 // local mount's free space, the peer's (remote, nil when its mount is not
-// here), or the host's available memory for the host-memory mounts of the
-// two together.
-func (b *bench) checkSpace(local benchSpace, remote *benchSpace) error {
-	avail, _ := memAvailable()
+// here), or the host's available memory (avail bytes, 0 when unknown) for
+// the host-memory mounts of the two together.
+func (b *bench) checkSpace(local benchSpace, remote *benchSpace, avail uint64) error {
 	for _, mode := range b.opt.modes {
 		for _, size := range b.opt.sizes {
 			l, r := benchNeeds(benchPhase{mode: mode, size: size, n: b.opt.batch}, b.opt.dirs, b.opt.peer != "", b.opt.check > 0)

@@ -343,6 +343,33 @@ func TestLatencyTicks(t *testing.T) {
 	require.Zero(t, minor)
 }
 
+// The space checks: each mount's free space for its side, and the host's
+// memory for the host-memory sides together.
+func TestBenchCheckSpace(t *testing.T) {
+	const mi = 1 << 20
+	b := &bench{mnt: "/mnt/a", opt: benchOptions{peer: "b", sizes: []int64{4096, 16 * mi}, batch: 2,
+		modes: []string{modeInPlace}, dirs: []string{dirPush, dirPull}, check: 1}}
+	// 16 MiB x 2: a (32 MiB) and v (16 MiB) here, b (32 MiB) there.
+	local := benchSpace{mnt: "/mnt/a", free: 48 * mi, host: true}
+	remote := &benchSpace{mnt: "/mnt/b", free: 32 * mi, host: true}
+	require.NoError(t, b.checkSpace(local, remote, 80*mi))
+	require.NoError(t, b.checkSpace(local, nil, 0), "no peer mount here, no MemAvailable")
+
+	local.free = 48*mi - 1
+	require.EqualError(t, b.checkSpace(local, remote, 0),
+		"bench /mnt/a: size 16 MiB x batch 2 needs 48 MiB at once on /mnt/a for its inplace copies (sources and destinations), which has 48 MiB free (statfs): give smaller --sizes or --batch")
+	local.free = 48 * mi
+	remote.free = 32*mi - 1
+	require.ErrorContains(t, b.checkSpace(local, remote, 0), "needs 32 MiB at once on /mnt/b (b's mount) for its inplace copies")
+	remote.free = 32 * mi
+	require.EqualError(t, b.checkSpace(local, remote, 80*mi-1),
+		"bench /mnt/a: size 16 MiB x batch 2 needs 80 MiB at once of host memory on /mnt/a and /mnt/b for its inplace copies (sources and destinations), and this host has 80 MiB available (MemAvailable, /proc/meminfo): give smaller --sizes or --batch")
+	remote.host = false
+	require.NoError(t, b.checkSpace(local, remote, 48*mi), "a GPU peer takes no host memory")
+	b.opt.modes = []string{modeWhole}
+	require.ErrorContains(t, b.checkSpace(local, remote, 0), "for its whole copies (sources, destinations and the temporaries of replacing copies)")
+}
+
 func TestMemAvailable(t *testing.T) {
 	n, err := memAvailable()
 	require.NoError(t, err)
