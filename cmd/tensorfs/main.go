@@ -44,6 +44,6 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newMountCmd(), newUnmountCmd(), newImportCmd(), newExportCmd(), newVersionCmd())
-	root.AddCommand(newCpCmd(), newNodesCmd(), newStatusCmd(), newLsCmd(), newStatCmd(), newWaitCmd())
+	root.AddCommand(newCpCmd(), newBenchCmd(), newNodesCmd(), newStatusCmd(), newLsCmd(), newStatCmd(), newWaitCmd())
 	return root
 }
