@@ -131,57 +131,32 @@ func (d *dest) CopyFromMapping(i int, m transfer.Mapping, srcOff, dstOff, n int6
 	return true, tensor.CopyExtents(exts)
 }
 
-// CopyFromMappings implements transfer.BatchMappingDest: a descriptor list
-// from imported allocations as one batch (tensor.CopyExtents: on CUDA one
-// gather/scatter kernel launch). done=false when one of the mappings is a
-// plain memfd (read through the caller's buffer).
-func (d *dest) CopyFromMappings(exts []transfer.MappingExtent) (bool, error) {
-	te := make([]tensor.Extent, 0, len(exts))
-	// The import in each destination device's context, looked up once per
-	// mapping and device.
-	type onKey struct {
-		m   *bufferMapping
-		dev string
-	}
-	on := map[onKey]gpu.Buffer{}
-	devs := map[*tensor.Tensor]string{}
-	// A range list's thousand extents are one descriptor's: the lookups
-	// are made again only when the descriptor changes.
-	lastI, lastM := -1, transfer.Mapping(nil)
-	var t *tensor.Tensor
-	var buf gpu.Buffer
-	for _, e := range exts {
-		if e.I != lastI || e.M != lastM {
-			bm, ok := e.M.(*bufferMapping)
-			if !ok {
-				return false, nil
-			}
-			t, _ = d.at(e.I)
-			dev, ok := devs[t]
-			if !ok {
-				dev = t.Device()
-				devs[t] = dev
-			}
-			k := onKey{bm, dev}
-			if buf, ok = on[k]; !ok {
-				buf = bm.onDevice(dev)
-				on[k] = buf
-			}
-			lastI, lastM = e.I, e.M
+// CopySpansFromMappings implements transfer.SpanMappingDest: every
+// descriptor, range lists as they are, as one batch (tensor.CopySpans: on
+// CUDA one gather/scatter kernel launch). done=false when one of the
+// mappings is a plain memfd (read through the caller's buffer).
+func (d *dest) CopySpansFromMappings(copies []transfer.SpanCopy) (bool, error) {
+	lists := make([]tensor.SpanList, len(copies))
+	for i, c := range copies {
+		bm, ok := c.M.(*bufferMapping)
+		if !ok {
+			return false, nil
 		}
-		if e.HasDst { // a span: where it goes is known
-			te = append(te, tensor.Extent{Dst: t, DstOff: e.Dst, SrcBuf: buf, SrcOff: e.SrcOff, N: e.N})
+		t, at := d.at(c.I)
+		l := &lists[i]
+		l.Dst, l.Src = t, bm.onDevice(t.Device())
+		if c.Spans == nil {
+			base, n := c.Base, c.N
+			l.N, l.At = 1, func(int) (int64, int64, int64) { return base, at, n }
 			continue
 		}
-		err := d.pieces(e.I, e.Off, e.N, func(t *tensor.Tensor, dst, pos, k int64) error {
-			te = append(te, tensor.Extent{Dst: t, DstOff: dst, SrcBuf: buf, SrcOff: e.SrcOff + pos - e.Off, N: k})
-			return nil
-		})
-		if err != nil {
-			return true, err
+		spans, base := c.Spans, c.Base
+		l.N, l.At = len(spans), func(k int) (int64, int64, int64) {
+			sp := &spans[k]
+			return base + sp.Src, sp.Dst, sp.N
 		}
 	}
-	return true, copyErr(tensor.CopyExtents(te))
+	return true, copyErr(tensor.CopySpans(lists))
 }
 
 // Piece implements transfer.PieceSizer: a copy into GPU memory goes in one

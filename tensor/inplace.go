@@ -249,3 +249,72 @@ func (t *Tensor) Gather(p []byte, pieces []Piece, scratch gpu.Buffer) error {
 	}
 	return nil
 }
+
+// SpanList is one destination's share of CopySpans: N ranges from Src (a
+// buffer, e.g. another daemon's allocation imported by IPC) into Dst, the
+// k-th n bytes at byte srcOff of Src into byte dstOff of Dst, as At(k)
+// says.
+type SpanList struct {
+	Dst *Tensor
+	Src gpu.Buffer
+	N   int
+	At  func(k int) (srcOff, dstOff, n int64)
+}
+
+// CopySpans is CopyExtents for range lists: the ranges of every list as one
+// batch (gpu.CopyBatch: on CUDA one gather/scatter kernel launch), built in
+// one pass. A range list's thousand ranges went through four slices of
+// descriptors on their way to the kernel (the transfer's, the mapping's,
+// CopyExtents' and the device's), 350 µs of a 1000-range IPC copy on an
+// H200 against 15 µs for the kernel. Every range is checked first: one
+// outside its tensor is ErrInvalid and nothing is copied. Errors:
+// ErrInvalid, ErrReleased, the device's.
+func CopySpans(lists []SpanList) error {
+	n := 0
+	var ts []*Tensor
+	for _, l := range lists {
+		n += l.N
+		if !slices.Contains(ts, l.Dst) {
+			ts = append(ts, l.Dst)
+		}
+	}
+	// In address order, as CopyExtents (a destination list names few
+	// tensors).
+	slices.SortFunc(ts, func(a, b *Tensor) int { return cmp.Compare(uintptr(unsafe.Pointer(a)), uintptr(unsafe.Pointer(b))) })
+	for _, t := range ts {
+		t.mu.RLock()
+	}
+	defer func() {
+		for _, t := range ts {
+			t.mu.RUnlock()
+		}
+	}()
+	g := make([]gpu.Extent, 0, n)
+	for _, l := range lists {
+		t := l.Dst
+		if t.released {
+			return ErrReleased
+		}
+		var dst gpu.Buffer
+		if t.alloc != nil {
+			dst = t.alloc.buf
+		}
+		size := t.size
+		for k := range l.N {
+			srcOff, dstOff, n := l.At(k)
+			if n < 0 || dstOff < 0 || dstOff > size-n {
+				return fmt.Errorf("copy %d bytes to [%d, +%d) of a %d-byte tensor: %w", n, dstOff, n, size, ErrInvalid)
+			}
+			if n > 0 {
+				g = append(g, gpu.Extent{Dst: dst, DstOff: dstOff, Src: l.Src, SrcOff: srcOff, N: n})
+			}
+		}
+	}
+	if err := gpu.CopyBatch(g); err != nil {
+		if errors.Is(err, gpu.ErrInvalidSize) {
+			return fmt.Errorf("%v: %w", err, ErrInvalid)
+		}
+		return err
+	}
+	return nil
+}

@@ -75,3 +75,47 @@ func TestCopyExtents(t *testing.T) {
 	b.ReadAt(got, 0)
 	require.Equal(t, before, got, "nothing copied")
 }
+
+// TestCopySpans: the ranges of several lists, from a buffer into tensors,
+// as one batch; a range outside its tensor, or outside the buffer, copies
+// nothing of any list.
+func TestCopySpans(t *testing.T) {
+	s := newStore(t, 64<<20)
+	src, err := s.DefaultDevice().Alloc(1000, 0)
+	require.NoError(t, err)
+	defer src.Free()
+	_, err = src.WriteAt(bytes.Repeat([]byte("0123456789"), 100), 0)
+	require.NoError(t, err)
+	a, err := s.New(Template{})
+	require.NoError(t, err)
+	b, err := s.New(Template{})
+	require.NoError(t, err)
+	require.NoError(t, a.Truncate(100))
+	require.NoError(t, b.Truncate(100))
+	ranges := [][3]int64{{0, 50, 5}, {7, 0, 3}, {3, 97, 3}} // srcOff, dstOff, n
+	at := func(k int) (int64, int64, int64) { return ranges[k][0], ranges[k][1], ranges[k][2] }
+	require.NoError(t, CopySpans([]SpanList{{Dst: a, Src: src, N: 3, At: at}, {Dst: b, Src: src, N: 1, At: func(int) (int64, int64, int64) { return 10, 10, 10 }}}))
+	got := make([]byte, 100)
+	a.ReadAt(got, 0)
+	require.Equal(t, "789", string(got[:3]))
+	require.Equal(t, "01234", string(got[50:55]))
+	require.Equal(t, "345", string(got[97:]))
+	b.ReadAt(got, 10)
+	require.Equal(t, "0123456789", string(got[:10]))
+
+	beforeA, beforeB := make([]byte, 100), make([]byte, 100)
+	a.ReadAt(beforeA, 0)
+	b.ReadAt(beforeB, 0)
+	zero := func(int) (int64, int64, int64) { return 0, 0, 10 }
+	for _, bad := range []SpanList{
+		{Dst: b, Src: src, N: 1, At: func(int) (int64, int64, int64) { return 0, 95, 10 }},  // past the tensor
+		{Dst: b, Src: src, N: 1, At: func(int) (int64, int64, int64) { return 995, 0, 10 }}, // past the buffer
+		{Dst: b, Src: src, N: 1, At: func(int) (int64, int64, int64) { return 0, -1, 10 }},
+	} {
+		require.ErrorIs(t, CopySpans([]SpanList{{Dst: a, Src: src, N: 1, At: zero}, bad}), ErrInvalid)
+		a.ReadAt(got, 0)
+		require.Equal(t, beforeA, got, "nothing copied into the first list's tensor")
+		b.ReadAt(got, 0)
+		require.Equal(t, beforeB, got)
+	}
+}

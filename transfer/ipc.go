@@ -242,37 +242,31 @@ type memfdMapping struct{ f *os.File }
 func (m memfdMapping) ReadAt(p []byte, off int64) (int, error) { return m.f.ReadAt(p, off) }
 func (m memfdMapping) Close() error                            { return m.f.Close() }
 
-// BatchMappingDest is implemented by destinations that copy a whole
-// descriptor list from imported allocations themselves, as one batch (on
-// CUDA one gather/scatter kernel launch: gpu.CopyBatch); done=false means
-// "not these: copy them one by one".
-type BatchMappingDest interface {
-	CopyFromMappings(exts []MappingExtent) (done bool, err error)
+// SpanMappingDest is implemented by destinations that copy a transfer's
+// descriptors from imported allocations themselves, all at once, taking
+// range lists as they are (on CUDA one gather/scatter kernel launch); the
+// engine then builds no descriptor per span. done=false: copy them another
+// way.
+type SpanMappingDest interface {
+	CopySpansFromMappings(copies []SpanCopy) (done bool, err error)
 }
 
-// MappingExtent is one piece of a batch from imported allocations: N bytes
-// of M at SrcOff (from the allocation's start) into the destination's
-// descriptor I at its byte Off (of the descriptor's own bytes: a range-list
-// descriptor's spans laid end to end, Meta.Spans), or, with Dst set, at
-// byte Dst of the descriptor's destination tensor (a span, which says where
-// it goes: the destination need not look it up).
-type MappingExtent struct {
-	I      int
-	M      Mapping
-	SrcOff int64
-	Off    int64
-	N      int64
-	Dst    int64
-	HasDst bool
+// SpanCopy is descriptor I of a transfer in imported allocation M, its
+// source tensor's first byte at Base there: with Spans, a range list
+// (Meta.Spans: each span's Src is from Base, its Dst in the destination
+// tensor); without, the descriptor's N bytes from Base, into its
+// destination from its first byte.
+type SpanCopy struct {
+	I     int
+	M     Mapping
+	Base  int64
+	N     int64
+	Spans []Span
 }
 
 // run is a contiguous piece of descriptor i's source in its imported
-// allocation: n bytes at src into the descriptor's bytes at pos (and, for
-// a span, at dst of its destination tensor).
-type run struct {
-	src, pos, n, dst int64
-	hasDst           bool
-}
+// allocation: n bytes at src into the descriptor's bytes at pos.
+type run struct{ src, pos, n int64 }
 
 // runsOf appends to rs where descriptor m's bytes are in the allocation
 // desc exports: one run, or one per span. Errors: EPROTO for a span past
@@ -286,56 +280,40 @@ func runsOf(rs []run, m Meta, desc IPCDesc) ([]run, error) {
 			return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("span at %d of an export at %d", sp.Src, desc.Offset)}
 		}
 		if sp.N > 0 {
-			rs = append(rs, run{desc.Offset + sp.Src, sp.Pos, sp.N, sp.Dst, true})
+			rs = append(rs, run{desc.Offset + sp.Src, sp.Pos, sp.N})
 		}
 	}
 	return rs, nil
 }
 
 // copyExports copies each descriptor from its imported allocation into
-// dest: all at once by the destination when it can (BatchMappingDest), else
-// one by one by the destination (device to device), else through a host
-// buffer.
+// dest: all at once by the destination when it can (SpanMappingDest), else
+// one run (a descriptor, or a span of a range list) at a time by the
+// destination (device to device, MappingDest), else through a host buffer.
 func copyExports(entries []*importEntry, descs []IPCDesc, metas []Meta, dest Dest, chunk int, rec *Record) error {
-	small := true
-	// All descriptors' runs in one slice (a range list has a thousand):
-	// descriptor i's are all[at[i]:at[i+1]].
+	if sd, ok := dest.(SpanMappingDest); ok {
+		if done, err := copySpanExports(sd, entries, descs, metas, rec); done || err != nil {
+			return err
+		}
+	}
 	n := 0
 	for _, m := range metas {
 		n += int(m.Descriptors())
 	}
+	// All descriptors' runs in one slice: descriptor i's are
+	// all[at[i]:at[i+1]].
 	all, at := make([]run, 0, n), make([]int, len(metas)+1)
 	for i, m := range metas {
-		small = small && m.NBytes < progressPiece
 		var err error
 		if all, err = runsOf(all, m, descs[i]); err != nil {
 			return err
 		}
 		at[i+1] = len(all)
 	}
-	runs := func(i int) []run { return all[at[i]:at[i+1]] }
-	if bd, ok := dest.(BatchMappingDest); ok && len(all) > 1 && small {
-		exts := make([]MappingExtent, 0, len(all))
-		var total int64
-		for i, e := range entries {
-			for _, r := range runs(i) {
-				exts = append(exts, MappingExtent{I: i, M: e.m, SrcOff: r.src, Off: r.pos, N: r.n, Dst: r.dst, HasDst: r.hasDst})
-			}
-			total += metas[i].NBytes
-		}
-		done, err := bd.CopyFromMappings(exts)
-		if err != nil {
-			return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("copy %d descriptors (%d bytes) from imports: %v", len(exts), total, err)}
-		}
-		if done {
-			rec.BytesDone.Add(total)
-			return nil
-		}
-	}
 	var buf []byte
 	md, _ := dest.(MappingDest)
 	for i, e := range entries {
-		for _, r := range runs(i) {
+		for _, r := range all[at[i]:at[i+1]] {
 			done, err := copyRun(md, dest, i, e.m, r, rec)
 			if err != nil {
 				return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("copy %d bytes from %s at %d: %v", r.n, descs[i].Handle, r.src, err)}
@@ -361,6 +339,42 @@ func copyExports(entries []*importEntry, descs []IPCDesc, metas []Meta, dest Des
 		}
 	}
 	return nil
+}
+
+// copySpanExports is copyExports' batch for a destination that takes
+// range lists whole (SpanMappingDest), when the transfer has several
+// descriptors or spans and none large (those are copied in pieces, for
+// progress). done=false: it did not run.
+func copySpanExports(sd SpanMappingDest, entries []*importEntry, descs []IPCDesc, metas []Meta, rec *Record) (bool, error) {
+	pieces := 0
+	var total int64
+	for i, m := range metas {
+		if m.NBytes >= progressPiece {
+			return false, nil
+		}
+		for _, sp := range m.Spans {
+			if sp.Src > math.MaxInt64-descs[i].Offset {
+				return true, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("span at %d of an export at %d", sp.Src, descs[i].Offset)}
+			}
+		}
+		pieces += int(m.Descriptors())
+		total += m.NBytes
+	}
+	if pieces < 2 {
+		return false, nil
+	}
+	copies := make([]SpanCopy, len(metas))
+	for i, e := range entries {
+		copies[i] = SpanCopy{I: i, M: e.m, Base: descs[i].Offset, N: metas[i].NBytes, Spans: metas[i].Spans}
+	}
+	done, err := sd.CopySpansFromMappings(copies)
+	if err != nil {
+		return true, &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("copy %d descriptors (%d bytes) from imports: %v", pieces, total, err)}
+	}
+	if done {
+		rec.BytesDone.Add(total)
+	}
+	return done, nil
 }
 
 // copyRun copies run r of descriptor i from mapping m by the destination
