@@ -30,56 +30,63 @@ type rangeLine struct {
 // line...): the general parser takes the value then, and gives any error
 // its message.
 func nextRangeLine(rest string, withSrc bool) (l rangeLine, after string, ok bool) {
-	line := rest
-	if i := strings.IndexByte(rest, '\n'); i >= 0 {
-		line, after = rest[:i], rest[i+1:]
+	// One pass over the line's bytes: each field's last '@' (a name may
+	// hold others), and no white space but the one space between them.
+	n := len(rest)
+	i, at := 0, -1
+	for ; i < n; i++ {
+		switch rest[i] {
+		case ' ':
+			goto src
+		case '@':
+			at = i
+		case '\t', '\n', '\r':
+			return l, "", false
+		}
 	}
-	sp := strings.IndexByte(line, ' ')
-	if sp <= 0 {
-		return l, "", false
-	}
-	srcTok, dstTok := line[:sp], line[sp+1:]
-	if strings.IndexByte(dstTok, ' ') >= 0 || strings.IndexByte(line, '\t') >= 0 {
-		return l, "", false // more fields, or other white space
-	}
-	at := strings.LastIndexByte(srcTok, '@')
+	return l, "", false
+src:
 	if at < 0 || !withSrc && at != 0 || withSrc && at == 0 {
 		return l, "", false
 	}
-	l.srcRef = srcTok[:at]
-	var hasLen bool
-	if l.src, l.n, hasLen, ok = scanRange(srcTok[at+1:]); !ok || !hasLen {
+	l.srcRef = rest[:at]
+	var j int
+	if l.src, j, ok = scanNumber(rest, at+1); !ok || j >= i || rest[j] != '+' {
 		return l, "", false
 	}
-	at = strings.LastIndexByte(dstTok, '@')
-	if at <= 0 {
+	if l.n, j, ok = scanNumber(rest, j+1); !ok || j != i {
 		return l, "", false
 	}
-	l.dstRef = dstTok[:at]
-	var dlen int64
-	if l.dst, dlen, hasLen, ok = scanRange(dstTok[at+1:]); !ok || hasLen && dlen != l.n {
+	start := i + 1
+	at = -1
+	for i = start; i < n && rest[i] != '\n'; i++ {
+		switch rest[i] {
+		case '@':
+			at = i
+		case ' ', '\t', '\r':
+			return l, "", false
+		}
+	}
+	if at <= start {
 		return l, "", false
+	}
+	l.dstRef = rest[start:at]
+	if l.dst, j, ok = scanNumber(rest, at+1); !ok {
+		return l, "", false
+	}
+	if j < i {
+		var dlen int64
+		if rest[j] != '+' {
+			return l, "", false
+		}
+		if dlen, j, ok = scanNumber(rest, j+1); !ok || j != i || dlen != l.n {
+			return l, "", false
+		}
+	}
+	if i < n {
+		after = rest[i+1:]
 	}
 	return l, after, true
-}
-
-// scanRange parses "OFF" or "OFF+LEN", decimal, each at most 18 digits (so
-// it fits in an int64 and OFF+LEN does too).
-func scanRange(s string) (off, n int64, hasLen, ok bool) {
-	var i int
-	if off, i, ok = scanNumber(s, 0); !ok {
-		return 0, 0, false, false
-	}
-	if i == len(s) {
-		return off, 0, false, true
-	}
-	if s[i] != '+' {
-		return 0, 0, false, false
-	}
-	if n, i, ok = scanNumber(s, i+1); !ok || i != len(s) {
-		return 0, 0, false, false
-	}
-	return off, n, true, true
 }
 
 // scanNumber parses the decimal digits of s from i (1 to 18 of them) and
