@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"syscall"
 
 	"github.com/tensorfs/tensorfs/dtype"
@@ -51,11 +50,6 @@ type fileSource struct {
 	off  int64
 	meta transfer.Meta // with Spans: a range list (addSpan), off 0
 	ref  *openTensor
-	// pieces is a range list's read of the last ReadAt, kept for the next
-	// (a TCP stream reads one source from one goroutine at a time: the
-	// sender's readers take whole chunks, each of a source and stream).
-	pieceMu sync.Mutex
-	pieces  []tensor.Piece
 }
 
 // openTensor is a tensor open for a call's sources: one handle and one
@@ -96,22 +90,23 @@ func (s *fileSource) ReadAt(p []byte, off int64) (int, error) {
 		n, err := s.t.ReadAt(p, s.off+off)
 		return n, copyErr(err)
 	}
-	s.pieceMu.Lock()
-	defer s.pieceMu.Unlock()
-	s.pieces = s.pieces[:0]
+	// Per read, not per source: the sender's readers read one source's
+	// chunks at once (a shared list behind a lock serialized them).
+	var arr [64]tensor.Piece
+	pieces := arr[:0]
 	transfer.Pieces(s.meta.Spans, off, int64(len(p)), func(_, src, _, n int64) error {
-		s.pieces = append(s.pieces, tensor.Piece{Off: src, N: n})
+		pieces = append(pieces, tensor.Piece{Off: src, N: n})
 		return nil
 	})
 	var scratch gpu.Buffer
-	if len(s.pieces) > 1 {
+	if len(pieces) > 1 {
 		// GPU memory gathers in device scratch (nil for host memory,
 		// or none to be had: piece by piece then).
 		var release func()
 		scratch, release, _ = s.t.Scratch(int64(len(p)))
 		defer release()
 	}
-	if err := s.t.Gather(p, s.pieces, scratch); err != nil {
+	if err := s.t.Gather(p, pieces, scratch); err != nil {
 		return 0, copyErr(err)
 	}
 	return len(p), nil

@@ -91,10 +91,11 @@ func (s *Service) sameHost(c *conn) bool {
 // the extra streams the peer takes (their connections go back to the idle
 // pool after a success), then the peer's reply once it has committed.
 func (s *Service) send(ctx context.Context, peer string, c *conn, remotePath string, srcs []Source, metas []Meta, isDir bool, rec *Record) (int, error) {
-	req := request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, Streams: s.cfg.Streams, Chunk: s.cfg.ChunkSize}
-	eager := eagerPut(rec.BytesTotal.Load(), s.cfg.Streams, s.cfg.ChunkSize)
+	chunk := s.chunkFor(rec.BytesTotal.Load())
+	req := request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, Streams: s.cfg.Streams, Chunk: chunk}
+	eager := eagerPut(rec.BytesTotal.Load(), s.cfg.Streams, chunk)
 	if eager {
-		sd := newSender(srcs, int64(s.cfg.ChunkSize), 1, rec, &streamSet{dead: make(chan struct{})})
+		sd := newSender(srcs, int64(chunk), 1, rec, &streamSet{dead: make(chan struct{})})
 		if sd.inline {
 			defer sd.release()
 			return s.sendSmall(c, req, sd)
@@ -124,7 +125,7 @@ func (s *Service) send(ctx context.Context, peer string, c *conn, remotePath str
 	res := c.awaitReply(&sent)
 	sendErr := make(chan sendResult, 1)
 	go func() {
-		extras, err := s.sendChunks(c, joins, want, true, srcs, rec, nil)
+		extras, err := s.sendChunks(c, joins, want, true, srcs, chunk, rec, nil)
 		sendErr <- sendResult{extras, err}
 	}()
 	select {
@@ -559,13 +560,14 @@ func (s *Service) serveGet(c *conn, req request) error {
 		}
 	}
 	rec, end := s.Track(req.Path+r.String(), c.peer, "tcp", recMetas)
-	k := streamsFor(total, req.Streams, s.cfg.ChunkSize)
+	chunk := s.chunkFor(total)
+	k := streamsFor(total, req.Streams, chunk)
 	var pend *pending
 	ok := reply{Dir: isDir, Tensors: metas}
 	var joins <-chan joined
 	if k > 1 {
 		pend = s.expect(c.peer, k-1)
-		ok.Streams, ok.Token, ok.Chunk = k, []byte(pend.token), s.cfg.ChunkSize
+		ok.Streams, ok.Token, ok.Chunk = k, []byte(pend.token), chunk
 		joins = pend.joins
 	}
 	if err := c.sendJSON(frameOK, ok); err != nil {
@@ -573,7 +575,7 @@ func (s *Service) serveGet(c *conn, req request) error {
 		end(err)
 		return netErr(err)
 	}
-	extras, err := s.sendChunks(c, joins, k-1, false, srcs, rec, func(error) { c.c.Close() })
+	extras, err := s.sendChunks(c, joins, k-1, false, srcs, chunk, rec, func(error) { c.c.Close() })
 	pend.close(extras)
 	end(err)
 	return err

@@ -288,17 +288,17 @@ func (sd *sender) write(c *conn) bool {
 	return true
 }
 
-// sendChunks streams every source in chunks over first and the want extra
+// sendChunks streams every source in chunks of chunk bytes (chunkFor) over first and the want extra
 // streams that arrive on joins (see sender), and each stream ends with a
 // done frame, or with an error frame when a source cannot be read. At the
 // first failure the extra streams are closed and onFail runs (the server
 // closes first; the client keeps it to read the receiver's reason). all
 // says joins always delivers want items (the client's own joins). It
 // returns the extra streams, to be released whatever the outcome.
-func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all bool, srcs []Source, rec *Record, onFail func(error)) ([]*stream, error) {
+func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all bool, srcs []Source, chunk int, rec *Record, onFail func(error)) ([]*stream, error) {
 	ss := &streamSet{dead: make(chan struct{}), onFail: onFail}
 	k := 1 + want
-	sd := newSender(srcs, int64(s.cfg.ChunkSize), k, rec, ss)
+	sd := newSender(srcs, int64(chunk), k, rec, ss)
 	readers := 1
 	if k > 1 {
 		readers = min(k, runtime.GOMAXPROCS(0))

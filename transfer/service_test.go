@@ -379,7 +379,10 @@ func TestLargeTensor64MiB(t *testing.T) {
 			requireSameTensor(t, p.a, "/big", p.b, "/big")
 			wantChunk := int64(1 << 20)
 			if chunk > 0 {
-				wantChunk = 4 << 20
+				// 4 MiB configured (8 clamped to it); 64 MiB over the
+				// default two streams takes 16 chunks a stream: 2 MiB
+				// (chunkFor).
+				wantChunk = 2 << 20
 			}
 			require.Equal(t, wantChunk, maxChunk.Load())
 			require.Equal(t, (64<<20)/wantChunk, frames.Load())
@@ -1413,18 +1416,19 @@ func TestStats(t *testing.T) {
 	require.Equal(t, map[string]PeerReport{"b": {Addr: addrOf(p.srv)}}, cs.Peers)
 	require.Len(t, cs.Transfers.Recent, 1)
 	r := timing(t, cs.Transfers.Recent[0], false)
-	require.Equal(t, RecordReport{ID: 1, Streams: 1, Src: "/f", Dst: "b:/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1, Mode: "whole"}, r)
+	// 3 MiB takes 256 KiB chunks (chunkFor), enough for two streams.
+	require.Equal(t, RecordReport{ID: 1, Streams: 2, Src: "/f", Dst: "b:/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1, Mode: "whole"}, r)
 	require.Eventually(t, func() bool { return p.srv.Stats().Transfers.Active == 0 }, 5*time.Second, 5*time.Millisecond)
 	ss := p.srv.Stats()
 	require.Equal(t, int64(1), ss.Copies.TCP)
-	require.Equal(t, RecordReport{ID: 1, Streams: 1, Src: "a", Dst: "/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1, Mode: "whole"}, timing(t, ss.Transfers.Recent[0], true))
+	require.Equal(t, RecordReport{ID: 1, Streams: 2, Src: "a", Dst: "/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1, Mode: "whole"}, timing(t, ss.Transfers.Recent[0], true))
 
 	// a pull: total and tensors are known once the server answers
 	_, err := pull(ctx, p.client, p.a, "b", "/d/f", "/g")
 	require.NoError(t, err)
 	cs = p.client.Stats()
 	require.Equal(t, int64(2), cs.Copies.TCP)
-	require.Equal(t, RecordReport{ID: 2, Streams: 1, Src: "b:/d/f", Dst: "/g", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1, Mode: "whole"}, timing(t, cs.Transfers.Recent[1], true))
+	require.Equal(t, RecordReport{ID: 2, Streams: 2, Src: "b:/d/f", Dst: "/g", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1, Mode: "whole"}, timing(t, cs.Transfers.Recent[1], true))
 
 	// failures are recorded with their error and do not count as copies
 	_, err = push(ctx, p.client, p.a, "/f", "b", "/missing/f")

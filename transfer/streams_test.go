@@ -351,3 +351,28 @@ func TestRecvStreamFrameTypes(t *testing.T) {
 		})
 	}
 }
+
+// TestChunkFor: a transfer takes the configured chunk size when it has
+// chunksPerStream chunks a stream of it; a smaller one takes smaller
+// chunks, in 64 KiB steps, down to minChunk, never above the configured
+// size.
+func TestChunkFor(t *testing.T) {
+	s := &Service{cfg: Config{ChunkSize: 1 << 20, Streams: 2}}
+	for _, c := range []struct {
+		total int64
+		want  int
+	}{
+		{4096, minChunk},
+		{8 << 20, 256 << 10},
+		{12 << 20, 384 << 10},
+		{(32 << 20) - 1, 1 << 20},
+		{32 << 20, 1 << 20},
+		{1 << 30, 1 << 20},
+	} {
+		require.Equal(t, c.want, s.chunkFor(c.total), "total %d", c.total)
+	}
+	s.cfg.ChunkSize = 64 << 10 // below minChunk: the configured size wins
+	require.Equal(t, 64<<10, s.chunkFor(8<<20))
+	s.cfg.Streams = 0
+	require.Equal(t, 64<<10, s.chunkFor(1<<30))
+}
