@@ -1,7 +1,6 @@
 package namespace
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"syscall"
@@ -294,31 +293,29 @@ func (f *Tree) Put(p string, isDir bool, metas []transfer.Meta) (transfer.Dest, 
 
 // WriteInPlace lets a peer copy receive tensor i's bytes from its socket
 // straight into the temporary's memory when that is host memory
-// (tensor.WriteInPlace); ok is false for GPU memory (the copy then stages
-// through WriteAt).
-//
-// A range list's bytes are filled span by span, in order. Ranges that
-// overlap others of the copy are declined too (findShared).
-func (d *dest) WriteInPlace(i int, off, n int64, fill func(p []byte) error) (bool, error) {
+// (tensor.WriteInPlaceV); ok is false for GPU memory (the copy then stages
+// through WriteAt). A range list's bytes are its spans' pieces, in order.
+// Ranges that overlap others of the copy are declined too (findShared).
+func (d *dest) WriteInPlace(i int, off, n int64, fill func(iov [][]byte) error) (bool, error) {
 	d.sharedOnce.Do(d.findShared)
 	if d.shared[i] {
 		return false, nil
 	}
-	ok := true
-	err := d.pieces(i, off, n, func(t *tensor.Tensor, dst, _, k int64) error {
-		var err error
-		ok, err = t.WriteInPlace(dst, k, fill)
-		if !ok {
-			return errDeclined
-		}
-		return err
+	var t *tensor.Tensor
+	var arr [64]tensor.Piece
+	pieces := arr[:0]
+	err := d.pieces(i, off, n, func(pt *tensor.Tensor, dst, _, k int64) error {
+		t = pt
+		pieces = append(pieces, tensor.Piece{Off: dst, N: k})
+		return nil
 	})
-	if err == errDeclined {
-		return false, nil
+	if err != nil {
+		return true, err
 	}
+	if t == nil { // no bytes
+		t, _ = d.at(i)
+	}
+	ok, err := t.WriteInPlaceV(pieces, fill)
 	return ok, copyErr(err)
 }
 
-// errDeclined stops a range list's WriteInPlace at its first span when the
-// memory cannot be filled in place (it is all one tensor's: none can).
-var errDeclined = errors.New("not host memory")

@@ -11,27 +11,38 @@ import (
 	"github.com/tensorfs/tensorfs/gpu"
 )
 
-// WriteInPlace runs fill on the tensor's bytes [off, off+n) when they are
-// host memory mapped into the daemon (gpu.InPlace), so that a copy receives
-// from its socket straight into the tensor instead of through a buffer and
-// WriteAt. The range must lie within the tensor's size (no growth); the
-// tensor's allocation cannot change or go away until fill returns. ok is
-// false (fill not run) for device memory or an unallocated tensor: the
-// caller writes with WriteAt then. Errors: ErrInvalid for a range outside
-// the size, ErrReleased, or fill's.
-func (t *Tensor) WriteInPlace(off, n int64, fill func(p []byte) error) (ok bool, err error) {
+// WriteInPlaceV runs fill on the tensor's pieces when they are host memory
+// mapped into the daemon (gpu.InPlace), so that a copy receives from its
+// socket straight into the tensor, with one readv, instead of through a
+// buffer and WriteAt: fill gets each piece's bytes, in order, as the slices
+// of iov (one piece for a range, one per span's piece for a range list).
+// The pieces must lie within the tensor's size (no growth); the tensor's
+// allocation cannot change or go away until fill returns. ok is false
+// (fill not run) for device memory or an unallocated tensor: the caller
+// writes with WriteAt then. Errors: ErrInvalid for a piece outside the
+// size, ErrReleased, or fill's.
+func (t *Tensor) WriteInPlaceV(pieces []Piece, fill func(iov [][]byte) error) (ok bool, err error) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	if t.released {
 		return true, ErrReleased
 	}
-	if off < 0 || n < 0 || off > t.size-n {
-		return true, fmt.Errorf("write [%d, +%d) in %d bytes: %w", off, n, t.size, ErrInvalid)
+	for _, pc := range pieces {
+		if pc.Off < 0 || pc.N < 0 || pc.Off > t.size-pc.N {
+			return true, fmt.Errorf("write [%d, +%d) in %d bytes: %w", pc.Off, pc.N, t.size, ErrInvalid)
+		}
 	}
 	if t.alloc == nil {
 		return false, nil
 	}
-	return gpu.InPlace(t.alloc.buf, off, n, fill)
+	return gpu.InPlace(t.alloc.buf, 0, t.size, func(all []byte) error {
+		var arr [64][]byte
+		iov := arr[:0]
+		for _, pc := range pieces {
+			iov = append(iov, all[pc.Off:pc.Off+pc.N])
+		}
+		return fill(iov)
+	})
 }
 
 // PinRange pins the tensor for an in-place copy into its bytes [off,

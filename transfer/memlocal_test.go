@@ -416,7 +416,7 @@ func (d *memDest) WriteBatch(data []byte, chunks []BatchChunk) (bool, error) {
 // WriteInPlace implements inPlaceDest when the local is inPlace: fill gets
 // the temporary's bytes. The checks match WriteAt's; the range is recorded
 // once (a second call on the same range reads it, for the CRC32C).
-func (d *memDest) WriteInPlace(i int, off, n int64, fill func(p []byte) error) (bool, error) {
+func (d *memDest) WriteInPlace(i int, off, n int64, fill func(iov [][]byte) error) (bool, error) {
 	if !d.l.inPlace || d.l.sink {
 		return false, nil
 	}
@@ -440,7 +440,7 @@ func (d *memDest) WriteInPlace(i int, off, n int64, fill func(p []byte) error) (
 		d.l.inPlaces++
 		d.l.mu.Unlock()
 	}
-	return true, fill(d.tmp[i][off : off+n])
+	return true, fill([][]byte{d.tmp[i][off : off+n]})
 }
 
 func (d *memDest) finish(what string) bool {

@@ -14,13 +14,13 @@ import (
 
 // inPlaceDest is a Dest that lets a copy write a tensor's bytes in place
 // (host memory mapped into the daemon): fill runs on bytes [off, off+n) of
-// tensor i, which stay valid until it returns; for a range list
-// (Meta.Spans) fill runs once per span's piece, in order, on bytes that
-// together are [off, off+n). ok is false, fill not run,
+// tensor i, which stay valid until it returns, as the slices of iov in
+// order (one, or, for a range list (Meta.Spans), one per span's piece: a
+// chunk is read into them by one readv). ok is false, fill not run,
 // when tensor i is not in such memory (GPU memory: the copy stages through
 // a buffer and WriteAt). Errors: a range outside the tensor, or fill's.
 type inPlaceDest interface {
-	WriteInPlace(i int, off, n int64, fill func(p []byte) error) (ok bool, err error)
+	WriteInPlace(i int, off, n int64, fill func(iov [][]byte) error) (ok bool, err error)
 }
 
 // BatchWriter is implemented by a Dest that takes several small chunks as
@@ -240,7 +240,7 @@ func (rs *recvStream) run() (inStep bool) {
 	c, ss := rs.c, rs.ss
 	for {
 		c.c.SetReadDeadline(time.Now().Add(c.timeout))
-		typ, n, err := readFrameHeader(c.r, c.max)
+		typ, n, err := readFrameHeader(exactReader{c}, c.max)
 		if err != nil {
 			if errors.Is(err, ErrFrame) {
 				err = fmt.Errorf("%s: %w", c.peer, err)
@@ -301,7 +301,7 @@ func (rs *recvStream) control(typ byte, plen int64) (inStep, end bool) {
 // it for the checker. False: the stream is out of step.
 func (rs *recvStream) data(dlen int64) bool {
 	c, ss := rs.c, rs.ss
-	if _, err := io.ReadFull(c.r, rs.hdr[:]); err != nil {
+	if _, err := io.ReadFull(exactReader{c}, rs.hdr[:]); err != nil {
 		ss.fail(netErr(err))
 		return false
 	}
@@ -367,8 +367,8 @@ func (rs *recvStream) readInPlace(w work) chunkOutcome {
 	var placed bool
 	var err, rerr error
 	if !rs.ss.guard(func() {
-		placed, err = rs.inPlace.WriteInPlace(w.i, w.off, w.n, func(p []byte) error {
-			_, rerr = io.ReadFull(rs.c.r, p)
+		placed, err = rs.inPlace.WriteInPlace(w.i, w.off, w.n, func(iov [][]byte) error {
+			rerr = rs.c.readFullV(iov)
 			return rerr
 		})
 	}) {
@@ -502,9 +502,10 @@ func (rs *recvStream) check(w work) {
 	ran := true
 	if w.buf == nil {
 		ran = ss.guard(func() {
-			// A range list's chunk is filled span by span.
-			_, werr = rs.inPlace.WriteInPlace(w.i, w.off, w.n, func(p []byte) error {
-				crc = crc32.Update(crc, crcTable, p)
+			_, werr = rs.inPlace.WriteInPlace(w.i, w.off, w.n, func(iov [][]byte) error {
+				for _, p := range iov {
+					crc = crc32.Update(crc, crcTable, p)
+				}
 				return nil
 			})
 		})
