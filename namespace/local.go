@@ -318,4 +318,3 @@ func (d *dest) WriteInPlace(i int, off, n int64, fill func(iov [][]byte) error) 
 	ok, err := t.WriteInPlaceV(pieces, fill)
 	return ok, copyErr(err)
 }
-
