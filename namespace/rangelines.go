@@ -30,63 +30,60 @@ type rangeLine struct {
 // line...): the general parser takes the value then, and gives any error
 // its message.
 func nextRangeLine(rest string, withSrc bool) (l rangeLine, after string, ok bool) {
-	// One pass over the line's bytes: each field's last '@' (a name may
-	// hold others), and no white space but the one space between them.
-	n := len(rest)
-	i, at := 0, -1
-	for ; i < n; i++ {
-		switch rest[i] {
-		case ' ':
-			goto src
-		case '@':
-			at = i
-		case '\t', '\n', '\r':
-			return l, "", false
-		}
+	// Separators by IndexByte (vectorized) and each field's '@' from its
+	// end, where the range sits: a byte-by-byte scan of the whole line cost
+	// 70 ns a line here, most of a 1000-line call's parse.
+	line := rest
+	if e := strings.IndexByte(rest, '\n'); e >= 0 {
+		line, after = rest[:e], rest[e+1:]
 	}
-	return l, "", false
-src:
-	if at < 0 || !withSrc && at != 0 || withSrc && at == 0 {
+	sp := strings.IndexByte(line, ' ')
+	if sp < 0 {
 		return l, "", false
 	}
-	l.srcRef = rest[:at]
+	a, b := line[:sp], line[sp+1:]
+	at := strings.LastIndexByte(a, '@')
+	if at < 0 || !withSrc && at != 0 || withSrc && at == 0 || hasSpace(a[:at]) {
+		return l, "", false
+	}
+	l.srcRef = a[:at]
 	var j int
-	if l.src, j, ok = scanNumber(rest, at+1); !ok || j >= i || rest[j] != '+' {
+	if l.src, j, ok = scanNumber(a, at+1); !ok || j >= len(a) || a[j] != '+' {
 		return l, "", false
 	}
-	if l.n, j, ok = scanNumber(rest, j+1); !ok || j != i {
+	if l.n, j, ok = scanNumber(a, j+1); !ok || j != len(a) {
 		return l, "", false
 	}
-	start := i + 1
-	at = -1
-	for i = start; i < n && rest[i] != '\n'; i++ {
-		switch rest[i] {
-		case '@':
-			at = i
-		case ' ', '\t', '\r':
-			return l, "", false
-		}
-	}
-	if at <= start {
+	at = strings.LastIndexByte(b, '@')
+	if at <= 0 || hasSpace(b[:at]) {
 		return l, "", false
 	}
-	l.dstRef = rest[start:at]
-	if l.dst, j, ok = scanNumber(rest, at+1); !ok {
+	l.dstRef = b[:at]
+	if l.dst, j, ok = scanNumber(b, at+1); !ok {
 		return l, "", false
 	}
-	if j < i {
+	if j < len(b) {
 		var dlen int64
-		if rest[j] != '+' {
+		if b[j] != '+' {
 			return l, "", false
 		}
-		if dlen, j, ok = scanNumber(rest, j+1); !ok || j != i || dlen != l.n {
+		if dlen, j, ok = scanNumber(b, j+1); !ok || j != len(b) || dlen != l.n {
 			return l, "", false
 		}
-	}
-	if i < n {
-		after = rest[i+1:]
 	}
 	return l, after, true
+}
+
+// hasSpace reports whether s holds a space, tab or carriage return (the
+// white space a range line may not have inside a field; a newline ends the
+// line before).
+func hasSpace(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == ' ' || c == '\t' || c == '\r' {
+			return true
+		}
+	}
+	return false
 }
 
 // scanNumber parses the decimal digits of s from i (1 to 18 of them) and
