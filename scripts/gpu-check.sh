@@ -21,16 +21,18 @@
 #          run (scripts/gpu_floor.py: 4 KiB copy+sync, one scatter kernel
 #          over 1000 x 8 KiB, 1 GiB from an IPC-opened pointer); not in
 #          the default steps
-#   trace  execution traces of both daemons (TENSORFS_TRACE): 1 GiB and   -> trace.tgz
-#          1000 x 8 KiB IPC on cuda:0, 8 MiB over TCP on host memory
+#   trace  execution traces of both daemons (TENSORFS_TRACE): 1 GiB,      -> trace.tgz
+#          1000 x 8 KiB and 4 KiB IPC on cuda:0, 8 MiB over TCP on host
+#          memory
 #          (go tool trace, -pprof=sched|net|sync|syscall); not in the
 #          default steps
 #   profile CPU profiles of both daemons (TENSORFS_CPUPROFILE) under       -> prof.tgz
 #          the in-place benchmarks that miss their goals: 1000 x 8 KiB
-#          IPC and 1 GiB IPC on cuda:0, 4 KiB TCP on cuda:0, 1000 x 8 KiB
+#          IPC, 1 GiB IPC, 4 KiB IPC and TCP on cuda:0, 1000 x 8 KiB
 #          TCP and 8 MiB in place over TCP on host memory, as one
-#          prof.tgz (read them here with go tool pprof); not in the
-#          default steps
+#          prof.tgz (read them here with go tool pprof); a few seconds
+#          of each, so that a profile has thousands of samples, not the
+#          daemons' start-up; not in the default steps
 # Outputs go to $OUT (default ./gpu-out), with summary.txt listing each step's
 # result; the exit status is non-zero when any step failed. Needs root (FUSE).
 #
@@ -74,6 +76,7 @@ env_info() {
 	nvidia-smi -L
 	nvidia-smi topo -m || true
 	uname -a
+	lscpu || true
 	ls -l /dev/fuse || echo "no /dev/fuse"
 	command -v fusermount3 fusermount getfattr setfattr || true
 	python3 -c 'import numpy; print("numpy", numpy.__version__)' || true
@@ -100,8 +103,8 @@ run() {
 		gpu) step gpu gpu-tests.txt bash -c "cd tests && TENSORFS_REQUIRE_GPU=1 timeout $TIMEOUT ../gpubin/tests.test -test.v -test.count=1 -test.run=GPU" ;;
 		core) step core core-cuda.txt bash -c "cd tests && TENSORFS_TEST_DEVICE=cuda:0 timeout $TIMEOUT ../gpubin/tests.test -test.v -test.count=1 -test.timeout=$TIMEOUT ${CORE_ARGS:-}" ;;
 		inplace) step inplace inplace.txt bash -c "python3 scripts/gpu_floor.py && cd tests && TENSORFS_TEST_DEVICE=cuda:0 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace(4K|Scatter1000x8K)' -test.benchtime=${INPLACE_BENCHTIME:-20x} -test.count=1 && TENSORFS_TEST_DEVICE=cuda:0 INPLACE_BIG_MB=1024 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/ipc' -test.benchtime=${INPLACE_BENCHTIME:-20x} -test.count=1 && echo '== host memory' && timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace' -test.benchtime=${INPLACE_BENCHTIME:-20x} -test.count=1 && echo '== host memory, 8 MiB in one range (as many bytes as the scatter, contiguous)' && INPLACE_BIG_MB=8 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/tcp' -test.benchtime=200x -test.count=1" ;;
-		profile) mkdir -p "$OUT/prof"; step profile profile.txt bash -c "cd tests && export TENSORFS_TEST_DEVICE=cuda:0 && TENSORFS_CPUPROFILE=$OUT/prof/scatter-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceScatter1000x8K/ipc' -test.benchtime=300x && INPLACE_BIG_MB=1024 TENSORFS_CPUPROFILE=$OUT/prof/big-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/ipc' -test.benchtime=100x && TENSORFS_CPUPROFILE=$OUT/prof/small-tcp-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace4K/tcp' -test.benchtime=1x && unset TENSORFS_TEST_DEVICE && TENSORFS_CPUPROFILE=$OUT/prof/scatter-tcp-host.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceScatter1000x8K/tcp' -test.benchtime=300x && INPLACE_BIG_MB=8 TENSORFS_CPUPROFILE=$OUT/prof/8m-tcp-host.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/tcp' -test.benchtime=300x"; tar czf "$OUT/prof.tgz" -C "$OUT" prof && rm -rf "$OUT/prof" ;;
-		trace) mkdir -p "$OUT/trace"; step trace trace.txt bash -c "cd tests && export TENSORFS_TEST_DEVICE=cuda:0 && INPLACE_BIG_MB=1024 TENSORFS_TRACE=$OUT/trace/big-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/ipc' -test.benchtime=20x && TENSORFS_TRACE=$OUT/trace/scatter-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceScatter1000x8K/ipc' -test.benchtime=50x && unset TENSORFS_TEST_DEVICE && INPLACE_BIG_MB=8 TENSORFS_TRACE=$OUT/trace/8m-tcp-host.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/tcp' -test.benchtime=50x"; tar czf "$OUT/trace.tgz" -C "$OUT" trace && rm -rf "$OUT/trace" ;;
+		profile) mkdir -p "$OUT/prof"; step profile profile.txt bash -c "cd tests && export TENSORFS_TEST_DEVICE=cuda:0 && TENSORFS_CPUPROFILE=$OUT/prof/scatter-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceScatter1000x8K/ipc' -test.benchtime=6000x && INPLACE_BIG_MB=1024 TENSORFS_CPUPROFILE=$OUT/prof/big-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/ipc' -test.benchtime=2000x && TENSORFS_CPUPROFILE=$OUT/prof/small-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace4K/ipc' -test.benchtime=8x && TENSORFS_CPUPROFILE=$OUT/prof/small-tcp-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace4K/tcp' -test.benchtime=8x && unset TENSORFS_TEST_DEVICE && TENSORFS_CPUPROFILE=$OUT/prof/scatter-tcp-host.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceScatter1000x8K/tcp' -test.benchtime=2000x && INPLACE_BIG_MB=8 TENSORFS_CPUPROFILE=$OUT/prof/8m-tcp-host.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/tcp' -test.benchtime=2000x"; tar czf "$OUT/prof.tgz" -C "$OUT" prof && rm -rf "$OUT/prof" ;;
+		trace) mkdir -p "$OUT/trace"; step trace trace.txt bash -c "cd tests && export TENSORFS_TEST_DEVICE=cuda:0 && INPLACE_BIG_MB=1024 TENSORFS_TRACE=$OUT/trace/big-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/ipc' -test.benchtime=20x && TENSORFS_TRACE=$OUT/trace/scatter-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceScatter1000x8K/ipc' -test.benchtime=50x && TENSORFS_TRACE=$OUT/trace/small-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace4K/ipc' -test.benchtime=1x && unset TENSORFS_TEST_DEVICE && INPLACE_BIG_MB=8 TENSORFS_TRACE=$OUT/trace/8m-tcp-host.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/tcp' -test.benchtime=50x"; tar czf "$OUT/trace.tgz" -C "$OUT" trace && rm -rf "$OUT/trace" ;;
 		bench) step bench gpu-bench.txt bash -c "cd tests && TENSORFS_REQUIRE_GPU=1 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench=GPU -test.benchtime=$BENCHTIME -test.count=1 -test.benchmem=false" ;;
 		*) echo "gpu-check.sh: unknown step $s (env unit gpu core bench inplace profile trace)" >&2; exit 64 ;;
 		esac

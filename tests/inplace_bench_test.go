@@ -58,6 +58,11 @@ func inPlaceBenchPair(b *testing.B, sameHost bool) (a, d *daemon) {
 	if os.Getenv("TENSORFS_TEST_DEVICE") == "" {
 		dev = []string{"--device", "host"}
 	}
+	// $INPLACE_SPIN sets both daemons' --spin (default: theirs), so that
+	// one run can measure the copies with and without spinning reads.
+	if v := os.Getenv("INPLACE_SPIN"); v != "" {
+		dev = append(dev, "--spin", v)
+	}
 	ds := map[string]*daemon{}
 	for _, n := range []string{"a", "b"} {
 		host := "bench-host"

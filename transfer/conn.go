@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -22,6 +23,73 @@ import (
 type closingConn struct {
 	net.Conn
 	closed atomic.Bool
+	// spin is how long a read that finds the socket empty polls it before
+	// it sleeps in the runtime's poller (Config.Spin); 0: it sleeps at once.
+	spin time.Duration
+}
+
+// Read implements io.Reader: with spin set, a read that finds nothing in
+// the socket tries again for up to spin before it waits in the runtime's
+// poller (spinRead); else net.Conn's Read.
+func (c *closingConn) Read(p []byte) (int, error) {
+	if c.spin <= 0 || len(p) == 0 {
+		return c.Conn.Read(p)
+	}
+	sc, err := c.SyscallConn()
+	if err != nil {
+		return c.Conn.Read(p)
+	}
+	var n int
+	var rerr error
+	err = spinRead(sc, c.spin, func(fd int) bool {
+		n, rerr = unix.Read(fd, p)
+		if rerr == unix.EAGAIN || rerr == unix.EINTR {
+			return false
+		}
+		switch {
+		case rerr != nil:
+			n, rerr = 0, os.NewSyscallError("read", rerr)
+		case n == 0:
+			rerr = io.EOF
+		}
+		return true
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, rerr
+}
+
+// spinRead runs read on the socket of sc until it reports done (it got
+// bytes, an error or the end: anything but EAGAIN), calling it again for up
+// to spin before it leaves the wait to the runtime's poller (which honours
+// the read deadline; the spin, at most spin long, does not look at it).
+//
+// Why: a thread that sleeps in the poller is woken by the kernel, then the
+// runtime, when the peer's frame arrives: on the H200 host (a KVM guest)
+// 8-16 µs each way of a copy's request and reply, and code that runs cold
+// after the sleep; a copy waits for its reply, and a daemon for the next
+// request of a burst, hot. UCX and NCCL poll for the same reason. Errors:
+// the poller's (a deadline, a closed connection).
+func spinRead(sc syscall.RawConn, spin time.Duration, read func(fd int) (done bool)) error {
+	var until time.Time
+	return sc.Read(func(fd uintptr) bool {
+		for {
+			if read(int(fd)) {
+				return true
+			}
+			if spin <= 0 {
+				return false
+			}
+			now := time.Now()
+			if until.IsZero() {
+				until = now.Add(spin)
+			} else if now.After(until) {
+				spin = 0 // once: after the poller's wake-up, one read
+				return false
+			}
+		}
+	})
 }
 
 // Close closes the connection and remembers it, so that done never pools it.
@@ -157,9 +225,9 @@ func (c *conn) readFullV(iov [][]byte) error {
 	}
 	var rerr error
 	for len(iov) > 0 && rerr == nil {
-		err := sc.Read(func(fd uintptr) bool {
+		err := spinRead(sc, c.c.spin, func(fd int) bool {
 			var n int
-			n, rerr = unix.Readv(int(fd), iov[:min(len(iov), 1024)]) // IOV_MAX
+			n, rerr = unix.Readv(fd, iov[:min(len(iov), 1024)]) // IOV_MAX
 			if rerr == unix.EAGAIN || rerr == unix.EINTR {
 				rerr = nil
 				return n > 0 // wait for more, unless some came

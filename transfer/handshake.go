@@ -49,6 +49,7 @@ func (s *Service) authenticate(c *conn, addr string) error {
 // handshake authenticates an accepted connection.
 func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	c := newConn(nc, s.cfg.Timeout, nc.RemoteAddr().String())
+	c.c.spin = s.cfg.Spin
 	typ, p, err := c.recv()
 	if err != nil {
 		return nil, err

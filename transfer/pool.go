@@ -24,6 +24,10 @@ const (
 	leaseIdleFor = 2 * time.Second
 	// DefaultIdleTimeout is Config.IdleTimeout's default.
 	DefaultIdleTimeout = 30 * time.Second
+	// DefaultSpin is the daemon's --spin on hosts of at least 4 CPUs
+	// (Config.Spin): long enough to cover a 1 GiB copy on one GPU (about
+	// 0.55 ms on an H200) and the gap between the copies of a burst.
+	DefaultSpin = time.Millisecond
 )
 
 // idleLimit is how long an idle copy connection is kept: Config.IdleTimeout.
@@ -193,6 +197,7 @@ func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
 		return nil, netErr(err)
 	}
 	c := newConn(nc, s.cfg.Timeout, peer)
+	c.c.spin = s.cfg.Spin
 	if err := s.authenticate(c, addr); err != nil {
 		nc.Close()
 		return nil, err

@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"syscall"
 	"testing"
@@ -28,11 +29,18 @@ func lastRecord(t testing.TB, s *Service) RecordReport {
 // Push and pull of a file and of a tree over 4 streams: every byte arrives,
 // both sides record 4 streams, the extra connections go back to the pool,
 // and nothing leaks; with destinations that take chunks in place (host
-// tensors) and with ones that take WriteAt only (GPU tensors).
+// tensors) and with ones that take WriteAt only (GPU tensors); and all of
+// it again with spinning reads (Config.Spin) on both sides.
 func TestParallelStreamsPushPull(t *testing.T) {
+	for _, spin := range []time.Duration{0, 2 * time.Millisecond} {
+		t.Run(fmt.Sprintf("spin=%v", spin), func(t *testing.T) { parallelStreamsPushPull(t, spin) })
+	}
+}
+
+func parallelStreamsPushPull(t *testing.T, spin time.Duration) {
 	for _, inPlace := range []bool{true, false} {
 		t.Run(map[bool]string{true: "in-place", false: "write-at"}[inPlace], func(t *testing.T) {
-			p := newPair(t, streamsCfg)
+			p := newPair(t, func(c *Config) { streamsCfg(c); c.Spin = spin })
 			p.a.inPlace, p.b.inPlace = inPlace, inPlace
 			ctx := context.Background()
 			file := pattern(7, 1<<20+17) // 17 chunks, the last short

@@ -72,7 +72,11 @@ readable by group or others); listening on a non-loopback address needs one.
 --timeout bounds how long a copy waits on a silent peer. --idle-timeout
 (default 30s) is how long a connection to a peer stays open after a copy, for
 the next one (kept alive by keepalives, at most 16 per peer): a copy then pays
-no dial or handshake.
+no dial or handshake. --spin (default 1ms; 0 on a host of fewer than 4 CPUs)
+is how long a peer connection polls its socket for the next frame (a copy's
+reply, the next request of a burst, a stream's next chunk) before the thread
+sleeps: a sleeping thread's wake-up costs a small copy 8-16 µs each way; the
+poll costs a core for at most that long per wait.
 
 --streams N spreads each large copy over N parallel TCP connections to the
 peer (1 to 8; default 2): chunks of at least 4 per stream, each checked by

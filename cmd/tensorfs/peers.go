@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"time"
 	"unicode"
@@ -18,8 +19,9 @@ import (
 type peerFlags struct {
 	name, listen, secretFile, hostID string
 	peers                            []string
-	timeout, idle                    time.Duration
+	timeout, idle, spin              time.Duration
 	streams                          int
+	flags                            *pflag.FlagSet
 }
 
 func (p *peerFlags) register(f *pflag.FlagSet) {
@@ -31,6 +33,21 @@ func (p *peerFlags) register(f *pflag.FlagSet) {
 	f.DurationVar(&p.timeout, "timeout", 10*time.Second, "how long a copy waits on a silent peer")
 	f.DurationVar(&p.idle, "idle-timeout", transfer.DefaultIdleTimeout, "how long a connection to a peer is kept open after a copy, for the next one")
 	f.IntVar(&p.streams, "streams", transfer.DefaultStreams, fmt.Sprintf("parallel TCP streams per large copy (1 to %d)", transfer.MaxStreams))
+	f.DurationVar(&p.spin, "spin", transfer.DefaultSpin, "how long a peer connection polls for its next frame before it sleeps (0: never; default 0 on hosts of fewer than 4 CPUs)")
+	p.flags = f
+}
+
+// spinFor is --spin: as given, else DefaultSpin on a host of at least 4
+// CPUs and 0 on a smaller one (a spinning reader there takes the core the
+// peer or the caller needs).
+func (p *peerFlags) spinFor(cpus int) time.Duration {
+	if p.flags != nil && p.flags.Changed("spin") {
+		return p.spin
+	}
+	if cpus < 4 {
+		return 0
+	}
+	return p.spin
 }
 
 // checkNodeName refuses a node name that a peer path, the mount's source
@@ -58,7 +75,7 @@ func checkNodeName(name string) error {
 // an unreadable secret file, one readable by group or others (as ssh refuses
 // such keys), or one under 16 bytes.
 func (p *peerFlags) config() (transfer.Config, error) {
-	cfg := transfer.Config{Name: p.name, Listen: p.listen, HostID: p.hostID, Timeout: p.timeout, IdleTimeout: p.idle, Streams: p.streams, Peers: map[string]string{}}
+	cfg := transfer.Config{Name: p.name, Listen: p.listen, HostID: p.hostID, Timeout: p.timeout, IdleTimeout: p.idle, Streams: p.streams, Spin: p.spinFor(runtime.NumCPU()), Peers: map[string]string{}}
 	if cfg.Name == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -94,6 +111,9 @@ func (p *peerFlags) config() (transfer.Config, error) {
 	}
 	if p.idle <= 0 {
 		return cfg, fmt.Errorf("--idle-timeout %v: must be positive", p.idle)
+	}
+	if p.spin < 0 || p.spin > time.Second {
+		return cfg, fmt.Errorf("--spin %v: want 0 to 1s", p.spin)
 	}
 	if p.streams < 1 || p.streams > transfer.MaxStreams {
 		return cfg, fmt.Errorf("--streams %d: want 1 to %d", p.streams, transfer.MaxStreams)

@@ -193,14 +193,21 @@ func BenchmarkRealAlloc64K(b *testing.B) {
 }
 
 // BenchmarkRealIO measures the backend's ReadAt and WriteAt alone (no FUSE),
-// in MB/s, for a FUSE-sized 1 MiB request and a 64 MiB one.
+// in MB/s, for a 4 KiB copy's chunk, a FUSE-sized 1 MiB request and a
+// 64 MiB one. The 4 KiB ones also run as bare driver calls on a stager
+// ("raw-"): the stream copy and its synchronize alone, without the Go
+// around them, so that the difference is what ReadAt adds.
 func BenchmarkRealIO(b *testing.B) {
 	d := openReal(b)[0]
-	for _, size := range []int{1 << 20, 64 << 20} {
+	for _, size := range []int{4 << 10, 1 << 20, 64 << 20} {
 		buf, err := d.Alloc(int64(size), 0)
 		require.NoError(b, err)
 		p := pattern(size, 1)
-		b.Run(fmt.Sprintf("write-%dM", size>>20), func(b *testing.B) {
+		name := fmt.Sprintf("%dM", size>>20)
+		if size < 1<<20 {
+			name = fmt.Sprintf("%dK", size>>10)
+		}
+		b.Run("write-"+name, func(b *testing.B) {
 			b.SetBytes(int64(size))
 			for b.Loop() {
 				if _, err := buf.WriteAt(p, 0); err != nil {
@@ -208,7 +215,7 @@ func BenchmarkRealIO(b *testing.B) {
 				}
 			}
 		})
-		b.Run(fmt.Sprintf("read-%dM", size>>20), func(b *testing.B) {
+		b.Run("read-"+name, func(b *testing.B) {
 			b.SetBytes(int64(size))
 			for b.Loop() {
 				if _, err := buf.ReadAt(p, 0); err != nil {
@@ -216,6 +223,37 @@ func BenchmarkRealIO(b *testing.B) {
 				}
 			}
 		})
+		if size < 1<<20 {
+			src := buf.(*buffer).ptr(0)
+			b.Run("raw-read-"+name, func(b *testing.B) {
+				b.SetBytes(int64(size))
+				require.NoError(b, d.withStager(func(s *stager) error {
+					for b.Loop() {
+						if err := check(d.drv, "cuMemcpyDtoHAsync_v2", d.drv.memcpyDtoHAsync(s.ptr[0], src, uint64(size), s.stream)); err != nil {
+							return err
+						}
+						if err := d.sync(s); err != nil {
+							return err
+						}
+					}
+					return nil
+				}))
+			})
+			b.Run("raw-write-"+name, func(b *testing.B) {
+				b.SetBytes(int64(size))
+				require.NoError(b, d.withStager(func(s *stager) error {
+					for b.Loop() {
+						if err := check(d.drv, "cuMemcpyHtoDAsync_v2", d.drv.memcpyHtoDAsync(src, s.ptr[0], uint64(size), s.stream)); err != nil {
+							return err
+						}
+						if err := d.sync(s); err != nil {
+							return err
+						}
+					}
+					return nil
+				}))
+			})
+		}
 		buf.Free()
 	}
 }

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tensorfs/tensorfs/transfer"
+)
+
+// TestSpinFlag: --spin defaults to DefaultSpin on a host of 4 CPUs or more
+// and to 0 on a smaller one; a value given (on the command line, or by a
+// config file key, which sets the flag) wins on either; one outside 0..1s
+// is refused with its name.
+func TestSpinFlag(t *testing.T) {
+	parse := func(args ...string) *peerFlags {
+		var p peerFlags
+		f := pflag.NewFlagSet("mount", pflag.ContinueOnError)
+		p.register(f)
+		require.NoError(t, f.Parse(args))
+		return &p
+	}
+	require.Equal(t, transfer.DefaultSpin, parse().spinFor(16))
+	require.Equal(t, time.Duration(0), parse().spinFor(2))
+	require.Equal(t, time.Duration(0), parse("--spin", "0").spinFor(16))
+	require.Equal(t, 300*time.Microsecond, parse("--spin", "300us").spinFor(2))
+	for _, bad := range []string{"-1ms", "2s"} {
+		p := parse("--spin", bad, "--name", "n", "--host-id", "h")
+		_, err := p.config()
+		require.ErrorContains(t, err, "--spin")
+	}
+	p := parse("--spin", "500us", "--name", "n", "--host-id", "h")
+	cfg, err := p.config()
+	require.NoError(t, err)
+	require.Equal(t, 500*time.Microsecond, cfg.Spin)
+}

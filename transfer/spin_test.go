@@ -1,0 +1,131 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// tcpPair is a connected pair of loopback TCP connections: near wrapped as
+// a conn whose reads spin for spin, far raw.
+func tcpPair(t *testing.T, spin time.Duration) (near *conn, far net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	far = <-acc
+	require.NotNil(t, far)
+	t.Cleanup(func() { nc.Close(); far.Close() })
+	near = newConn(nc, 5*time.Second, "far")
+	near.c.spin = spin
+	return near, far
+}
+
+// TestSpinRead: a read on a spinning connection gets what arrives while it
+// polls and what arrives after it has gone to sleep in the poller, in
+// order; it honours the read deadline (a timeout, as net.Conn's); it sees
+// the peer's close (io.EOF) and a reset (an error, not data); and its
+// readv twin (readFullV) fills its slices across arrivals of both kinds.
+func TestSpinRead(t *testing.T) {
+	t.Run("within and after the spin", func(t *testing.T) {
+		for _, spin := range []time.Duration{50 * time.Millisecond, time.Millisecond} {
+			near, far := tcpPair(t, spin)
+			go func() {
+				time.Sleep(5 * time.Millisecond) // inside a 50 ms spin, past a 1 ms one
+				far.Write([]byte("hello"))
+				time.Sleep(20 * time.Millisecond)
+				far.Write([]byte(" world"))
+			}()
+			got := make([]byte, 11)
+			_, err := io.ReadFull(near.c, got)
+			require.NoError(t, err, "spin %v", spin)
+			require.Equal(t, "hello world", string(got))
+		}
+	})
+	t.Run("deadline", func(t *testing.T) {
+		near, _ := tcpPair(t, time.Millisecond)
+		near.c.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
+		start := time.Now()
+		_, err := near.c.Read(make([]byte, 8))
+		var ne net.Error
+		require.True(t, errors.As(err, &ne) && ne.Timeout(), "%v", err)
+		require.True(t, errors.Is(err, os.ErrDeadlineExceeded), "%v", err)
+		require.GreaterOrEqual(t, time.Since(start), 25*time.Millisecond)
+		require.Less(t, time.Since(start), 2*time.Second)
+		requireErrno(t, netErr(err), syscall.ETIMEDOUT)
+	})
+	t.Run("close and reset", func(t *testing.T) {
+		near, far := tcpPair(t, 10*time.Millisecond)
+		far.Write([]byte("x"))
+		far.Close()
+		b := make([]byte, 4)
+		n, err := near.c.Read(b)
+		require.NoError(t, err)
+		require.Equal(t, "x", string(b[:n]))
+		_, err = near.c.Read(b)
+		require.ErrorIs(t, err, io.EOF)
+
+		near, far = tcpPair(t, 10*time.Millisecond)
+		far.(*net.TCPConn).SetLinger(0) // close sends a reset
+		time.AfterFunc(3*time.Millisecond, func() { far.Close() })
+		_, err = near.c.Read(b)
+		require.Error(t, err)
+		require.NotErrorIs(t, err, io.EOF)
+		requireErrno(t, netErr(err), syscall.EIO)
+	})
+	t.Run("own close while waiting", func(t *testing.T) {
+		near, _ := tcpPair(t, time.Millisecond)
+		time.AfterFunc(20*time.Millisecond, func() { near.c.Close() })
+		_, err := near.c.Read(make([]byte, 4))
+		require.ErrorIs(t, err, net.ErrClosed)
+	})
+	t.Run("readv", func(t *testing.T) {
+		near, far := tcpPair(t, 2*time.Millisecond)
+		go func() {
+			far.Write([]byte("abc"))
+			time.Sleep(time.Millisecond)
+			far.Write([]byte("defg"))
+			time.Sleep(30 * time.Millisecond) // the reader sleeps in the poller
+			far.Write([]byte("hij"))
+		}()
+		a, b, c := make([]byte, 2), make([]byte, 6), make([]byte, 2)
+		near.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		require.NoError(t, near.readFullV([][]byte{a, b, c}))
+		require.Equal(t, "abcdefghij", string(a)+string(b)+string(c))
+	})
+}
+
+// TestSpinSilentPeer: with spinning reads, a peer that never answers still
+// fails a copy within the timeout (the spin, far shorter, does not hide the
+// deadline).
+func TestSpinSilentPeer(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	mute := rawServer(t, func(nc net.Conn) {
+		c := wrapConn(nc, "raw")
+		if serverHandshake(c, "mute", testSecret, ProtocolVersion) == nil {
+			io.Copy(io.Discard, nc)
+		}
+	})
+	a := newMemLocal()
+	a.put("/f", pattern(40, 1000))
+	cl := newClient(t, "a", a, testSecret, map[string]string{"mute": mute}, func(c *Config) { c.Timeout, c.Spin = timeout, 5*time.Millisecond })
+	start := time.Now()
+	_, err := push(context.Background(), cl, a, "/f", "mute", "/f")
+	requireErrno(t, err, syscall.ETIMEDOUT)
+	require.Less(t, time.Since(start), 3*timeout)
+	requireClean(t, a)
+}
