@@ -64,11 +64,14 @@ func BenchmarkNextRangeLine(b *testing.B) {
 	value := strings.Join(lines, "\n")
 	for b.Loop() {
 		k := 0
+		var last rangeLine
+		var prev *rangeLine
 		for rest := value; rest != ""; k++ {
-			_, after, ok := nextRangeLine(rest, false)
+			l, after, ok := nextRangeLine(rest, false, prev)
 			if !ok {
 				b.Fatalf("line %d not taken", k)
 			}
+			last, prev = l, &last
 			rest = after
 		}
 		if k != n {

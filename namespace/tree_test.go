@@ -1,7 +1,9 @@
 package namespace
 
 import (
+	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -65,8 +67,22 @@ func TestActionLines(t *testing.T) {
 
 // TestNextRangeLine: the fast parser takes exactly the range lines it
 // knows, leaving every other form (which the general parser reads, or
-// refuses with its own message) alone.
+// refuses with its own message) alone; the same with the line before
+// given (its paths are compared, not searched for), whether or not it
+// names the same paths, or ones that are a prefix of this line's.
 func TestNextRangeLine(t *testing.T) {
+	prevs := func(want rangeLine) []*rangeLine {
+		other := rangeLine{"/other", "b:/other", 1, 1, 1}
+		prefix := rangeLine{want.srcRef, want.dstRef, 1, 1, 1}
+		if i := strings.IndexByte(want.srcRef, '@'); i > 0 {
+			prefix.srcRef = want.srcRef[:i] // "/a" of "/a@b"
+		}
+		if i := strings.IndexByte(want.dstRef, '@'); i > 0 {
+			prefix.dstRef = want.dstRef[:i]
+		}
+		same := rangeLine{want.srcRef, want.dstRef, 9, 9, 9}
+		return []*rangeLine{nil, &other, &prefix, &same}
+	}
 	for _, c := range []struct {
 		line    string
 		withSrc bool
@@ -76,27 +92,77 @@ func TestNextRangeLine(t *testing.T) {
 		{"@5+3 /cache@7+3", false, rangeLine{"", "/cache", 5, 3, 7}},
 		{"/blocks@256+256 b:/kv@0", true, rangeLine{"/blocks", "b:/kv", 256, 256, 0}},
 		{"/a@b@1+2 /c@d@3", true, rangeLine{"/a@b", "/c@d", 1, 2, 3}},
+		{"/a@b@1+2 /c@d@3+2", true, rangeLine{"/a@b", "/c@d", 1, 2, 3}},
 	} {
-		got, after, ok := nextRangeLine(c.line+"\nnext", c.withSrc)
-		if !ok || got != c.want || after != "next" {
-			t.Errorf("%q: got %+v, %q, %v; want %+v", c.line, got, after, ok, c.want)
+		for _, prev := range prevs(c.want) {
+			for _, tail := range []string{"\nnext", ""} {
+				want := map[string]string{"\nnext": "next", "": ""}[tail]
+				got, after, ok := nextRangeLine(c.line+tail, c.withSrc, prev)
+				if !ok || got != c.want || after != want {
+					t.Errorf("%q (line before %+v): got %+v, %q, %v; want %+v", c.line+tail, prev, got, after, ok, c.want)
+				}
+			}
 		}
 	}
-	for _, bad := range []string{
-		"@0+1  b:/k@2", " @0+1 b:/k@2", "@0+1 b:/k@2 ", "@0+1\tb:/k@2", // other white space
+	bads := []string{
+		"@0+1  b:/k@2", " @0+1 b:/k@2", "@0+1 b:/k@2 ", "@0+1\tb:/k@2", "@0+1 b:/k@2\r", "@0+1 b:/k @2", // other white space
 		"@0 b:/k@2", "@0x10+1 b:/k@2", "@0+1 b:/k@0x2", "@+1 b:/k@2", "@0+ b:/k@2", // no length, hex, no digits
 		"@0+1 b:/k@2+3",                      // a destination length that differs
 		"@0+1 b:/k", "@0+1 b:/k@", "@0+1 @2", // a whole tensor, a bare @, no destination path
 		"@1234567890123456789+1 b:/k@2", // 19 digits
 		"#@0+1 b:/k@2", "",
-	} {
-		if _, _, ok := nextRangeLine(bad, false); ok {
-			t.Errorf("%q: taken", bad)
+	}
+	k := rangeLine{"", "b:/k", 0, 1, 2}
+	for _, bad := range bads {
+		for _, prev := range []*rangeLine{nil, &k} {
+			if _, _, ok := nextRangeLine(bad, false, prev); ok {
+				t.Errorf("%q (line before %+v): taken", bad, prev)
+			}
 		}
 	}
-	for _, bad := range []string{"@0+1 b:/k@2", "/src@0 b:/k@2", "/src b:/k@2"} {
-		if _, _, ok := nextRangeLine(bad, true); ok {
-			t.Errorf("batch %q: taken", bad)
+	src := rangeLine{"/src", "b:/k", 0, 1, 2}
+	for _, bad := range []string{"@0+1 b:/k@2", "/src@0 b:/k@2", "/src b:/k@2", "/src@0+1  b:/k@2", "/src @0+1 b:/k@2", "/src@0+1\tb:/k@2", "/s\nrc@0+1 b:/k@2", "/src@0+1\n b:/k@2"} {
+		for _, prev := range []*rangeLine{nil, &src} {
+			if _, _, ok := nextRangeLine(bad, true, prev); ok {
+				t.Errorf("batch %q (line before %+v): taken", bad, prev)
+			}
+		}
+	}
+}
+
+// TestScanNumber: the number parse agrees with strconv on
+// every length of 1 to 19 digits, at every position against the end of the
+// string, followed by each kind of byte that ends a number; 19 digits and
+// none are refused.
+func TestScanNumber(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for digits := 1; digits <= 19; digits++ {
+		for trial := 0; trial < 50; trial++ {
+			num := make([]byte, digits)
+			for k := range num {
+				num[k] = byte('0' + r.IntN(10))
+			}
+			for _, tail := range []string{"", "+", " ", "\n", "@", "/" /* before 0 */, ":" /* after 9 */, "\xff"} {
+				for _, pad := range []string{"", "x", "ab@"} {
+					s := pad + string(num) + tail + strings.Repeat("z", r.IntN(10))
+					v, j, ok := scanNumber(s, len(pad))
+					want, err := strconv.ParseInt(string(num), 10, 64)
+					if digits > 18 {
+						if ok {
+							t.Errorf("%q: %d digits taken", s, digits)
+						}
+						continue
+					}
+					if err != nil || !ok || v != want || j != len(pad)+digits {
+						t.Errorf("%q at %d: got %d, %d, %v; want %d, %d", s, len(pad), v, j, ok, want, len(pad)+digits)
+					}
+				}
+			}
+		}
+	}
+	for _, s := range []string{"", "+1", " 1", "a"} {
+		if _, _, ok := scanNumber(s, 0); ok {
+			t.Errorf("%q: taken", s)
 		}
 	}
 }
