@@ -26,13 +26,29 @@ type closingConn struct {
 	// spin is how long a read that finds the socket empty polls it before
 	// it sleeps in the runtime's poller (Config.Spin); 0: it sleeps at once.
 	spin time.Duration
+	// idle, set while the last frame read was a keepalive, makes reads
+	// sleep at once: an idle connection (a pooled one, a lease channel)
+	// gets a keepalive every second or so, and a spin after each would
+	// cost a core a millisecond a second per connection, for nothing.
+	idle atomic.Bool
+	// polls counts the reads that found nothing while spinning (tests).
+	polls atomic.Int64
+}
+
+// spinFor is how long a read on c may poll now: spin, or 0 while c is idle.
+func (c *closingConn) spinFor() time.Duration {
+	if c.idle.Load() {
+		return 0
+	}
+	return c.spin
 }
 
 // Read implements io.Reader: with spin set, a read that finds nothing in
 // the socket tries again for up to spin before it waits in the runtime's
 // poller (spinRead); else net.Conn's Read.
 func (c *closingConn) Read(p []byte) (int, error) {
-	if c.spin <= 0 || len(p) == 0 {
+	spin := c.spinFor()
+	if spin <= 0 || len(p) == 0 {
 		return c.Conn.Read(p)
 	}
 	sc, err := c.SyscallConn()
@@ -41,9 +57,10 @@ func (c *closingConn) Read(p []byte) (int, error) {
 	}
 	var n int
 	var rerr error
-	err = spinRead(sc, c.spin, func(fd int) bool {
+	err = spinRead(sc, spin, func(fd int) bool {
 		n, rerr = unix.Read(fd, p)
 		if rerr == unix.EAGAIN || rerr == unix.EINTR {
+			c.polls.Add(1)
 			return false
 		}
 		switch {
@@ -225,7 +242,7 @@ func (c *conn) readFullV(iov [][]byte) error {
 	}
 	var rerr error
 	for len(iov) > 0 && rerr == nil {
-		err := spinRead(sc, c.c.spin, func(fd int) bool {
+		err := spinRead(sc, c.c.spinFor(), func(fd int) bool {
 			var n int
 			n, rerr = unix.Readv(fd, iov[:min(len(iov), 1024)]) // IOV_MAX
 			if rerr == unix.EAGAIN || rerr == unix.EINTR {
@@ -288,6 +305,9 @@ func (c *conn) recvArmed(arm func()) (byte, []byte, error) {
 		if err == nil && cap(p) > cap(c.buf) {
 			c.buf = p[:0]
 		}
+		// After a keepalive the next frame may be a second away: wait for
+		// it asleep; after anything else, spinning (closingConn.idle).
+		c.c.idle.Store(err == nil && typ == frameKeepalive)
 		if err == nil && typ == frameKeepalive {
 			var m progressMsg
 			if c.progress != nil && len(p) > 0 && json.Unmarshal(p, &m) == nil {

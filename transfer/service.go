@@ -109,7 +109,8 @@ type Config struct {
 	// burst, a data stream's for its next chunk. Each sleep costs the copy
 	// a wake-up (8-16 µs each way on the H200 host, measured by execution
 	// traces of the 4 KiB in-place copy) and a cold start after it; the
-	// spin costs a core for at most Spin per wait. 0 (the default here):
+	// spin costs a core for at most Spin per wait, and none after a
+	// keepalive (an idle connection sleeps). 0 (the default here):
 	// never; the daemon's --spin default is DefaultSpin on a host of at
 	// least 4 CPUs, 0 on smaller ones, where a spinning reader would take
 	// the core its peer needs.

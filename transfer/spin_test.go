@@ -93,6 +93,43 @@ func TestSpinRead(t *testing.T) {
 		_, err := near.c.Read(make([]byte, 4))
 		require.ErrorIs(t, err, net.ErrClosed)
 	})
+	t.Run("asleep after a keepalive", func(t *testing.T) {
+		// An idle connection's keepalives (about one a second) must not
+		// each start a spin; a frame that is not one spins again.
+		near, far := tcpPair(t, 200*time.Millisecond)
+		near.max = MaxFrame
+		go func() {
+			writeFrame(far, frameKeepalive, nil)
+			time.Sleep(60 * time.Millisecond)
+			writeFrame(far, frameOK, []byte("{}"))
+		}()
+		start := time.Now()
+		typ, _, err := near.recv()
+		require.NoError(t, err)
+		require.Equal(t, frameOK, typ)
+		require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond)
+		go func() {
+			time.Sleep(20 * time.Millisecond)
+			writeFrame(far, frameOK, []byte("{}"))
+		}()
+		near.c.polls.Store(0)
+		typ, _, err = near.recv()
+		require.NoError(t, err)
+		require.Equal(t, frameOK, typ)
+		require.Greater(t, near.c.polls.Load(), int64(100), "after an OK frame the wait spins")
+
+		near.c.polls.Store(0)
+		go func() {
+			writeFrame(far, frameKeepalive, nil)
+			time.Sleep(40 * time.Millisecond)
+			writeFrame(far, frameOK, []byte("{}"))
+		}()
+		time.Sleep(10 * time.Millisecond) // the keepalive is there before the read
+		typ, _, err = near.recv()
+		require.NoError(t, err)
+		require.Equal(t, frameOK, typ)
+		require.Less(t, near.c.polls.Load(), int64(10), "after a keepalive the wait sleeps")
+	})
 	t.Run("readv", func(t *testing.T) {
 		near, far := tcpPair(t, 2*time.Millisecond)
 		go func() {
