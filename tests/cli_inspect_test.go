@@ -207,7 +207,7 @@ func TestCLIWait(t *testing.T) {
 	// The scripts' form: tensorfs mount ... & tensorfs wait MNT.
 	mnt := t.TempDir()
 	ours.Store(mnt, true)
-	m := exec.Command(bin, testDeviceFlags([]string{"mount", mnt, "--max-memory", "16MiB"})...)
+	m := daemonCommand(bin, testDeviceFlags([]string{"mount", mnt, "--max-memory", "16MiB"})...)
 	log := &testutil.SyncBuffer{}
 	m.Stderr = log
 	require.NoError(t, m.Start())

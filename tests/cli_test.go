@@ -1,15 +1,18 @@
 package tests
 
 import (
+	"io"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/tensorfs/tensorfs/internal/testutil"
 )
@@ -20,7 +23,7 @@ func TestMountFlagsEitherSide(t *testing.T) {
 	d.stop()
 	mnt := t.TempDir()
 	ours.Store(mnt, true)
-	cmd := exec.Command(bin, "mount", "--max-memory", "32MiB", "--device", "host", mnt)
+	cmd := daemonCommand(bin, "mount", "--max-memory", "32MiB", "--device", "host", mnt)
 	log := &testutil.SyncBuffer{}
 	cmd.Stderr = log
 	require.NoError(t, cmd.Start())
@@ -72,7 +75,7 @@ func TestStartFailuresOneLine(t *testing.T) {
 func TestStaleMountCleanedUp(t *testing.T) {
 	mnt := t.TempDir()
 	ours.Store(mnt, true)
-	cmd := exec.Command(bin, "mount", mnt)
+	cmd := daemonCommand(bin, "mount", mnt)
 	log := &testutil.SyncBuffer{}
 	cmd.Stderr = log
 	require.NoError(t, cmd.Start())
@@ -86,7 +89,7 @@ func TestStaleMountCleanedUp(t *testing.T) {
 	_, err := os.Stat(mnt)
 	require.ErrorIs(t, err, syscall.ENOTCONN, "a killed daemon leaves a dead mount")
 
-	again := exec.Command(bin, "mount", mnt)
+	again := daemonCommand(bin, "mount", mnt)
 	require.NoError(t, again.Start())
 	defer func() {
 		again.Process.Signal(syscall.SIGTERM)
@@ -180,4 +183,36 @@ func TestMountOverLiveMountRefused(t *testing.T) {
 	require.Equal(t, "mine", string(data))
 	require.NoError(t, os.Remove(d.path("keep")))
 	d.requireClean()
+}
+
+// TestLogPipeClosed: a daemon whose log reader has gone (its stderr a pipe
+// with no reader: a log collector that died) goes on serving through lines
+// it cannot write, and still unmounts and exits 0 on SIGTERM. Before, the
+// first line after the reader went (here "stopping") killed it with
+// SIGPIPE and left a dead mount.
+func TestLogPipeClosed(t *testing.T) {
+	mnt := t.TempDir()
+	ours.Store(mnt, true)
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	cmd := daemonCommand(bin, "mount", "--device", "host", mnt)
+	cmd.Stdout, cmd.Stderr = w, w
+	require.NoError(t, cmd.Start())
+	w.Close()
+	log := &testutil.SyncBuffer{}
+	copied := make(chan struct{})
+	go func() { io.Copy(log, r); close(copied) }()
+	waitReady(t, mnt, log)
+	r.Close() // the reader goes: every later line meets a broken pipe
+	<-copied
+	f := filepath.Join(mnt, "t")
+	require.NoError(t, os.WriteFile(f, []byte("x"), 0o644))
+	// A refusal is logged (at info): the daemon lives through it.
+	require.Error(t, unix.Setxattr(f, "user.tensorfs.dtype", []byte("nosuch"), 0))
+	got, err := os.ReadFile(f)
+	require.NoError(t, err)
+	require.Equal(t, "x", string(got))
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait(), "exit after SIGTERM with its log gone")
+	require.False(t, mounted(mnt), "the mount is gone")
 }

@@ -171,9 +171,9 @@ func launchOpt(t testing.TB, mnt string, o launchOpts, flags ...string) *daemon 
 	}
 	args = append(testDeviceFlags(args), flags...)
 	if wrapper == nil {
-		d.cmd = exec.Command(bin, args...)
+		d.cmd = daemonCommand(bin, args...)
 	} else {
-		d.cmd = exec.Command(wrapper[0], append(wrapper[1:], args...)...)
+		d.cmd = daemonCommand(wrapper[0], append(wrapper[1:], args...)...)
 	}
 	// No NOTIFY_SOCKET of the test's own service manager: only a test
 	// that sets one (o.env) gets the daemon's notifications.
@@ -213,6 +213,18 @@ func launchOpt(t testing.TB, mnt string, o launchOpts, flags ...string) *daemon 
 	}
 	t.Cleanup(func() { d.stop() })
 	return d
+}
+
+// daemonCommand is exec.Command for a process that mounts tensorfs: it
+// gets SIGTERM (and unmounts, as on any SIGTERM) when the test process
+// dies without its clean-ups, as a test binary killed by -timeout does; a
+// daemon left running kept its mount after such a run. A wrapper that
+// execs the daemon (nsenter, unshare) passes the signal on: it survives
+// execve.
+func daemonCommand(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	return cmd
 }
 
 // testDeviceFlags adds --device $TENSORFS_TEST_DEVICE (e.g. cuda:0, to run
@@ -428,4 +440,47 @@ func mkTemplateDir(t testing.TB, dir, dtype, shape string) {
 func runCmd(name string, args ...string) (string, error) {
 	out, err := exec.Command(name, args...).CombinedOutput()
 	return string(out), err
+}
+
+// orphanEnv, set, makes TestOrphanedDaemonUnmounts the child that starts a
+// daemon and is killed.
+const orphanEnv = "TENSORFS_TEST_ORPHAN_CHILD"
+
+// TestOrphanedDaemonUnmounts: a test process killed without running its
+// clean-ups (SIGKILL here; -timeout's panic does the same) takes its
+// daemons with it, and their mounts go (daemonCommand). Before, a run that
+// timed out left its daemons serving their mounts.
+func TestOrphanedDaemonUnmounts(t *testing.T) {
+	if os.Getenv(orphanEnv) != "" {
+		d := startDaemon(t, "--device", "host")
+		fmt.Printf("MNT %s\n", d.mnt)
+		select {} // until killed
+	}
+	self, err := os.Executable()
+	require.NoError(t, err)
+	child := exec.Command(self, "-test.run=^TestOrphanedDaemonUnmounts$")
+	child.Env = append(os.Environ(), orphanEnv+"=1", "TENSORFS_BIN="+bin)
+	out, err := child.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, child.Start())
+	defer child.Process.Kill()
+	sc := bufio.NewScanner(out)
+	var mnt string
+	for sc.Scan() {
+		if m, ok := strings.CutPrefix(sc.Text(), "MNT "); ok {
+			mnt = m
+			break
+		}
+	}
+	require.NotEmpty(t, mnt, "the child did not mount")
+	t.Cleanup(func() {
+		if mounted(mnt) {
+			exec.Command("umount", "-l", mnt).Run()
+		}
+	})
+	require.True(t, mounted(mnt))
+	require.NoError(t, child.Process.Kill())
+	child.Wait()
+	require.Eventually(t, func() bool { return !mounted(mnt) }, 10*time.Second, 20*time.Millisecond,
+		"the killed test's daemon still serves %s", mnt)
 }

@@ -208,6 +208,12 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	// leaves a mount that hangs everyone who touches it (seen in the tests).
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	// A log written to a pipe whose reader is gone (a log collector that
+	// died, the test process that started us) must cost the log line, not
+	// the daemon: Go's default for a broken stdout or stderr is death by
+	// SIGPIPE at the next line, which left a dead mount behind ("stopping"
+	// is logged on the way out). Ignored, the write fails with EPIPE.
+	signal.Ignore(syscall.SIGPIPE)
 	if stop, err := profiles(os.Getenv("TENSORFS_CPUPROFILE"), os.Getenv("TENSORFS_ALLOCPROFILE"), os.Getenv("TENSORFS_TRACE")); err != nil {
 		return err
 	} else {
