@@ -45,7 +45,7 @@ func nextRangeLine(rest string, withSrc bool, prev *rangeLine) (l rangeLine, aft
 			return l, "", false
 		}
 		j = 1
-	case prev != nil && prev.srcRef != "" && len(rest) > len(prev.srcRef) && rest[len(prev.srcRef)] == '@' && rest[:len(prev.srcRef)] == prev.srcRef:
+	case prev != nil && startsWithRef(rest, prev.srcRef):
 		l.srcRef = prev.srcRef
 		if j, parsed = rangeAt(rest, len(prev.srcRef)+1, &l); parsed {
 			break
@@ -70,7 +70,7 @@ func nextRangeLine(rest string, withSrc bool, prev *rangeLine) (l rangeLine, aft
 	}
 	start := j + 1 // past the space
 	b := rest[start:]
-	if prev != nil && len(b) > len(prev.dstRef) && prev.dstRef != "" && b[len(prev.dstRef)] == '@' && b[:len(prev.dstRef)] == prev.dstRef {
+	if prev != nil && startsWithRef(b, prev.dstRef) {
 		l.dstRef = prev.dstRef
 		if after, ok = destAt(b, len(prev.dstRef)+1, &l); ok {
 			return l, after, true
@@ -87,6 +87,12 @@ func nextRangeLine(rest string, withSrc bool, prev *rangeLine) (l rangeLine, aft
 	l.dstRef = b[:at]
 	after, ok = destAt(b, at+1, &l)
 	return l, after, ok
+}
+
+// startsWithRef reports whether s starts with the path ref (not empty)
+// and the '@' of a range after it.
+func startsWithRef(s, ref string) bool {
+	return ref != "" && len(s) > len(ref) && s[len(ref)] == '@' && s[:len(ref)] == ref
 }
 
 // rangeAt parses a source range "OFF+LEN" of s at i into l, which must be

@@ -115,13 +115,8 @@ func smallFloor(b *testing.B, mnt string, n int) (setxattr, reqReply, move float
 	f := filepath.Join(mnt, "floor")
 	mustNo(b, os.WriteFile(f, nil, 0o644))
 	defer os.Remove(f)
+	setxattr = setxattrP50(b, f, n, 0)
 	lat := make([]time.Duration, 0, n)
-	for range n {
-		t := time.Now()
-		mustNo(b, unix.Setxattr(f, "user.bench", []byte("0123"), 0))
-		lat = append(lat, time.Since(t))
-	}
-	setxattr = p50(lat)
 	c := peerBenchRawPeer(b, func(c net.Conn) error {
 		req, reply := make([]byte, 64), make([]byte, 16)
 		for {
@@ -157,29 +152,30 @@ func smallFloor(b *testing.B, mnt string, n int) (setxattr, reqReply, move float
 }
 
 // idleSetxattr is the p50 of n setxattr round trips on mount mnt, in µs,
-// each after the caller and the mount have been idle for idle: what the
-// FUSE part of a copy that keeps them waiting that long costs. Against the
-// back-to-back setxattr of smallFloor it shows what waking sleeping
+// back to back (hot) and each after the caller and the mount have been
+// idle for idle (cold): what the FUSE part of a copy that keeps them
+// waiting that long costs. The difference is what waking sleeping
 // processes adds (on the H200 host, a KVM guest, its vCPUs halt).
 func idleSetxattr(b *testing.B, mnt string, n int, idle time.Duration) (hot, cold float64) {
 	f := filepath.Join(mnt, "idle-floor")
 	mustNo(b, os.WriteFile(f, nil, 0o644))
 	defer os.Remove(f)
+	return setxattrP50(b, f, n, 0), setxattrP50(b, f, n, idle)
+}
+
+// setxattrP50 is the p50 of n setxattr round trips of an ordinary user.*
+// attribute on file f, in µs, each after a sleep of idle (none for 0).
+func setxattrP50(b *testing.B, f string, n int, idle time.Duration) float64 {
 	lat := make([]time.Duration, 0, n)
 	for range n {
+		if idle > 0 {
+			time.Sleep(idle)
+		}
 		t := time.Now()
 		mustNo(b, unix.Setxattr(f, "user.bench", []byte("0123"), 0))
 		lat = append(lat, time.Since(t))
 	}
-	hot = p50(lat)
-	lat = lat[:0]
-	for range n {
-		time.Sleep(idle)
-		t := time.Now()
-		mustNo(b, unix.Setxattr(f, "user.bench", []byte("0123"), 0))
-		lat = append(lat, time.Since(t))
-	}
-	return hot, p50(lat)
+	return p50(lat)
 }
 
 // echoPeerEnv, set, makes the test binary an echo peer (echoPeer) instead

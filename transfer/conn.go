@@ -33,6 +33,10 @@ type closingConn struct {
 	idle atomic.Bool
 	// polls counts the reads that found nothing while spinning (tests).
 	polls atomic.Int64
+	// raw is the socket's RawConn (nil when the connection is not a
+	// socket: tests' pipes), got once: every spinning read, readv and
+	// liveness peek uses it.
+	raw syscall.RawConn
 }
 
 // spinFor is how long a read on c may poll now: spin, or 0 while c is idle.
@@ -48,16 +52,12 @@ func (c *closingConn) spinFor() time.Duration {
 // poller (spinRead); else net.Conn's Read.
 func (c *closingConn) Read(p []byte) (int, error) {
 	spin := c.spinFor()
-	if spin <= 0 || len(p) == 0 {
-		return c.Conn.Read(p)
-	}
-	sc, err := c.SyscallConn()
-	if err != nil {
+	if spin <= 0 || len(p) == 0 || c.raw == nil {
 		return c.Conn.Read(p)
 	}
 	var n int
 	var rerr error
-	err = spinRead(sc, spin, func(fd int) bool {
+	err := spinRead(c.raw, spin, func(fd int) bool {
 		n, rerr = unix.Read(fd, p)
 		if rerr == unix.EAGAIN || rerr == unix.EINTR {
 			c.polls.Add(1)
@@ -115,17 +115,21 @@ func (c *closingConn) Close() error {
 	return c.Conn.Close()
 }
 
-// SyscallConn exposes the socket for alive's non-blocking peek.
+// SyscallConn exposes the socket for alive's non-blocking peek and the
+// reads straight from it. Errors: errors.ErrUnsupported for a connection
+// that is not a socket.
 func (c *closingConn) SyscallConn() (syscall.RawConn, error) {
-	sc, ok := c.Conn.(syscall.Conn)
-	if !ok {
+	if c.raw == nil {
 		return nil, errors.ErrUnsupported
 	}
-	return sc.SyscallConn()
+	return c.raw, nil
 }
 
 func newConn(nc net.Conn, timeout time.Duration, peer string) *conn {
 	cc := &closingConn{Conn: nc}
+	if sc, ok := nc.(syscall.Conn); ok {
+		cc.raw, _ = sc.SyscallConn()
+	}
 	return &conn{c: cc, r: bufio.NewReaderSize(cc, 256<<10), w: bufio.NewWriterSize(cc, 256<<10), timeout: timeout, peer: peer}
 }
 

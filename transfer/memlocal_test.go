@@ -160,6 +160,15 @@ func (l *memLocal) counts() memCounts {
 	return memCounts{l.openSrcs, l.srcsOpened, l.openDests, l.commits, l.aborts, l.badWrites, append([]string(nil), l.misuse...)}
 }
 
+// inPlaceChunks is inPlaces, read under the lock its writers hold (a
+// copy's end reaches the test over a socket, which the race detector does
+// not count as an ordering).
+func (l *memLocal) inPlaceChunks() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.inPlaces
+}
+
 func (l *memLocal) seen() (gets, puts []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -96,10 +96,10 @@ func parallelStreamsPushPull(t *testing.T, spin time.Duration) {
 				require.Empty(t, r.Error)
 			}
 			if inPlace {
-				require.NotZero(t, p.b.inPlaces)
-				require.NotZero(t, p.a.inPlaces)
+				require.NotZero(t, p.b.inPlaceChunks())
+				require.NotZero(t, p.a.inPlaceChunks())
 			} else {
-				require.Zero(t, p.b.inPlaces+p.a.inPlaces)
+				require.Zero(t, p.b.inPlaceChunks()+p.a.inPlaceChunks())
 			}
 			requireClean(t, p.a)
 			requireClean(t, p.b)
