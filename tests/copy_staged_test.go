@@ -149,7 +149,7 @@ func TestStagedDirKeepsForeignEntries(t *testing.T) {
 	bigTree(t, a, "src", n, size)
 	require.NoError(t, os.Mkdir(b.path("home"), 0o755))
 	res, tmp := copyUntilStaged(t, a.path("src"), "b:/home/new", b.path("home"))
-	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP)) // hold the copy
+	a.pause() // hold the copy
 	require.NoError(t, os.WriteFile(b.path("home", tmp, "mine"), fill(1000, 1), 0o644))
 	a.kill()
 	require.Error(t, <-res)
@@ -206,9 +206,9 @@ func TestStagedDirMadeMeanwhileOwners(t *testing.T) {
 	require.NoError(t, os.Mkdir(b.path("home"), 0o755))
 	require.NoError(t, os.Chown(b.path("home"), 1234, 1234))
 	res, _ := copyUntilStaged(t, a.path("src"), "b:/home/new", b.path("home"))
-	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP)) // hold the copy
+	a.pause() // hold the copy
 	err := os.Mkdir(b.path("home/new"), 0o750)                // root's
-	a.cmd.Process.Signal(syscall.SIGCONT)
+	a.resume()
 	require.NoError(t, err)
 	require.NoError(t, <-res)
 	b.requireLog("made meanwhile", "the EEXIST fallback ran")
@@ -271,9 +271,9 @@ func TestCopyRunsOncePerCall(t *testing.T) {
 			break
 		}
 	}
-	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP)) // hold the copy
+	a.pause() // hold the copy
 	out, err := runCmd("rm", "-rf", b.path("home"))
-	a.cmd.Process.Signal(syscall.SIGCONT)
+	a.resume()
 	require.NoError(t, err, out)
 	err = <-res
 	require.ErrorIs(t, err, syscall.ENOENT, "the copy whose destination was removed")

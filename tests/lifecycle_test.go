@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"os"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -171,11 +170,12 @@ func TestSilentImporterBoundedRevoke(t *testing.T) {
 	a, b := ds["a"], ds["b"]
 	writeTensor(t, a.path("t"), fill(64<<10, 8))
 	setx(t, a.path("t"), xattrs.CopyTo, "b:/t")
-	require.NoError(t, b.cmd.Process.Signal(syscall.SIGSTOP))
+	a.requireLeases(1, "b's import, which the free must revoke")
+	b.pause()
 	start := time.Now()
 	require.NoError(t, os.Remove(a.path("t")))
 	took := time.Since(start)
-	require.NoError(t, b.cmd.Process.Signal(syscall.SIGCONT))
+	b.resume()
 	require.GreaterOrEqual(t, took, 900*time.Millisecond, "the revocation waited for the importer")
 	require.Less(t, took, 2500*time.Millisecond, "bounded by --revoke-timeout")
 	a.requireClean()
