@@ -206,8 +206,8 @@ func TestStagedDirMadeMeanwhileOwners(t *testing.T) {
 	require.NoError(t, os.Mkdir(b.path("home"), 0o755))
 	require.NoError(t, os.Chown(b.path("home"), 1234, 1234))
 	res, _ := copyUntilStaged(t, a.path("src"), "b:/home/new", b.path("home"))
-	a.pause() // hold the copy
-	err := os.Mkdir(b.path("home/new"), 0o750)                // root's
+	a.pause()                                  // hold the copy
+	err := os.Mkdir(b.path("home/new"), 0o750) // root's
 	a.resume()
 	require.NoError(t, err)
 	require.NoError(t, <-res)
