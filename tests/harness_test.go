@@ -459,7 +459,10 @@ func TestOrphanedDaemonUnmounts(t *testing.T) {
 	self, err := os.Executable()
 	require.NoError(t, err)
 	child := exec.Command(self, "-test.run=^TestOrphanedDaemonUnmounts$")
-	child.Env = append(os.Environ(), orphanEnv+"=1", "TENSORFS_BIN="+bin)
+	// The killed child runs none of its clean-ups: its temporary
+	// directories go inside ours, which ours remove (one per run was left
+	// in /tmp).
+	child.Env = append(os.Environ(), orphanEnv+"=1", "TENSORFS_BIN="+bin, "TMPDIR="+t.TempDir())
 	out, err := child.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, child.Start())
