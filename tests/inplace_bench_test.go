@@ -429,3 +429,113 @@ func BenchmarkInPlaceBig(b *testing.B) {
 		})
 	}
 }
+
+// sweepSizes are BenchmarkInPlaceSweep's sizes: $INPLACE_SWEEP (sizes in
+// bytes with an optional K, M or G suffix, binary, comma-separated; at
+// most 1 GiB each), else 4K to 256M by factors of 16.
+func sweepSizes(b *testing.B) []int {
+	v := os.Getenv("INPLACE_SWEEP")
+	if v == "" {
+		v = "4K,64K,1M,16M,256M"
+	}
+	var sizes []int
+	for _, f := range strings.Split(v, ",") {
+		f = strings.TrimSpace(f)
+		mul := 1
+		if k := strings.IndexAny(f, "KMG"); k == len(f)-1 && k > 0 {
+			mul = map[byte]int{'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30}[f[k]]
+			f = f[:k]
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n*mul > peerBigSize {
+			b.Fatalf("INPLACE_SWEEP=%q: %q is not a size from 1 byte to 1G", v, f)
+		}
+		sizes = append(sizes, n*mul)
+	}
+	return sizes
+}
+
+// sizeName is a sweep point's sub-benchmark name: 4K, 64K, 1M, 256M.
+func sizeName(n int) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%dG", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%dM", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%dK", n>>10)
+	}
+	return strconv.Itoa(n)
+}
+
+// BenchmarkInPlaceSweep: in-place copy_to of one range of each size of
+// sweepSizes into an existing tensor on the peer, on the IPC path and the
+// TCP path, each point next to its floor measured right after it in the
+// same process: on IPC a setxattr round trip plus a request/reply on an
+// open loopback connection plus a memmove of the size between two buffers
+// of this process; on TCP a setxattr round trip plus raw TCP moving the
+// size with the daemons' streams into a reused buffer. Reported per point:
+// "p50-us" and "floor-us", "MB/s" and "floor-MB/s" (size / p50), and
+// "x-floor" (floor-us / p50-us: a throughput ratio, 1 at the floor). The
+// curve scripts/bench.sh plots. Per op, as many timed copies as make about
+// 256 MiB (at least 3, at most 200).
+func BenchmarkInPlaceSweep(b *testing.B) {
+	sizes := sweepSizes(b)
+	for _, path := range []string{"ipc", "tcp"} {
+		b.Run(path, func(b *testing.B) {
+			a, d := inPlaceBenchPair(b, path == "ipc")
+			for _, size := range sizes {
+				b.Run(sizeName(size), func(b *testing.B) {
+					data := peerBenchBigData()[:size]
+					src, dst := fmt.Sprintf("src-%d", size), fmt.Sprintf("dst-%d", size)
+					peerBenchWriteFile(b, a.path(src), data)
+					mustNo(b, os.WriteFile(d.path(dst), nil, 0o644))
+					mustNo(b, os.Truncate(d.path(dst), int64(size)))
+					defer os.Remove(a.path(src))
+					defer os.Remove(d.path(dst))
+					target := "b:/" + dst + "@0"
+					peerBenchCopyTo(b, a.path(src), target)
+					k := min(200, max(3, (256<<20)/size))
+					var lat []time.Duration
+					for b.Loop() {
+						for range k {
+							t := time.Now()
+							peerBenchCopyTo(b, a.path(src), target)
+							lat = append(lat, time.Since(t))
+						}
+					}
+					peerBenchCheckFile(b, d.path(dst), data, size <= 16<<20)
+					tf := p50(lat)
+					sx := setxattrP50(b, a.path(src), 200, 0)
+					var floor float64
+					if path == "ipc" {
+						_, rr, _ := smallFloor(b, a.mnt, 200)
+						floor = sx + rr + memmoveP50(size, len(lat))
+					} else {
+						buf := make([]byte, size)
+						floor = sx + rawP50(b, data, buf, len(lat))
+					}
+					b.ReportMetric(tf, "p50-us")
+					b.ReportMetric(floor, "floor-us")
+					b.ReportMetric(float64(size)/tf, "MB/s")
+					b.ReportMetric(float64(size)/floor, "floor-MB/s")
+					b.ReportMetric(floor/tf, "x-floor")
+				})
+			}
+		})
+	}
+}
+
+// memmoveP50 is the p50, in µs, of n memmoves of size bytes between two
+// buffers of this process, both touched first (no page faults timed).
+func memmoveP50(size, n int) float64 {
+	src, dst := peerBenchBigData()[:size], make([]byte, size)
+	copy(dst, src)
+	lat := make([]time.Duration, 0, n)
+	for range n {
+		t := time.Now()
+		copy(dst, src)
+		lat = append(lat, time.Since(t))
+	}
+	return p50(lat)
+}

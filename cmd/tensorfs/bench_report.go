@@ -7,19 +7,13 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"slices"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/dustin/go-humanize"
-	"gonum.org/v1/plot"
-	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
-	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgimg"
+
+	"github.com/tensorfs/tensorfs/internal/benchplot"
 )
 
 // benchReport is bench's result, its --json document.
@@ -153,138 +147,19 @@ func writeBenchTable(w io.Writer, r *benchReport) {
 	tw.Flush()
 }
 
-// sizeTicks marks a log-scale size axis at the sizes measured, in IEC
-// units (plot.LogTicks would label powers of ten, which no size is).
-type sizeTicks []int64
-
-// Ticks implements plot.Ticker.
-func (t sizeTicks) Ticks(lo, hi float64) []plot.Tick {
-	var ticks []plot.Tick
-	for _, s := range t {
-		if v := float64(s); v >= lo && v <= hi {
-			ticks = append(ticks, plot.Tick{Value: v, Label: strings.ReplaceAll(humanize.IBytes(uint64(s)), ".0 ", " ")})
-		}
-	}
-	return ticks
-}
-
-// latencyTicks marks a log-scale latency axis (in µs) at 1, 2 and 5 times
-// its powers of ten, labelled as the table writes latencies (100 µs, 1 ms,
-// 20 ms, 1 s); over more than two decades only the powers of ten are
-// labelled, the others are minor ticks.
-type latencyTicks struct{}
-
-// Ticks implements plot.Ticker.
-func (latencyTicks) Ticks(lo, hi float64) []plot.Tick {
-	var ticks []plot.Tick
-	few := hi <= lo*100
-	for dec := math.Pow(10, math.Floor(math.Log10(lo))); dec <= hi; dec *= 10 {
-		for _, m := range []float64{1, 2, 5} {
-			v := dec * m
-			if v < lo*0.9999 || v > hi*1.0001 {
-				continue
-			}
-			t := plot.Tick{Value: v}
-			if m == 1 || few {
-				t.Label = latencyLabel(v)
-			}
-			ticks = append(ticks, t)
-		}
-	}
-	return ticks
-}
-
-// latencyLabel is a round latency in µs as an axis label.
-func latencyLabel(us float64) string {
-	switch {
-	case us < 1000:
-		return fmt.Sprintf("%g µs", us)
-	case us < 1e6:
-		return fmt.Sprintf("%g ms", us/1e3)
-	}
-	return fmt.Sprintf("%g s", us/1e6)
-}
-
-// writeBenchPlot draws the report into the PNG file path: GB/s (top) and
-// p50 latency (bottom, log scale) against size (log scale), one line per
+// writeBenchPlot draws the report into the PNG file path
+// (internal/benchplot): GB/s and p50 latency against size, one line per
 // mode and direction. A failed write removes the file: no half image.
 func writeBenchPlot(path string, r *benchReport) error {
-	type series struct {
-		name    string
-		bw, lat plotter.XYs
-	}
-	var ss []*series
-	var sizes []int64
+	var ss []benchplot.Series
 	for _, x := range r.Results {
 		name := x.Mode + " " + x.Dir
-		i := slices.IndexFunc(ss, func(s *series) bool { return s.name == name })
+		i := slices.IndexFunc(ss, func(s benchplot.Series) bool { return s.Name == name })
 		if i < 0 {
-			ss = append(ss, &series{name: name})
+			ss = append(ss, benchplot.Series{Name: name})
 			i = len(ss) - 1
 		}
-		ss[i].bw = append(ss[i].bw, plotter.XY{X: float64(x.Size), Y: x.GBPerS})
-		ss[i].lat = append(ss[i].lat, plotter.XY{X: float64(x.Size), Y: max(x.P50US, 1e-3)})
-		if !slices.Contains(sizes, x.Size) {
-			sizes = append(sizes, x.Size)
-		}
+		ss[i].Points = append(ss[i].Points, benchplot.Point{Size: x.Size, GBPerS: x.GBPerS, LatencyUS: x.P50US})
 	}
-	slices.Sort(sizes)
-	bw, lat := plot.New(), plot.New()
-	bw.Title.Text = benchTitle(r)
-	bw.Title.TextStyle.Font.Size = vg.Points(10)
-	bw.Y.Label.Text = "GB/s"
-	bw.Y.Min = 0
-	lat.Y.Label.Text = "p50 latency per call"
-	lat.Y.Scale = plot.LogScale{}
-	lat.Y.Tick.Marker = latencyTicks{}
-	for _, p := range []*plot.Plot{bw, lat} {
-		p.X.Label.Text = "bytes per descriptor"
-		p.X.Scale = plot.LogScale{}
-		p.X.Tick.Marker = sizeTicks(sizes)
-		p.Add(plotter.NewGrid())
-		// Both rise with size: the top left corner is where the lines
-		// are not.
-		p.Legend.Top, p.Legend.Left = true, true
-		p.Legend.XOffs, p.Legend.YOffs = vg.Points(8), vg.Points(-4)
-	}
-	if len(sizes) == 1 {
-		// A log axis needs a span: put the one size in the middle.
-		for _, p := range []*plot.Plot{bw, lat} {
-			p.X.Min, p.X.Max = float64(sizes[0])/2, float64(sizes[0])*2
-		}
-	}
-	for i, s := range ss {
-		for _, pd := range []struct {
-			p   *plot.Plot
-			xys plotter.XYs
-		}{{bw, s.bw}, {lat, s.lat}} {
-			l, pts, err := plotter.NewLinePoints(pd.xys)
-			if err != nil {
-				return err
-			}
-			l.Color, pts.Color, pts.Shape = plotutil.Color(i), plotutil.Color(i), plotutil.Shape(i)
-			pd.p.Add(l, pts)
-			pd.p.Legend.Add(s.name, l, pts)
-		}
-	}
-	img := vgimg.New(8*vg.Inch, 9*vg.Inch)
-	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: 2, Cols: 1, PadTop: vg.Points(4), PadBottom: vg.Points(4), PadX: vg.Points(4), PadY: vg.Points(12)}
-	cs := plot.Align([][]*plot.Plot{{bw}, {lat}}, tiles, dc)
-	bw.Draw(cs[0][0])
-	lat.Draw(cs[1][0])
-
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err = (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err == nil {
-		err = f.Close()
-	} else {
-		f.Close()
-	}
-	if err != nil {
-		os.Remove(path)
-	}
-	return err
+	return benchplot.Write(path, benchTitle(r), "bytes per descriptor", "p50 latency per call", ss)
 }

@@ -322,27 +322,6 @@ func TestWriteBenchPlot(t *testing.T) {
 	require.Len(t, ents, 1, "only bench.png")
 }
 
-// The latency axis is labelled in the table's units: at powers of ten
-// over many decades, at 1, 2 and 5 times them over two or fewer.
-func TestLatencyTicks(t *testing.T) {
-	labels := func(lo, hi float64) (major []string, minor int) {
-		for _, tk := range (latencyTicks{}).Ticks(lo, hi) {
-			if tk.Label == "" {
-				minor++
-			} else {
-				major = append(major, tk.Label)
-			}
-		}
-		return major, minor
-	}
-	major, minor := labels(35, 2.1e6)
-	require.Equal(t, []string{"100 µs", "1 ms", "10 ms", "100 ms", "1 s"}, major)
-	require.Equal(t, 10, minor)
-	major, minor = labels(300, 12000)
-	require.Equal(t, []string{"500 µs", "1 ms", "2 ms", "5 ms", "10 ms"}, major)
-	require.Zero(t, minor)
-}
-
 // The space checks: each mount's free space for its side, and the host's
 // memory for the host-memory sides together.
 func TestBenchCheckSpace(t *testing.T) {
