@@ -1,141 +1,166 @@
 #!/usr/bin/env bash
-# bench.sh: run tensorfs's benchmarks against the FUSE floor (a minimal
-# in-process go-fuse filesystem) and tmpfs in one `go test` run, and print a
-# markdown table of medians, spreads and ratios.
+# bench.sh: every benchmark of the repository in one invocation, each next
+# to its floor measured in the same run, over several rounds; one result.
 #
-# Usage: scripts/bench.sh [COUNT]
-#   COUNT        rounds (-count), default 5; also settable as $COUNT
-#   BENCHTIME    -benchtime per sub-benchmark and round, default 1s
-#   BENCH        -bench regexp, default all three benchmarks
-#   RAW          file to keep the raw `go test` output in (default: a temp file)
-#   STRICT=1     exit 2 when a goal is missed (default: report only)
+# Usage: scripts/bench.sh [--quick] [--rounds N] [--out DIR] [--strict]
+#   --quick      one round at small sizes, under 2 minutes on 2 cores: a
+#                smoke test that every benchmark runs and the report, JSON and
+#                plot come out (CI runs it: scripts/test.sh), not figures
+#   --rounds N   rounds (default 3; --quick 1): one test process per
+#                benchmark set and round, tensorfs right before its floor
+#   --out DIR    where the result goes (default bench/results/DATE-HOST-COMMIT,
+#                with --quick a new temporary directory)
+#   --strict     exit 2 when a goal is missed (default: report only)
+# Environment: BENCH_BIN_DIR, a directory with prebuilt tensorfs, tests.test
+#   and benchreport (scripts/gpu-check.sh build makes them; for a GPU host
+#   without Go), and BENCH_COMMIT, the commit they were built from.
 #
-# Needs root (tmpfs and FUSE mounts). Exits non-zero when the benchmarks fail,
-# when a result is missing, or when a benchmark mount is left behind.
-#
-# Ratios are computed within this one run. Metadata (CreateUnlink64K) is a time
-# ratio, tensorfs time per op / reference time per op (goal vs floor <= 1.2);
-# data I/O (SeqWrite256M, SeqRead256M) is a throughput ratio, tensorfs MB/s /
-# reference MB/s (goal vs floor >= 0.9). Each round runs every sub-benchmark
-# once, one after the other, so the "rounds" column gives the range of the
-# per-round ratios: a measure of how much the machine's noise moves them.
+# The result directory holds result.json (machine, CPU count, kernel, GPU
+# and driver, Go version, commit, date, and every row: tensorfs, floor and
+# ratio as median/min/max over the rounds, goal, met), table.md (printed
+# too), sweep.png (in-place copy_to against size, IPC and TCP paths, with
+# their floors) and raw-N.txt (each round's go test output). On a host with
+# a GPU (nvidia-smi lists one, and python3 has CuPy for the GPU floors:
+# scripts/gpu_floor.py) the GPU rows run as well; without one the result
+# says they were skipped. Needs root (FUSE and tmpfs mounts) and about 6 GiB
+# of free memory (the 1 GiB peer copies). Exits non-zero when a benchmark
+# fails, a row has no result, or a mount of this run is left behind.
 set -euo pipefail
-
 cd "$(dirname "$0")/.."
+root=$PWD
 
-COUNT=${1:-${COUNT:-5}}
-BENCHTIME=${BENCHTIME:-1s}
-BENCH=${BENCH:-'^Benchmark(CreateUnlink64K|SeqWrite256M|SeqRead256M)$'}
-RAW=${RAW:-$(mktemp /tmp/tensorfs-bench.XXXXXX)}
-
-case $COUNT in
-'' | *[!0-9]*)
-	echo "bench.sh: COUNT must be a positive integer, got '$COUNT'" >&2
-	exit 64
-	;;
+quick=0 rounds= out= strict=
+while [ $# -gt 0 ]; do
+	case $1 in
+	--quick) quick=1 ;;
+	--rounds) rounds=${2:-}; shift ;;
+	--out) out=${2:-}; shift ;;
+	--strict) strict=-strict ;;
+	-h | --help) sed -n '2,/^set -e/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
+	*) echo "bench.sh: unknown argument '$1' (see --help)" >&2; exit 64 ;;
+	esac
+	shift
+done
+[ -n "$rounds" ] || rounds=$([ $quick = 1 ] && echo 1 || echo 3)
+case $rounds in
+'' | *[!0-9]* | 0) echo "bench.sh: --rounds takes a positive integer, got '$rounds'" >&2; exit 64 ;;
 esac
 
-echo "# go test -run '^\$' -bench '$BENCH' -benchtime $BENCHTIME -count $COUNT -timeout 30m ./tests/" >&2
-echo "# raw output: $RAW" >&2
-status=0
-go test -run '^$' -bench "$BENCH" -benchtime "$BENCHTIME" -count "$COUNT" -timeout 30m ./tests/ \
-	>"$RAW" 2>&1 || status=$?
-grep -E '^(goos|goarch|pkg|cpu|Benchmark|PASS|FAIL|ok)' "$RAW" >&2 || true
+run_tmp=$(mktemp -d /tmp/tensorfs-bench-run.XXXXXX)
+ours() { awk -v p="$run_tmp/" '($3 ~ /^fuse/ || $1 == "tensorfs-bench-tmpfs") && index($2, p) == 1 {print $2}' /proc/mounts; }
+finish() {
+	rc=$?
+	left=$(ours)
+	if [ -n "$left" ]; then
+		echo "bench.sh: mounts left behind: $left" >&2
+		for m in $left; do umount -l "$m" 2>/dev/null || true; done
+		rc=1
+	fi
+	rm -rf "$run_tmp"
+	exit $rc
+}
+trap finish EXIT
 
-# The FUSE mounts are checked by the tests' TestMain; the tmpfs ones here.
-if grep -q '^tensorfs-bench-tmpfs ' /proc/self/mounts; then
-	echo "bench.sh: tmpfs mounts left behind:" >&2
-	grep '^tensorfs-bench-tmpfs ' /proc/self/mounts >&2
-	status=1
+bindir=${BENCH_BIN_DIR:-}
+if [ -z "$bindir" ]; then
+	bindir=$run_tmp/bin
+	mkdir -p "$bindir"
+	echo "# building tensorfs, tests.test and benchreport" >&2
+	CGO_ENABLED=0 go build -o "$bindir/tensorfs" ./cmd/tensorfs
+	CGO_ENABLED=0 go test -c -o "$bindir/tests.test" ./tests
+	CGO_ENABLED=0 go build -o "$bindir/benchreport" ./internal/cmd/benchreport
 fi
+for f in tensorfs tests.test benchreport; do
+	[ -x "$bindir/$f" ] || { echo "bench.sh: $bindir/$f missing" >&2; exit 64; }
+done
+export TENSORFS_BIN=$bindir/tensorfs
+commit=${BENCH_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}
+if [ -z "$out" ]; then
+	if [ $quick = 1 ]; then
+		out=$(mktemp -d /tmp/tensorfs-bench-quick.XXXXXX)
+	else
+		out=bench/results/$(date -u +%Y-%m-%dT%H%MZ)-$(hostname -s)-$commit
+	fi
+fi
+mkdir -p "$out"
+
+# Benchmark sets: "NAME;BENCH regexp;benchtime;environment". Each runs as
+# one test process per round. Quick sizes keep every benchmark, smaller.
+if [ $quick = 1 ]; then
+	big=32 sweep=4K,1M fusetime=100x seqtime=1x leasetime=5x scattertime=20x bigtime=5x
+else
+	big=512 sweep=4K,64K,1M,16M,256M fusetime=1s seqtime=1s leasetime=1s scattertime=200x bigtime=10x
+fi
+sets=(
+	"fuse-meta;^BenchmarkCreateUnlink64K\$;$fusetime;"
+	"fuse-io;^Benchmark(SeqWrite256M|SeqRead256M)\$;$seqtime;"
+	"peer;^BenchmarkPeer(Copy1G|Tree1000x64K|SmallCopy4K)\$;1x;"
+	"inplace-4k;^BenchmarkInPlace4K\$;1x;"
+	"inplace-scatter;^BenchmarkInPlaceScatter1000x8K\$;$scattertime;"
+	"inplace-big;^BenchmarkInPlaceBig\$;$bigtime;INPLACE_BIG_MB=$big"
+	"inplace-sweep;^BenchmarkInPlaceSweep\$;1x;INPLACE_SWEEP=$sweep"
+	"leases;^Benchmark(Revocation|ImportCache)\$;$leasetime;"
+)
+gpu=() skipped=() without=()
+if command -v etcd >/dev/null; then
+	sets+=("etcd;^BenchmarkEtcdScale\$;1x;")
+else
+	without+=(-without etcd-)
+	skipped+=("etcd rows: no etcd server on this host (Debian's etcd-server)")
+fi
+if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+	if python3 -c 'import cupy' 2>/dev/null; then
+		gpu=(-gpu)
+	else
+		skipped+=("GPU rows: a GPU is here, but python3 has no CuPy for their floors (scripts/gpu_floor.py)")
+	fi
+else
+	skipped+=("GPU rows: no GPU on this host (nvidia-smi lists none)")
+fi
+
+runset() { # runset ROUNDFILE NAME REGEXP BENCHTIME ENV
+	local f=$1 name=$2 re=$3 bt=$4 env=$5
+	echo "# set $name: -test.bench '$re' -test.benchtime $bt $env" >>"$f"
+	(cd tests && env TMPDIR="$run_tmp" $env "$bindir/tests.test" -test.run '^$' -test.bench "$re" \
+		-test.benchtime "$bt" -test.count 1 -test.timeout 20m) >>"$f" 2>&1
+}
+
+raws=()
+status=0
+for r in $(seq "$rounds"); do
+	f=$out/raw-$r.txt
+	raws+=("$f")
+	echo "tensorfs-device: host" >"$f"
+	for s in "${sets[@]}"; do
+		IFS=';' read -r name re bt env <<<"$s"
+		echo "# round $r/$rounds: $name ($SECONDS s in)" >&2
+		runset "$f" "$name" "$re" "$bt" "$env" || { status=$?; echo "bench.sh: set $name failed (exit $status); see $f" >&2; break 2; }
+	done
+	if [ ${#gpu[@]} -gt 0 ]; then
+		echo "# round $r/$rounds: GPU" >&2
+		{
+			echo "tensorfs-device: cuda:0"
+			printf 'BenchmarkGPUFloor 1 1 ns/op'
+			python3 scripts/gpu_floor.py | awk '{printf " %s %s", $2, $1}'
+			echo
+		} >>"$f" || { status=1; break; }
+		for s in "gpu;^BenchmarkGPU(CreateUnlink64K|Overhead64K|Register1G|SeqWrite1G|SeqRead1G)\$;1s;TENSORFS_REQUIRE_GPU=1" \
+			"gpu-inplace;^BenchmarkInPlace(4K|Scatter1000x8K)\$;20x;TENSORFS_TEST_DEVICE=cuda:0" \
+			"gpu-inplace-big;^BenchmarkInPlaceBig/ipc\$;20x;TENSORFS_TEST_DEVICE=cuda:0 INPLACE_BIG_MB=1024"; do
+			IFS=';' read -r name re bt env <<<"$s"
+			runset "$f" "$name" "$re" "$bt" "$env" || { status=$?; echo "bench.sh: set $name failed (exit $status); see $f" >&2; break 2; }
+		done
+	fi
+done
 if [ "$status" -ne 0 ]; then
-	echo "bench.sh: benchmarks failed (exit $status); output in $RAW:" >&2
-	grep -v '^Benchmark' "$RAW" | tail -40 >&2
+	grep -E -- '--- FAIL|^FAIL|panic|Error' "${raws[-1]}" | head -20 >&2 || true
 	exit "$status"
 fi
 
-awk -v strict="${STRICT:-0}" -f scripts/benchstats.awk -f /dev/fd/3 "$RAW" 3<<'AWK'
-function cell(key, unit,   m, r) {
-	if (!((key, unit) in vals)) return "missing"
-	m = median(vals[key, unit])
-	split(minmax(vals[key, unit]), r, " ")
-	return fmtnum(m) " (" fmtnum(r[1]) "–" fmtnum(r[2]) ")"
-}
-# ratio of tensorfs to ref: time ratio for ops, throughput ratio for MB/s;
-# sets rmed (ratio of medians) and rlo/rhi (range of per-round ratios)
-function ratio(tkey, rkey, unit,   i, n, a, b, x, lo, hi) {
-	rmed = ""
-	if (!((tkey, unit) in vals) || !((rkey, unit) in vals)) return
-	rmed = median(vals[tkey, unit]) / median(vals[rkey, unit])
-	n = split(vals[tkey, unit], a, " ")
-	split(vals[rkey, unit], b, " ")
-	lo = hi = ""
-	for (i = 1; i <= n; i++) {
-		if (!(i in b) || b[i] + 0 == 0) continue
-		x = a[i] / b[i]
-		if (lo == "" || x < lo) lo = x
-		if (hi == "" || x > hi) hi = x
-	}
-	rlo = lo; rhi = hi
-}
-function rcell(tkey, rkey, unit) {
-	ratio(tkey, rkey, unit)
-	if (rmed == "") return "missing"
-	return sprintf("%.2f (%.2f–%.2f)", rmed, rlo, rhi)
-}
-/^Benchmark/ && / ns\/op/ {
-	name = $1
-	sub(/-[0-9]+$/, "", name)
-	split(name, p, "/")
-	b = p[1]; sub(/^Benchmark/, "", b)
-	v = p[2]
-	key = b "/" v
-	if (!(key in seen)) { seen[key] = 1 }
-	units["ns/op"]; units["ops/s"]; units["MB/s"]
-	for (u in units) {
-		x = metric(u)
-		if (x != "") vals[key, u] = ((key, u) in vals) ? vals[key, u] " " x : x
-	}
-}
-END {
-	missing = 0; missed = 0
-	print "| benchmark | filesystem | median (min–max) | tensorfs/floor, rounds | tensorfs/tmpfs, rounds | goal vs floor | met |"
-	print "| --- | --- | --- | --- | --- | --- | --- |"
-	nb = split("CreateUnlink64K SeqWrite256M SeqRead256M", benches, " ")
-	for (i = 1; i <= nb; i++) {
-		b = benches[i]
-		if (b == "CreateUnlink64K") {
-			nt = split("tensorfs-template tensorfs-write", tv, " ")
-			unit = "ops/s"; runit = "ns/op"; kind = "time"
-		} else {
-			nt = split("tensorfs", tv, " ")
-			unit = "MB/s"; runit = "MB/s"; kind = "throughput"
-		}
-		if (!((b "/floor") in seen) && !((b "/" tv[1]) in seen)) continue
-		rows++
-		for (j = 1; j <= nt; j++) {
-			tkey = b "/" tv[j]
-			goal = (kind == "time") ? "time ≤ 1.20" : "throughput ≥ 0.90"
-			rf = rcell(tkey, b "/floor", runit) # sets rmed
-			if (rmed == "") { met = "n/a"; missing = 1 }
-			else if (kind == "time") met = (rmed <= 1.2) ? "yes" : "**no**"
-			else met = (rmed >= 0.9) ? "yes" : "**no**"
-			if (met == "**no**") missed = 1
-			rt = rcell(tkey, b "/tmpfs", runit)
-			printf "| %s | %s | %s %s | %s | %s | %s | %s |\n", b, tv[j], cell(tkey, unit), unit, rf, rt, goal, met
-		}
-		printf "| %s | floor | %s %s | | | | |\n", b, cell(b "/floor", unit), unit
-		printf "| %s | tmpfs | %s %s | | | | |\n", b, cell(b "/tmpfs", unit), unit
-	}
-	print ""
-	print "Ratios: CreateUnlink64K is a time ratio (tensorfs s/op ÷ reference s/op; lower is better);"
-	print "SeqWrite256M and SeqRead256M are throughput ratios (tensorfs MB/s ÷ reference MB/s; higher is better)."
-	print "Each ratio is the ratio of the medians, then the range of the per-round ratios."
-	if (!rows) { print "bench.sh: no benchmark results" > "/dev/stderr"; exit 1 }
-	if (missing) { print "bench.sh: some results are missing" > "/dev/stderr"; exit 1 }
-	if (missed) {
-		print "bench.sh: a goal was missed" > "/dev/stderr"
-		if (strict == 1) exit 2
-	}
-}
-AWK
+args=(-out "$out" -commit "$commit" "${gpu[@]}" "${without[@]}" $strict)
+[ $quick = 1 ] && args+=(-quick)
+for s in "${skipped[@]}"; do args+=(-skipped "$s"); done
+rc=0
+"$bindir/benchreport" "${args[@]}" "${raws[@]}" || rc=$?
+echo "# result: $out (result.json, table.md, sweep.png, raw-*.txt)" >&2
+exit $rc

@@ -37,6 +37,10 @@
 #          prof.tgz (read them here with go tool pprof); a few seconds
 #          of each, so that a profile has thousands of samples, not the
 #          daemons' start-up; not in the default steps
+#   report scripts/bench.sh with these binaries: every benchmark with its   -> report/
+#          floor, the GPU rows included, as result.json, table.md and
+#          sweep.png (REPORT_ARGS: its flags, default --rounds 1); copy
+#          report/ into bench/results/ here; not in the default steps
 # Outputs go to $OUT (default ./gpu-out), with summary.txt listing each step's
 # result; the exit status is non-zero when any step failed. Needs root (FUSE).
 #
@@ -54,6 +58,8 @@ build() {
 	go build -trimpath -ldflags='-s -w' -o gpubin/tensorfs ./cmd/tensorfs
 	go test -c -trimpath -ldflags='-s -w' -o gpubin/tests.test ./tests
 	go test -c -trimpath -ldflags='-s -w' -o gpubin/cuda.test ./gpu/cuda
+	go build -trimpath -ldflags='-s -w' -o gpubin/benchreport ./internal/cmd/benchreport
+	git describe --always --dirty >gpubin/COMMIT
 	ls -l gpubin
 }
 
@@ -110,8 +116,9 @@ run() {
 		profile) mkdir -p "$OUT/prof"; step profile profile.txt bash -c "cd tests && export TENSORFS_TEST_DEVICE=cuda:0 && TENSORFS_CPUPROFILE=$OUT/prof/scatter-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceScatter1000x8K/ipc' -test.benchtime=6000x && INPLACE_BIG_MB=1024 TENSORFS_CPUPROFILE=$OUT/prof/big-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/ipc' -test.benchtime=2000x && TENSORFS_CPUPROFILE=$OUT/prof/small-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace4K/ipc' -test.benchtime=8x && TENSORFS_CPUPROFILE=$OUT/prof/small-tcp-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace4K/tcp' -test.benchtime=8x && unset TENSORFS_TEST_DEVICE && TENSORFS_CPUPROFILE=$OUT/prof/scatter-tcp-host.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceScatter1000x8K/tcp' -test.benchtime=2000x && INPLACE_BIG_MB=8 TENSORFS_CPUPROFILE=$OUT/prof/8m-tcp-host.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/tcp' -test.benchtime=2000x"; tar czf "$OUT/prof.tgz" -C "$OUT" prof && rm -rf "$OUT/prof" ;;
 		spin) step spin spin.txt bash -c "cd tests && for sp in ${SPINS:-0 1ms}; do echo \"== --spin \$sp, cuda:0\" && INPLACE_SPIN=\$sp TENSORFS_TEST_DEVICE=cuda:0 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace4K' -test.benchtime=3x && INPLACE_SPIN=\$sp TENSORFS_TEST_DEVICE=cuda:0 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceScatter1000x8K/ipc' -test.benchtime=400x && INPLACE_SPIN=\$sp TENSORFS_TEST_DEVICE=cuda:0 INPLACE_BIG_MB=1024 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/ipc' -test.benchtime=200x && echo \"== --spin \$sp, host\" && INPLACE_SPIN=\$sp timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace4K' -test.benchtime=3x && INPLACE_SPIN=\$sp timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceScatter1000x8K/tcp' -test.benchtime=200x && INPLACE_SPIN=\$sp INPLACE_BIG_MB=8 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/tcp' -test.benchtime=300x || exit 1; done" ;;
 		trace) mkdir -p "$OUT/trace"; step trace trace.txt bash -c "cd tests && export TENSORFS_TEST_DEVICE=cuda:0 && INPLACE_BIG_MB=1024 TENSORFS_TRACE=$OUT/trace/big-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/ipc' -test.benchtime=20x && TENSORFS_TRACE=$OUT/trace/scatter-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceScatter1000x8K/ipc' -test.benchtime=50x && TENSORFS_TRACE=$OUT/trace/small-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace4K/ipc' -test.benchtime=1x && unset TENSORFS_TEST_DEVICE && INPLACE_BIG_MB=8 TENSORFS_TRACE=$OUT/trace/8m-tcp-host.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/tcp' -test.benchtime=50x"; tar czf "$OUT/trace.tgz" -C "$OUT" trace && rm -rf "$OUT/trace" ;;
+		report) step report report.txt env BENCH_BIN_DIR="$root/gpubin" BENCH_COMMIT="$(cat gpubin/COMMIT 2>/dev/null || echo unknown)" scripts/bench.sh --out "$OUT/report" ${REPORT_ARGS:---rounds 1} ;;
 		bench) step bench gpu-bench.txt bash -c "cd tests && TENSORFS_REQUIRE_GPU=1 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench=GPU -test.benchtime=$BENCHTIME -test.count=1 -test.benchmem=false" ;;
-		*) echo "gpu-check.sh: unknown step $s (env unit gpu core bench inplace profile trace)" >&2; exit 64 ;;
+		*) echo "gpu-check.sh: unknown step $s (env unit gpu core bench inplace spin trace profile report)" >&2; exit 64 ;;
 		esac
 	done
 	left=$(grep -E '^tensorfs[^ ]* [^ ]+ fuse' /proc/mounts | awk '{print $2}')
@@ -127,7 +134,7 @@ case ${1:-} in
 build) build ;;
 run) shift; run "$@" ;;
 *)
-	sed -n '2,22p' "$0" >&2
+	awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2
 	exit 64
 	;;
 esac

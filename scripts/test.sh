@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test entry point (README's test command; .ci/run calls it): vet, ban
 # naked panics outside tests, run every test with the race detector (the
-# integration tests mount the real binary, built with -race too), and fail if
-# a mount of this run is left behind. Needs root (FUSE mounts) and fuse3+attr.
+# integration tests mount the real binary, built with -race too), run every
+# benchmark once at small sizes (scripts/bench.sh --quick: each produces its
+# result, the report its JSON and plot), and fail if a mount of this run is
+# left behind. Needs root (FUSE mounts) and fuse3+attr.
 #
 # Tests mount under a TMPDIR of this run, so the leftover check (and the
 # clean-up) touch only this run's mounts, never another user's or run's.
@@ -31,3 +33,4 @@ if grep -rn --include='*.go' --exclude='*_test.go' -E '(^|[^.[:alnum:]_])panic\(
 	exit 1
 fi
 go test -race -count=1 -timeout 30m ./...
+scripts/bench.sh --quick --out "$run_tmp/bench"

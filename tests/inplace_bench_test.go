@@ -379,7 +379,8 @@ func BenchmarkInPlaceScatter1000x8K(b *testing.B) {
 // 512) in place into an existing tensor on the peer; on TCP against raw TCP
 // into a reused buffer with the same streams ("x-raw"; goal at least 0.9);
 // on the IPC path with the setxattr round trip back to back and after an
-// idle of three quarters of the copy ("setxattr-us", "idle-setxattr-us").
+// idle of three quarters of the copy ("setxattr-us", "idle-setxattr-us"),
+// and on host memory against one memmove of the size ("x-raw").
 func BenchmarkInPlaceBig(b *testing.B) {
 	size := 512 << 20
 	if v := os.Getenv("INPLACE_BIG_MB"); v != "" {
@@ -416,6 +417,15 @@ func BenchmarkInPlaceBig(b *testing.B) {
 				hot, cold := idleSetxattr(b, a.mnt, 200, time.Duration(tf*750)*time.Nanosecond)
 				b.ReportMetric(hot, "setxattr-us")
 				b.ReportMetric(cold, "idle-setxattr-us")
+				if os.Getenv("TENSORFS_TEST_DEVICE") == "" {
+					// Host memory: the floor is a memmove of the
+					// size in this process (on a GPU,
+					// scripts/gpu_floor.py's copy from an
+					// IPC-opened pointer).
+					r := memmoveP50(size, max(len(lat), 3))
+					b.ReportMetric(float64(size)/r, "raw-MB/s")
+					b.ReportMetric(r/tf, "x-raw")
+				}
 			}
 			if path == "tcp" {
 				buf := make([]byte, size)

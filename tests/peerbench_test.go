@@ -17,7 +17,7 @@ package tests
 //
 // The daemons are the real binary (`tensorfs mount --device host` with
 // --listen, --peer, --secret-file and distinct --host-id, so the TCP path is
-// taken, as in peers_test.go's cluster). scripts/peerbench.sh runs these and
+// taken, as in peers_test.go's cluster). scripts/bench.sh runs these and
 // prints the ratios; docs/performance.md ("Peer copies") has the method and
 // the figures.
 
@@ -199,7 +199,7 @@ func BenchmarkPeerCopy1G(b *testing.B) {
 //
 // The "-new" variants remove the previous op's tree untimed (b's memory
 // stays bounded). Reported as tensors/s and MB/s (the tensors' bytes, 64
-// MiB per op); scripts/peerbench.sh reports dir ÷ files and dir-new ÷
+// MiB per op); scripts/bench.sh reports dir ÷ files and dir-new ÷
 // files-new.
 func BenchmarkPeerTree1000x64K(b *testing.B) {
 	for _, mode := range []string{"dir", "files", "dir-new", "files-new"} {
