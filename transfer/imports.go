@@ -108,6 +108,7 @@ func (ic *importCache) acquire(instance string, d IPCDesc, lc *leaseChan, open f
 		// end no revocation could reach us.
 		if lc.alive() {
 			e.lease[d.Export] = lc
+			lc.touch()
 		}
 		lc.mu.Unlock()
 		ic.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -51,6 +52,21 @@ type leaseChan struct {
 
 	mu   sync.Mutex
 	held map[uint64]*heldLease // exporter side, by export id
+
+	// lastUse is when a copy last took or looked up the channel, or a
+	// revocation last crossed it (unix ns): the idle close counts from
+	// it, so a channel whose leases come and go between copies stays
+	// open. Set under mu where a lease is taken, so that closeIfIdle
+	// (which holds mu) sees either the lease or the fresh time.
+	lastUse atomic.Int64
+}
+
+// touch records a use of the channel now.
+func (lc *leaseChan) touch() { lc.lastUse.Store(time.Now().UnixNano()) }
+
+// unusedFor is how long the channel has gone without a use.
+func (lc *leaseChan) unusedFor() time.Duration {
+	return time.Duration(time.Now().UnixNano() - lc.lastUse.Load())
 }
 
 // heldLease is a lease this node, as exporter, holds for the peer.
@@ -74,6 +90,7 @@ func (lc *leaseChan) alive() bool {
 
 // sendIDs sends a frameRevoke or frameRevoked; errors end the channel.
 func (lc *leaseChan) sendIDs(typ byte, ids []uint64) {
+	lc.touch()
 	lc.wmu.Lock()
 	err := lc.c.sendJSON(typ, idsMsg{IDs: ids})
 	lc.wmu.Unlock()
@@ -93,15 +110,18 @@ func (lc *leaseChan) close(why error) {
 	}
 }
 
-// closeIfIdle closes the channel when neither side's leases use it: no
-// lease held for the peer here, no import leased through it here (the
-// peer checks its own side the same way). Decided under the locks that
-// hold and acquire take, so a lease being taken meanwhile either sees the
-// channel end or keeps it.
+// closeIfIdle closes the channel when neither side's leases use it and it
+// has gone unused for leaseIdle: no lease held for the peer here, no
+// import leased through it here (the peer checks its own side the same
+// way). Decided under the locks that hold and acquire take, so a lease
+// being taken meanwhile either sees the channel end or keeps it. The
+// peer may be taking a lease on its side at that moment (after leaseIdle
+// of silence): that copy then goes uncached, which costs the next copy an
+// import, not correctness (its lease ends with the channel).
 func (lc *leaseChan) closeIfIdle() bool {
 	first := false
 	idle := lc.whileLocked(func(idle bool) {
-		if idle {
+		if idle = idle && lc.unusedFor() >= lc.s.leaseIdle(); idle {
 			lc.once.Do(func() { close(lc.done); first = true })
 		}
 	})
@@ -160,6 +180,7 @@ func (lc *leaseChan) hold(id uint64, l PeerLease) bool {
 	}
 	h := &heldLease{lease: l, acked: make(chan struct{})}
 	lc.held[id] = h
+	lc.touch()
 	lc.mu.Unlock()
 	go func() {
 		select {
@@ -215,23 +236,22 @@ func (lc *leaseChan) afterCopy(id uint64) {
 func (lc *leaseChan) run() {
 	go func() {
 		// Keepalives every third of the timeout; idle checks on the same
-		// beat: an unused channel closes after about leaseIdle, so an idle
-		// node holds no sockets for leases it no longer needs.
+		// beat: a channel without leases and unused for leaseIdle closes,
+		// so an idle node holds no sockets for leases it no longer needs.
+		// Idleness counts from the last use, not from samples: leases
+		// that end between one copy and the next (a tensor re-made per
+		// step) leave the channel lease-free at many beats while it is
+		// busy, and closing it then lost the next copy's lease.
 		beat := min(lc.s.cfg.Timeout/3, lc.s.leaseIdle()/2)
 		tick := time.NewTicker(beat)
 		defer tick.Stop()
-		idleFor := time.Duration(0)
 		for {
 			select {
 			case <-lc.done:
 				return
 			case <-tick.C:
-				if lc.isIdle() {
-					if idleFor += beat; idleFor >= lc.s.leaseIdle() && lc.closeIfIdle() {
-						return
-					}
-				} else {
-					idleFor = 0
+				if lc.unusedFor() >= lc.s.leaseIdle() && lc.closeIfIdle() {
+					return
 				}
 				lc.wmu.Lock()
 				err := lc.c.send(frameKeepalive, nil)
@@ -252,6 +272,7 @@ func (lc *leaseChan) run() {
 			lc.close(err)
 			return
 		}
+		lc.touch()
 		var m idsMsg
 		if (typ != frameRevoke && typ != frameRevoked) || json.Unmarshal(p, &m) != nil {
 			lc.close(fmt.Errorf("frame type %d on a lease channel: %w", typ, ErrFrame))
@@ -344,7 +365,9 @@ func (s *Service) leaseChannel(ctx context.Context, peer string, c *conn) *lease
 
 func (s *Service) newChan(c *conn, dialer string) *leaseChan {
 	// The channel's own reads wait for keepalives, not for work.
-	return &leaseChan{s: s, c: c, peer: c.peer, instance: c.instance, dialer: dialer, done: make(chan struct{}), held: map[uint64]*heldLease{}}
+	lc := &leaseChan{s: s, c: c, peer: c.peer, instance: c.instance, dialer: dialer, done: make(chan struct{}), held: map[uint64]*heldLease{}}
+	lc.touch()
+	return lc
 }
 
 // chanTo returns the live channel to a peer instance, or nil.
@@ -352,6 +375,7 @@ func (s *Service) chanTo(instance string) *leaseChan {
 	s.chanMu.Lock()
 	defer s.chanMu.Unlock()
 	if lc := s.chans[instance]; lc != nil && lc.alive() {
+		lc.touch()
 		return lc
 	}
 	return nil

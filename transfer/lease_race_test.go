@@ -382,3 +382,78 @@ func TestIPCPullSlowPrepare(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.Equal(t, "ipc", imp.Stats().Transfers.Recent[0].Path)
 }
+
+// TestBusyLeaseChannelStays: a channel whose leases end between one copy
+// and the next (each copy's export revoked before the next copy, the way a
+// tensor re-made per step is) is in use, not idle: it stays open across
+// many idle beats, every copy is leased on it, and it closes only once the
+// copies stop for leaseIdle. Sampling idleness at the beats closed it
+// under the copies, and a copy then lost its lease (seen on a 16-core
+// host: an import cache miss where a hit was due, a lease short).
+func TestBusyLeaseChannelStays(t *testing.T) {
+	leases := make(chan *fakeLease, 1)
+	src := &exportSource{meta: Meta{DType: "U8", Shape: "64", NBytes: 64}, onExport: func(l *fakeLease) { leases <- l }}
+	const timeout = 300 * time.Millisecond // leaseIdle 150 ms, a beat every 75 ms
+	exp := startServer(t, "e", exportLocal{newMemLocal(), src}, testSecret, func(c *Config) {
+		c.HostID = "one"
+		c.Timeout = timeout
+	})
+	var closed atomic.Int32
+	into := newMemLocal()
+	imp := newClient(t, "i", into, testSecret, map[string]string{"e": addrOf(exp)}, func(c *Config) {
+		c.HostID = "one"
+		c.Timeout = timeout
+		c.Importers = map[string]func(string) (Mapping, error){
+			"fake": func(h string) (Mapping, error) { return fakeMapping{h, &closed}, nil },
+		}
+	})
+	require.Equal(t, 150*time.Millisecond, imp.leaseIdle())
+	ctx := context.Background()
+	var first *leaseChan
+	deadline := time.Now().Add(12 * imp.leaseIdle())
+	n := 0
+	for ; time.Now().Before(deadline); n++ {
+		_, err := pull(ctx, imp, into, "e", "/t", "/one")
+		require.NoError(t, err)
+		l := <-leases
+		lc := chanOf(imp, exp.instance)
+		require.NotNil(t, lc, "copy %d: no lease channel", n)
+		if first == nil {
+			first = lc
+		}
+		require.Same(t, first, lc, "copy %d went over a new lease channel: the busy one was closed", n)
+		imp.imports.mu.Lock()
+		leased := 0
+		for _, e := range imp.imports.m {
+			leased += len(e.lease)
+		}
+		imp.imports.mu.Unlock()
+		require.Equal(t, 1, leased, "copy %d: the import holds no lease", n)
+		// The export retired: revoked, answered, the channel lease-free
+		// until the next copy, most of the time between copies.
+		close(l.revoked)
+		select {
+		case <-l.released:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("copy %d: the revocation was not answered", n)
+		}
+		time.Sleep(imp.leaseIdle() / 3)
+	}
+	require.Greater(t, n, 10)
+	// Unused now: it closes after about leaseIdle, on both sides.
+	require.Eventually(t, func() bool {
+		return !first.alive() && chanOf(imp, exp.instance) == nil && chanOf(exp, imp.instance) == nil
+	},
+		10*imp.leaseIdle(), 5*time.Millisecond, "the unused lease channel stays open")
+}
+
+// chanOf is s's live lease channel to instance, or nil; unlike chanTo it is
+// no use of the channel (the idle close must not see the test's looks).
+func chanOf(s *Service, instance string) *leaseChan {
+	s.chanMu.Lock()
+	defer s.chanMu.Unlock()
+	if lc := s.chans[instance]; lc != nil && lc.alive() {
+		return lc
+	}
+	return nil
+}
