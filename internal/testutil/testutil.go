@@ -12,23 +12,37 @@ import (
 	"testing"
 )
 
-// FreePort returns a loopback TCP port that was free a moment ago, below
-// the kernel's ephemeral range (32768 and up by default): a port from ":0"
-// is an ephemeral one, which another test's outgoing connection may take
-// before the server binds it (seen as a daemon failing to start).
+// FreePort returns a loopback TCP port that was free a moment ago and that
+// it has not returned before in this process, below the kernel's ephemeral
+// range (32768 and up by default): a port from ":0" is an ephemeral one,
+// which another test's outgoing connection may take before the server
+// binds it (seen as a daemon failing to start). Never twice: a cluster
+// picks all its ports before any daemon binds one, and a port picked twice
+// (one in a hundred for a cluster of 17) failed the second daemon's bind.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	for i := 0; i < 100; i++ {
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for i := 0; i < 1000; i++ {
 		port := 20000 + rand.Intn(12000)
+		if portsGiven[port] {
+			continue
+		}
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err == nil {
 			ln.Close()
+			portsGiven[port] = true
 			return port
 		}
 	}
 	t.Fatal("no free port in 20000-32000")
 	return 0
 }
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{} // every port FreePort returned
+)
 
 // SyncBuffer is a bytes.Buffer that a child process writes (its stdout and
 // stderr) while a test reads it.
