@@ -29,7 +29,7 @@ func NewAllocID() uint64 { return nextAllocID.Add(1) }
 //
 // Creating, committing, mapping and destroying a memfd costs about 80 µs per
 // tensor, more than the rest of a create+unlink through FUSE (measured in
-// docs/performance.md), so freed small buffers are kept for reuse: sealed,
+// bench/history.md), so freed small buffers are kept for reuse: sealed,
 // mapped and paged in, per (size, owner) since a reused memfd keeps its
 // handle, and only for a short while so idle memory goes back.
 //

@@ -18,8 +18,8 @@ package tests
 // The daemons are the real binary (`tensorfs mount --device host` with
 // --listen, --peer, --secret-file and distinct --host-id, so the TCP path is
 // taken, as in peers_test.go's cluster). scripts/bench.sh runs these and
-// prints the ratios; docs/performance.md ("Peer copies") has the method and
-// the figures.
+// prints the ratios; docs/performance.md has the floors and
+// the latest figures; bench/history.md ("Peer copies") how they were found.
 
 import (
 	"bytes"

@@ -8,7 +8,7 @@ import (
 // Chunk buffers are pooled across transfers: a copy of a few MiB allocated
 // (and the runtime cleared, and the kernel faulted in) its megabytes of
 // chunk buffers anew each time, a third of its time on this repository's
-// 2-core VM (an 8 MiB in-place copy over TCP; docs/performance.md).
+// 2-core VM (an 8 MiB in-place copy over TCP; bench/history.md).
 //
 // A buffer's class is its payload capacity, a power of two from
 // minBufClass up to the largest frame, plus bufSlack bytes for the

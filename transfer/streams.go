@@ -13,7 +13,7 @@ const (
 	// MaxStreams bounds the parallel TCP streams of one transfer.
 	MaxStreams = 8
 	// DefaultStreams is the streams a transfer asks for when Config.Streams
-	// is 0: measured on loopback (docs/performance.md, "Peer copies").
+	// is 0: measured on loopback (bench/history.md, "Peer copies").
 	DefaultStreams = 2
 	// minGridChunk is the smallest chunk size accepted with several streams,
 	// in bytes: it bounds the receiver's bitmap of arrived chunks to one bit

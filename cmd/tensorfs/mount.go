@@ -507,7 +507,7 @@ func checkUnmountable(dir string) error {
 // bytes and count) to allocs at stop, and its execution trace
 // (runtime/trace: where a copy's goroutines waited) to tr, for each that
 // is set ($TENSORFS_CPUPROFILE, $TENSORFS_ALLOCPROFILE, $TENSORFS_TRACE:
-// how the benchmarks' per-copy costs were found; docs/performance.md).
+// how the benchmarks' per-copy costs were found; bench/history.md).
 // "%p" in each is replaced by the process id, so that several daemons
 // can profile.
 func profiles(cpu, allocs, tr string) (stop func(), err error) {

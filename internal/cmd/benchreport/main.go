@@ -8,6 +8,7 @@
 // Usage:
 //
 //	benchreport -out DIR [-commit C] [-quick] [-gpu] [-without ID-PREFIX] [-skipped REASON] [-strict] ROUND...
+//	benchreport -compare RESULT-DIR...
 //
 // Each ROUND is the raw `go test -bench` output of one round (one test
 // process per benchmark set, in Go's benchmark format, read with
@@ -16,6 +17,11 @@
 // GPU floors come as a "BenchmarkGPUFloor" line (scripts/bench.sh makes it
 // from scripts/gpu_floor.py). It writes DIR/result.json, DIR/table.md
 // (also printed) and DIR/sweep.png.
+//
+// -compare prints, from the result.json of each RESULT-DIR, one markdown
+// table of every row with a floor or a goal: its goal, then for each
+// result the median ratio and whether it meets the goal (the table of
+// docs/performance.md).
 //
 // Exit status: 1 when a row that should have run has no result in some
 // round (a benchmark that failed or was not run), or the files cannot be
@@ -134,7 +140,25 @@ func main() {
 	var without multiFlag
 	flag.Var(&without, "without", "leave out the rows whose id starts with this (repeatable; say why with -skipped)")
 	strict := flag.Bool("strict", false, "exit 2 when a goal is missed")
+	compareMode := flag.Bool("compare", false, "print one table of ratios across the result directories given as arguments")
 	flag.Parse()
+	if *compareMode {
+		var results []Result
+		for _, dir := range flag.Args() {
+			res, err := readResult(dir)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "benchreport:", err)
+				os.Exit(1)
+			}
+			results = append(results, res)
+		}
+		if len(results) == 0 {
+			fmt.Fprintln(os.Stderr, "usage: benchreport -compare RESULT-DIR...")
+			os.Exit(64)
+		}
+		compare(os.Stdout, results)
+		return
+	}
 	if *out == "" || flag.NArg() == 0 {
 		fmt.Fprintln(os.Stderr, "usage: benchreport -out DIR [-commit C] [-quick] [-gpu] [-without ID-PREFIX] [-skipped REASON] [-strict] ROUND...")
 		os.Exit(64)
@@ -420,6 +444,78 @@ func table(w io.Writer, res Result) (status int) {
 	}
 	fmt.Fprintln(w, "\nRatios are per round, tensorfs ÷ floor (floor ÷ tensorfs for times read as throughput, goal ≥); \"met\" judges the median ratio.")
 	return status
+}
+
+// readResult reads DIR/result.json. Errors: the file's, or its JSON's.
+func readResult(dir string) (Result, error) {
+	var res Result
+	b, err := os.ReadFile(filepath.Join(dir, "result.json"))
+	if err != nil {
+		return res, err
+	}
+	if err := json.Unmarshal(b, &res); err != nil {
+		return res, fmt.Errorf("%s: %w", filepath.Join(dir, "result.json"), err)
+	}
+	return res, nil
+}
+
+// compare writes one table of the rows that have a ratio or a goal across
+// results, in the order of the first result that has each row.
+func compare(w io.Writer, results []Result) {
+	var ids []string
+	byID := make([]map[string]Row, len(results))
+	spec := map[string]Row{}
+	for i, res := range results {
+		byID[i] = map[string]Row{}
+		for _, r := range res.Rows {
+			if r.Ratio == nil && r.Goal == 0 {
+				continue
+			}
+			byID[i][r.ID] = r
+			if _, ok := spec[r.ID]; !ok {
+				spec[r.ID] = r
+				ids = append(ids, r.ID)
+			}
+		}
+	}
+	fmt.Fprint(w, "| benchmark | floor | goal |")
+	for _, res := range results {
+		m := res.Machine
+		where := fmt.Sprintf("%d CPUs", m.CPUs)
+		if m.GPU != "" {
+			where += ", " + m.GPU
+		}
+		fmt.Fprintf(w, " %s (%s), %s |", where, res.Commit, res.Date[:10])
+	}
+	fmt.Fprint(w, "\n| --- | --- | --- |")
+	for range results {
+		fmt.Fprint(w, " --- |")
+	}
+	fmt.Fprintln(w)
+	for _, id := range ids {
+		s := spec[id]
+		floor := s.FloorWhat
+		if floor == "" {
+			floor = "—"
+		}
+		fmt.Fprintf(w, "| %s | %s | %s |", s.What, floor, goalCell(s))
+		for i := range results {
+			r, ok := byID[i][id]
+			switch {
+			case !ok:
+				fmt.Fprint(w, " not run |")
+			case r.Met == "missing" || r.Value == nil:
+				fmt.Fprint(w, " missing |")
+			case r.Ratio == nil:
+				fmt.Fprintf(w, " %s %s: %s |", num(r.Value.Median), r.Unit, metCell(r.Met))
+			case r.Met == "":
+				fmt.Fprintf(w, " %.2f |", r.Ratio.Median)
+			default:
+				fmt.Fprintf(w, " %.2f: %s |", r.Ratio.Median, metCell(r.Met))
+			}
+		}
+		fmt.Fprintln(w)
+	}
 }
 
 func mapKeys[V any](m map[string]V) func(func(string) bool) {

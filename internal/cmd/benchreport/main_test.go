@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -113,4 +114,37 @@ func TestParseSize(t *testing.T) {
 	}
 	_, err := parseSize("x")
 	require.Error(t, err)
+}
+
+// Compare: one line per row with a ratio or goal, a column per result,
+// rows a result lacks marked, written results read back.
+func TestCompare(t *testing.T) {
+	r1, err := parseRound(strings.NewReader(round1), "r1")
+	require.NoError(t, err)
+	host := report([]round{r1}, false)
+	host.Commit, host.Date, host.Machine = "aaa", "2026-12-03T00:00:00Z", Machine{CPUs: 2}
+	gpu := report([]round{r1}, true)
+	gpu.Commit, gpu.Date, gpu.Machine = "bbb", "2026-12-04T00:00:00Z", Machine{CPUs: 16, GPU: "NVIDIA H200"}
+	var dirs []string
+	for _, res := range []Result{host, gpu} {
+		dir := t.TempDir()
+		_, err := write(dir, res, io.Discard)
+		require.NoError(t, err)
+		dirs = append(dirs, dir)
+	}
+	var results []Result
+	for _, d := range dirs {
+		res, err := readResult(d)
+		require.NoError(t, err)
+		results = append(results, res)
+	}
+	var out bytes.Buffer
+	compare(&out, results)
+	s := out.String()
+	require.Contains(t, s, "| benchmark | floor | goal | 2 CPUs (aaa), 2026-12-03 | 16 CPUs, NVIDIA H200 (bbb), 2026-12-04 |")
+	require.Contains(t, s, "| 4 KiB copy_to into a range, IPC path, p50 | setxattr + request/reply + 4 KiB memmove | ≤ 2 | 2.00: yes | 2.00: yes |")
+	require.Contains(t, s, "| 4 KiB copy_to into a range, IPC path, cuda:0 → cuda:0, p50 | setxattr + request/reply + 4 KiB device copy and sync | ≤ 2 | not run | 1.50: yes |")
+	require.Contains(t, s, "| sequential read, 256 MiB | the same on the FUSE floor | ≥ 0.9 | missing | missing |")
+	_, err = readResult(t.TempDir())
+	require.Error(t, err, "no result.json")
 }

@@ -2,7 +2,7 @@ package main
 
 // The rows of the performance table: what each benchmark is measured
 // against, and its goal. Goals and floors come from the issues that set
-// them (docs/performance.md names them); a benchmark added to
+// them (bench/history.md tells which); a benchmark added to
 // scripts/bench.sh gets a row here, or its result is reported nowhere.
 
 // term is one measurement a row reads from a round: the metric Unit of
