@@ -40,7 +40,7 @@ func (f *Tree) runLines(ctx context.Context, p *linePlan, lines []copyLine, viaM
 
 // newLinePlan is an empty plan for a call of about hint lines.
 func newLinePlan(hint int) *linePlan {
-	return &linePlan{set: sourceSet{}, pushes: map[string]*push{}, lists: map[listKey]*fileSource{}, hint: hint}
+	return &linePlan{set: sourceSet{}, pushes: map[string]*push{}, lists: map[listKey]*fileSource{}, pulls: map[pullKey]*[]transfer.Span{}, hint: hint}
 }
 
 // runPlan runs the work of a call's planned lines: the in-place work, then
@@ -75,8 +75,15 @@ type linePlan struct {
 	// destination: the call's later lines between the same two tensors
 	// join them as spans (fileSource.addSpan).
 	lists map[listKey]*fileSource
+	// pulls are the in-place lines that pull ranges from one peer tensor
+	// into one tensor here, as one range-list get each (pullSpans).
+	pulls map[pullKey]*[]transfer.Span
 	hint  int // the call's lines: room for a range list's spans
 }
+
+// pullKey names a range-list pull of a call: the peer, its tensor, and the
+// tensor here.
+type pullKey struct{ peer, src, dst string }
 
 // listKey names a range-list descriptor of a call: its source tensor and
 // its destination (peer "" for this mount, and path).
@@ -106,6 +113,25 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 	if l.src.peer != "" {
 		if l.dst.peer != "" {
 			return errf(syscall.EINVAL, "%s -> %s: one side of a line must be this mount", l.src, l.dst)
+		}
+		if sr, dr := l.src.r, l.dst.r; inPlace && sr.Set && sr.HasLen && sr.Off >= 0 && sr.Len >= 0 && dr.Off >= 0 && (!dr.HasLen || dr.Len == sr.Len) {
+			// A range of known length into a range here: one span of the
+			// pull between these two tensors (one get for all of them).
+			k := pullKey{l.src.peer, l.src.path, l.dst.path}
+			spans := p.pulls[k]
+			if spans == nil {
+				spans = new([]transfer.Span)
+				p.pulls[k] = spans
+				p.first = append(p.first, func() error {
+					if len(*spans) == 1 { // one line: a plain get, as before
+						sp := (*spans)[0]
+						return f.pullLine(ctx, copyLine{src: ref{peer: k.peer, path: k.src, r: transfer.Range{Set: true, Off: sp.Src, Len: sp.N, HasLen: true}}, dst: ref{path: k.dst, r: transfer.Range{Set: true, Off: sp.Dst}}})
+					}
+					return f.pullSpans(ctx, k, *spans, prepOpts{caller: callerOf(ctx)})
+				})
+			}
+			*spans = append(*spans, transfer.Span{Pos: transfer.SpanEnd(*spans), Src: sr.Off, Dst: dr.Off, N: sr.Len})
+			return nil
 		}
 		p.later(inPlace, func() error { return f.pullLine(ctx, *l) })
 		return nil
@@ -248,6 +274,25 @@ func (f *Tree) pullLine(ctx context.Context, l copyLine) error {
 		return f.prepare(dst, isDir, metas, prepOpts{caller: callerOf(ctx)})
 	})
 	return logCopy(l.src.String(), l.dst.String(), n, err, l.dst.r.Set)
+}
+
+// pullSpans copies a call's in-place lines from the peer tensor k.src into
+// the tensor k.dst here as one transfer: a range-list get. The spans are
+// checked here (inside the tensor here, prepare) and there (inside the
+// peer's) before a byte moves.
+func (f *Tree) pullSpans(ctx context.Context, k pullKey, spans []transfer.Span, opts prepOpts) error {
+	if f.peers == nil {
+		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", k.peer)
+	}
+	pull := transfer.Pull{Peer: k.peer, Path: k.src, Dst: k.dst, Spans: spans}
+	n, err := f.peers.Receive(ctx, pull, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
+		if isDir {
+			return nil, errf(syscall.EPROTO, "a range-list get answered with a directory")
+		}
+		return f.prepare(k.dst, false, metas, opts)
+	})
+	what := transfer.Range{Spans: spans}.String()
+	return logCopy(k.peer+":"+k.src+what, k.dst+what, n, err, true)
 }
 
 // allInPlace reports whether every descriptor of srcs is written in place.

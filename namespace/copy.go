@@ -377,7 +377,54 @@ func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error)
 			whole = append(whole, l)
 		}
 	}
-	for _, l := range append(inPlace, whole...) {
+	// The in-place lines that pull ranges of known length from one peer
+	// tensor go as one range-list get (one transfer) per tensor, in the
+	// order of their first line; the rest one by one.
+	type pullRun struct {
+		k     pullKey
+		spans []transfer.Span
+		line  *copyLine // a line of one, pulled as it is
+	}
+	var runs []*pullRun
+	lists := map[pullKey]*pullRun{}
+	_, toFile := dst.(*File)
+	for i := range inPlace {
+		l := &inPlace[i]
+		sr, dr := l.src.r, l.dst.r
+		if l.src.peer == "" || !toFile || !sr.HasLen || sr.Off < 0 || sr.Len < 0 || dr.Off < 0 || dr.HasLen && dr.Len != sr.Len {
+			runs = append(runs, &pullRun{line: l})
+			continue
+		}
+		k := pullKey{l.src.peer, l.src.path, ""}
+		run := lists[k]
+		if run == nil {
+			run = &pullRun{k: k}
+			lists[k] = run
+			runs = append(runs, run)
+		}
+		run.spans = append(run.spans, transfer.Span{Pos: transfer.SpanEnd(run.spans), Src: sr.Off, Dst: dr.Off, N: sr.Len})
+	}
+	for _, run := range runs {
+		var err error
+		switch {
+		case run.line != nil:
+			err = f.pullInto(ctx, dst, *run.line)
+		case len(run.spans) == 1:
+			sp := run.spans[0]
+			l := copyLine{src: ref{peer: run.k.peer, path: run.k.src, r: transfer.Range{Set: true, Off: sp.Src, Len: sp.N, HasLen: true}}, dst: ref{r: transfer.Range{Set: true, Off: sp.Dst}}}
+			err = f.pullInto(ctx, dst, l)
+		default:
+			run.k.dst = f.Path(dst)
+			if run.k.dst == "" {
+				return errf(syscall.ENOENT, "copy_from into an unlinked file")
+			}
+			err = f.pullSpans(ctx, run.k, run.spans, prepOpts{adopt: dst, caller: callerOf(ctx)})
+		}
+		if err != nil {
+			return err
+		}
+	}
+	for _, l := range whole {
 		if err := f.pullInto(ctx, dst, l); err != nil {
 			return err
 		}

@@ -226,6 +226,28 @@ func (ss sourceSet) open(f *File, rel string, r transfer.Range) (*fileSource, er
 	return s, nil
 }
 
+// openSpans opens f as a range list (a peer's range-list get,
+// transfer.Pull.Spans): the spans' bytes of the tensor, each span inside
+// it. Errors: EINVAL for a span outside the tensor; open's.
+func (ss sourceSet) openSpans(f *File, spans []transfer.Span) (*fileSource, error) {
+	s, err := ss.open(f, "", transfer.Range{})
+	if err != nil {
+		return nil, err
+	}
+	size := s.meta.NBytes
+	for _, sp := range spans {
+		if _, _, err := rangeIn(size, transfer.Range{Set: true, Off: sp.Src, Len: sp.N, HasLen: true}); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	m := &s.meta
+	m.Spans, m.NBytes, m.InPlace, m.Off = spans, transfer.SpanEnd(spans), true, 0
+	// A range list has no shape of its own but its bytes.
+	m.DType, m.Shape = "U8", strconv.FormatInt(m.NBytes, 10)
+	return s, nil
+}
+
 // rangeIn is the offset and length of source range r of a tensor of size
 // bytes (r's length defaults to the rest of the tensor). Errors: EINVAL for
 // a range outside the tensor.
@@ -249,13 +271,20 @@ func sources(n Node, r transfer.Range) ([]transfer.Source, bool, error) {
 	case *File:
 		refs = []fileRef{{f: x}}
 	case *Dir:
-		if r.Set {
+		if r.Set || r.Spans != nil {
 			return nil, false, errf(syscall.EINVAL, "a source range (%s) on a directory", r)
 		}
 		isDir = true
 		refs = x.walk("", nil)
 	}
 	set := sourceSet{}
+	if r.Spans != nil && len(refs) == 1 {
+		s, err := set.openSpans(refs[0].f, r.Spans)
+		if err != nil {
+			return nil, false, err
+		}
+		return []transfer.Source{s}, false, nil
+	}
 	srcs := make([]transfer.Source, 0, len(refs))
 	for _, ref := range refs {
 		s, err := set.open(ref.f, ref.rel, r)

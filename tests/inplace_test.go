@@ -149,6 +149,75 @@ func TestInPlaceCopies(t *testing.T) {
 	}
 }
 
+// TestInPlacePullList: a copy_from of many in-place lines from one peer
+// tensor (and a batch pulling the same way) is one transfer, a range-list
+// get, on the IPC and TCP paths: unsorted and adjacent destinations, every
+// byte where its line says, nothing else touched, the destination's
+// registration kept. A line outside either tensor fails the whole call
+// with EINVAL before a byte lands.
+func TestInPlacePullList(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		sameHost bool
+	}{{"ipc", true}, {"tcp", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := inPlacePair(t, tc.sameHost)
+			const blk, n = 4096, 64
+			src := fill(n*blk, 5)
+			writeTensor(t, b.path("kv"), src)
+			zeros(t, a.path("cache"), 2*n*blk)
+			before := ids(t, a.path("cache"))
+			want := make([]byte, 2*n*blk)
+			perm := rand.New(rand.NewSource(7)).Perm(2 * n)[:n]
+			var lines []string
+			for i, j := range perm {
+				lines = append(lines, fmt.Sprintf("b:/kv@%d+%d @%d", i*blk, blk, j*blk))
+				copy(want[j*blk:], src[i*blk:(i+1)*blk])
+			}
+			// Two adjacent half blocks into one block, and a line without
+			// a destination length.
+			lines = append(lines, fmt.Sprintf("b:/kv@0+%d @%d", blk/2, (2*n-1)*blk), fmt.Sprintf("b:/kv@%d+%d @%d", blk/2, blk/2, (2*n-1)*blk+blk/2))
+			copy(want[(2*n-1)*blk:], src[:blk])
+			recent := len(a.stats().Transfers.Recent)
+			setx(t, a.path("cache"), xattrs.CopyFrom, strings.Join(lines, "\n"))
+			requireContent(t, a.path("cache"), want)
+			require.Equal(t, before, ids(t, a.path("cache")), "mr_id, ipc_id and generation are kept")
+			st := a.stats()
+			got := st.Transfers.Recent[min(recent, len(st.Transfers.Recent)):]
+			require.Len(t, got, 1, "one call, one transfer: %+v", got)
+			require.Equal(t, "in_place", got[0].Mode, "%+v", got[0])
+			require.EqualValues(t, (n+1)*blk, got[0].BytesTotal, "%+v", got[0])
+			path := "tcp"
+			if tc.sameHost {
+				path = "ipc"
+			}
+			require.Equal(t, path, got[0].Path, "%+v", got[0])
+
+			// The same through batch on the root: one transfer too.
+			zeros(t, a.path("c2"), 2*blk)
+			recent = len(a.stats().Transfers.Recent)
+			setx(t, a.mnt, xattrs.Batch, fmt.Sprintf("b:/kv@%d+%d /c2@%d\nb:/kv@0+%d /c2@0", blk, blk, blk, blk))
+			wantC2 := append(append([]byte{}, src[:blk]...), src[blk:2*blk]...)
+			requireContent(t, a.path("c2"), wantC2)
+			require.Len(t, a.stats().Transfers.Recent[recent:], 1)
+
+			// One bad line, outside the peer's tensor or outside ours: EINVAL,
+			// and not one byte written.
+			for _, bad := range []string{
+				fmt.Sprintf("b:/kv@0+%d @0\nb:/kv@%d+%d @%d", blk, n*blk, blk, blk),
+				fmt.Sprintf("b:/kv@0+%d @0\nb:/kv@0+%d @%d", blk, blk, 2*n*blk),
+			} {
+				err := unix.Setxattr(a.path("cache"), xattrs.CopyFrom, []byte(bad), 0)
+				require.ErrorIs(t, err, syscall.EINVAL, "%q", bad)
+				requireContent(t, a.path("cache"), want)
+			}
+			for _, d := range []*daemon{a, b} {
+				require.Zero(t, d.stats().Live.Pins)
+			}
+		})
+	}
+}
+
 // TestInPlaceLocal: inside one mount, a copy_to into a range of another
 // tensor, and into its own bytes elsewhere, writes in place (one batch);
 // a caller without write permission on the destination is refused.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -265,12 +266,33 @@ func (s *Service) sentFirst(peer string, c *conn, sr sendResult, res <-chan push
 
 // Pull names what Receive copies: the tensors at Path on Peer (Range, when
 // set, bytes of the tensor there) into Dst on this node (DstRange, when
-// set, written in place: Range.Apply).
+// set, written in place: Range.Apply). Spans, instead of both ranges, make
+// it one range list between the tensor at Path and the one at Dst, written
+// in place: span k's N bytes at Src there land at Dst here (Pos: laid end
+// to end from 0). The peer sends back only what the spans ask for; where
+// the bytes land here is this node's own list, never the peer's word.
 type Pull struct {
 	Peer, Path string
 	Range      Range
 	Dst        string
 	DstRange   Range
+	Spans      []Span
+}
+
+// rangeText is how a record or a log names the source's bytes.
+func (p Pull) rangeText() string {
+	if p.Spans != nil {
+		return Range{Spans: p.Spans}.String()
+	}
+	return p.Range.String()
+}
+
+// dstText is how a record or a log names the destination's bytes.
+func (p Pull) dstText() string {
+	if p.Spans != nil {
+		return p.Dst + Range{Spans: p.Spans}.String()
+	}
+	return p.Dst + p.DstRange.String()
 }
 
 // Receive copies what p names into this node: prepare gets the
@@ -285,11 +307,19 @@ func (s *Service) Receive(ctx context.Context, p Pull, prepare func(isDir bool, 
 	if err != nil {
 		return 0, err
 	}
+	if p.Spans != nil {
+		if p.Range.Set || p.DstRange.Set || len(p.Spans) == 0 {
+			return 0, &Error{Errno: syscall.EINVAL, Msg: "a range list pull takes no other range"}
+		}
+		if err := checkSpans(p.Spans, SpanEnd(p.Spans)); err != nil {
+			return 0, &Error{Errno: syscall.EINVAL, Msg: err.Error()}
+		}
+	}
 	peer, dst := p.Peer, p.Dst
 	p.Path = remotePath
 	c, err := s.conn(ctx, peer)
 	if err != nil {
-		_, end := s.TrackCtx(ctx, peer+":"+remotePath+p.Range.String(), dst, "tcp", nil)
+		_, end := s.TrackCtx(ctx, peer+":"+remotePath+p.rangeText(), dst, "tcp", nil)
 		end(err)
 		return 0, err
 	}
@@ -315,9 +345,13 @@ func (s *Service) Receive(ctx context.Context, p Pull, prepare func(isDir bool, 
 // receive runs one get on c; retry says the IPC copy could not start (err
 // says why) and the request should be made again without it.
 func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(bool, []Meta) (Dest, error), ipcOK bool) (n int, retry bool, err error) {
-	req := request{Op: "get", Path: p.Path, IPCOK: ipcOK, Streams: s.cfg.Streams, InPlace: p.DstRange.Set}
+	req := request{Op: "get", Path: p.Path, IPCOK: ipcOK, Streams: s.cfg.Streams, InPlace: p.DstRange.Set || p.Spans != nil}
 	if p.Range.Set {
 		req.Range = &p.Range
+	}
+	if p.Spans != nil {
+		// The spans travel in the request's table, as a put's do.
+		req.Tensors = []Meta{{DType: "U8", Shape: strconv.FormatInt(SpanEnd(p.Spans), 10), NBytes: SpanEnd(p.Spans), InPlace: true, Spans: p.Spans}}
 	}
 	if err := c.sendJSON(frameRequest, req); err != nil {
 		return 0, false, netErr(err)
@@ -331,14 +365,20 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 		path = "ipc"
 	}
 	peer := p.Peer
-	descs, derr := p.DstRange.Apply(r.Tensors, r.Dir)
-	if derr != nil {
+	var descs []Meta
+	var derr error
+	if p.Spans != nil {
+		descs, derr = spanDescs(r, p.Spans)
+	} else if descs, derr = p.DstRange.Apply(r.Tensors, r.Dir); derr != nil {
 		descs = r.Tensors
 	}
-	rec, end := s.TrackCtx(ctx, peer+":"+p.Path+p.Range.String(), p.Dst+p.DstRange.String(), path, descs)
+	rec, end := s.TrackCtx(ctx, peer+":"+p.Path+p.rangeText(), p.dstText(), path, descs)
 	defer func() { end(err) }()
 	if err := checkMetas(r.Tensors, r.Dir); err != nil {
 		return 0, false, err
+	}
+	if p.Spans != nil && derr != nil {
+		return 0, false, derr // the peer's answer is not what was asked: out of step
 	}
 	if derr != nil {
 		// The peer holds its pins until it hears from us.
@@ -391,6 +431,24 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 		return c.sendJSON(frameDone, doneMsg{})
 	}, nil)
 	return n, false, err
+}
+
+// spanDescs is the destination descriptor of a range-list pull: the
+// peer's one descriptor, which must be the spans asked for (Pos, Src, N),
+// written in place at this node's own Dst offsets. Errors: EPROTO for any
+// other answer.
+func spanDescs(r reply, spans []Span) ([]Meta, error) {
+	if r.Dir || len(r.Tensors) != 1 || len(r.Tensors[0].Spans) != len(spans) || r.Tensors[0].NBytes != SpanEnd(spans) {
+		return nil, &Error{Errno: syscall.EPROTO, Msg: "the peer's answer to a range-list get is not the range list asked for"}
+	}
+	for i, sp := range r.Tensors[0].Spans {
+		if sp.Pos != spans[i].Pos || sp.Src != spans[i].Src || sp.N != spans[i].N {
+			return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("the peer's span %d is not the one asked for", i)}
+		}
+	}
+	m := r.Tensors[0]
+	m.InPlace, m.Off, m.Exact, m.Spans = true, 0, false, spans
+	return []Meta{m}, nil
 }
 
 // servePut receives a copy into this node.
@@ -511,6 +569,19 @@ func (s *Service) serveGet(c *conn, req request) error {
 	if req.Range != nil {
 		r = *req.Range
 		r.Set = true
+	}
+	if req.Tensors != nil {
+		// A range-list get (Pull.Spans): one descriptor, its spans.
+		if req.Range != nil || req.Dir || len(req.Tensors) != 1 || req.Tensors[0].Spans == nil || len(req.IPC) > 0 {
+			err := &Error{Errno: syscall.EPROTO, Msg: "a range-list get carries one descriptor of spans and no range"}
+			c.sendError(err)
+			return err
+		}
+		if err := checkSpans(req.Tensors[0].Spans, req.Tensors[0].NBytes); err != nil {
+			c.sendError(err)
+			return err
+		}
+		r = Range{Spans: req.Tensors[0].Spans}
 	}
 	srcs, isDir, err := s.local.Get(req.Path, r)
 	if err != nil {

@@ -69,6 +69,13 @@ type Range struct {
 	// takes the source's length and a source runs to its end.
 	Len    int64 `json:"len,omitempty"`
 	HasLen bool  `json:"has_len,omitempty"`
+	// Spans, on a source (Local.Get of a file; Set false), ask for a range
+	// list instead of one range: span k's N bytes at Src of the tensor, at
+	// Pos of the descriptor's bytes (laid end to end from 0; checkSpans).
+	// Their Dst is the puller's business. The in-place lines of one call
+	// that pull between one peer tensor and one tensor here travel so, as
+	// one get (Pull.Spans).
+	Spans []Span `json:"-"`
 }
 
 // Dest makes m, a descriptor of a source, one written in place at r in its
@@ -85,6 +92,8 @@ func (r Range) Dest(m Meta) (Meta, error) {
 // String is the range as a path suffix ("" when not set).
 func (r Range) String() string {
 	switch {
+	case r.Spans != nil:
+		return fmt.Sprintf("@[%d ranges]", len(r.Spans))
 	case !r.Set:
 		return ""
 	case r.HasLen:

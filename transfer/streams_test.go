@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"syscall"
@@ -383,4 +384,72 @@ func TestChunkFor(t *testing.T) {
 	require.Equal(t, 64<<10, s.chunkFor(8<<20))
 	s.cfg.Streams = 0
 	require.Equal(t, 64<<10, s.chunkFor(1<<30))
+}
+
+// A range-list pull (Pull.Spans) sends its spans in the get's table, and
+// takes only the answer it asked for: a peer that answers with other
+// spans, another size, no spans or a directory fails the pull with EPROTO
+// before the destination is prepared. Where the bytes land is the puller's
+// own list, so no answer can move them elsewhere.
+func TestSpanPullHostileAnswers(t *testing.T) {
+	spans := []Span{{Pos: 0, Src: 4096, Dst: 0, N: 4096}, {Pos: 4096, Src: 0, Dst: 65536, N: 4096}}
+	good := Meta{DType: "U8", Shape: "8192", NBytes: 8192, InPlace: true, Spans: spans}
+	shifted := good
+	shifted.Spans = []Span{{Pos: 0, Src: 4096, Dst: 0, N: 4096}, {Pos: 4096, Src: 8192, Dst: 65536, N: 4096}}
+	longer := good
+	longer.NBytes, longer.Spans = 12288, append(append([]Span{}, spans...), Span{Pos: 8192, Src: 0, Dst: 0, N: 4096})
+	bare := Meta{DType: "U8", Shape: "8192", NBytes: 8192}
+	for _, tc := range []struct {
+		name string
+		r    reply
+	}{
+		{"other spans", reply{Tensors: []Meta{shifted}}},
+		{"more spans", reply{Tensors: []Meta{longer}}},
+		{"no spans", reply{Tensors: []Meta{bare}}},
+		{"a directory", reply{Dir: true, Tensors: []Meta{withRel(good, "x")}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			asked := make(chan request, 1)
+			addr := rawServer(t, func(nc net.Conn) {
+				c := wrapConn(nc, "raw")
+				defer nc.Close()
+				if serverHandshake(c, "b", testSecret, ProtocolVersion) != nil {
+					return
+				}
+				var req request
+				if c.recvJSON(frameRequest, &req) != nil {
+					return
+				}
+				asked <- req
+				c.sendJSON(frameOK, tc.r)
+				c.recv() // until the client hangs up
+			})
+			a := newMemLocal()
+			cl := newClient(t, "a", a, testSecret, map[string]string{"b": addr}, func(c *Config) { c.Timeout = time.Second })
+			prepared := false
+			_, err := cl.Receive(context.Background(), Pull{Peer: "b", Path: "/kv", Dst: "/cache", Spans: spans}, func(bool, []Meta) (Dest, error) {
+				prepared = true
+				return nil, errors.New("not to be prepared")
+			})
+			requireErrno(t, err, syscall.EPROTO)
+			require.False(t, prepared, "the destination was prepared for a wrong answer")
+			req := <-asked
+			require.Equal(t, "get", req.Op)
+			require.True(t, req.InPlace)
+			require.Nil(t, req.Range)
+			require.Len(t, req.Tensors, 1)
+			require.Equal(t, spans, req.Tensors[0].Spans, "the spans travel in the request's table")
+		})
+	}
+	// A pull of spans with another range, or spans out of step, is refused
+	// before anything is sent.
+	cl := newClient(t, "a", newMemLocal(), testSecret, map[string]string{"b": "127.0.0.1:1"}, nil)
+	for _, p := range []Pull{
+		{Peer: "b", Path: "/kv", Dst: "/c", Spans: spans, Range: Range{Set: true}},
+		{Peer: "b", Path: "/kv", Dst: "/c", Spans: []Span{{Pos: 1, N: 1}}},
+		{Peer: "b", Path: "/kv", Dst: "/c", Spans: []Span{}},
+	} {
+		_, err := cl.Receive(context.Background(), p, nil)
+		requireErrno(t, err, syscall.EINVAL, "%+v", p)
+	}
 }
