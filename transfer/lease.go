@@ -385,11 +385,18 @@ func (s *Service) chanTo(instance string) *leaseChan {
 func (s *Service) serveLease(c *conn) {
 	// Adopted before the answer: the dialer's next request (a get that
 	// this node exports for) must find the channel to lease on.
+	// The answer goes out under the writer's lock, taken before the
+	// channel is found: a copy of this node may revoke on it at once, and
+	// its frameRevoke must follow the frameOK, never race it on the socket.
 	lc := s.newChan(c, c.instance)
+	lc.wmu.Lock()
 	if !s.adoptChan(lc) {
+		lc.wmu.Unlock()
 		return
 	}
-	if err := c.sendJSON(frameOK, reply{}); err != nil {
+	err := c.sendJSON(frameOK, reply{})
+	lc.wmu.Unlock()
+	if err != nil {
 		lc.close(err)
 		return
 	}
