@@ -33,8 +33,10 @@ quick=0 rounds= out= strict=
 while [ $# -gt 0 ]; do
 	case $1 in
 	--quick) quick=1 ;;
-	--rounds) rounds=${2:-}; shift ;;
-	--out) out=${2:-}; shift ;;
+	--rounds | --out)
+		[ $# -ge 2 ] && [ -n "$2" ] || { echo "bench.sh: $1 takes a value (see --help)" >&2; exit 64; }
+		if [ "$1" = --rounds ]; then rounds=$2; else out=$2; fi
+		shift ;;
 	--strict) strict=-strict ;;
 	-h | --help) sed -n '2,/^set -e/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
 	*) echo "bench.sh: unknown argument '$1' (see --help)" >&2; exit 64 ;;
@@ -43,23 +45,51 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$rounds" ] || rounds=$([ $quick = 1 ] && echo 1 || echo 3)
 case $rounds in
-'' | *[!0-9]* | 0) echo "bench.sh: --rounds takes a positive integer, got '$rounds'" >&2; exit 64 ;;
+'' | *[!0-9]* | 0*) echo "bench.sh: --rounds takes a positive integer, got '$rounds'" >&2; exit 64 ;;
 esac
 
 run_tmp=$(mktemp -d /tmp/tensorfs-bench-run.XXXXXX)
 ours() { awk -v p="$run_tmp/" '($3 ~ /^fuse/ || $1 == "tensorfs-bench-tmpfs") && index($2, p) == 1 {print $2}' /proc/mounts; }
+child= interrupted=
 finish() {
 	rc=$?
 	left=$(ours)
 	if [ -n "$left" ]; then
-		echo "bench.sh: mounts left behind: $left" >&2
+		# After an interruption the killed benchmark's mounts are expected.
+		[ -n "$interrupted" ] || { echo "bench.sh: mounts left behind: $left" >&2; rc=1; }
 		for m in $left; do umount -l "$m" 2>/dev/null || true; done
-		rc=1
 	fi
 	rm -rf "$run_tmp"
 	exit $rc
 }
 trap finish EXIT
+# A signal to this script alone reaches the benchmark running now, and the
+# script waits for it before it cleans up under it.
+on_signal() {
+	interrupted=1
+	if [ -n "$child" ]; then
+		kill -"$1" "$child" 2>/dev/null || true
+		# A benchmark killed with a request of its own in-process FUSE floor
+		# in flight never exits (a zombie whose thread waits on the dead
+		# server): abort this run's FUSE connections (fusectl; the device
+		# numbers from mountinfo, no syscall on the mounts) after a grace.
+		exited() { # gone, or a zombie with no thread left
+			[ ! -d "/proc/$child" ] || { [ "$(awk '{print $3}' "/proc/$child/stat" 2>/dev/null)" = Z ] && [ "$(ls "/proc/$child/task" 2>/dev/null | wc -l)" -le 1 ]; }
+		}
+		for _ in 1 2 3 4 5 6 7 8 9 10; do exited && break; sleep 0.3; done
+		if ! exited; then
+			mountpoint -q /sys/fs/fuse/connections || mount -t fusectl none /sys/fs/fuse/connections 2>/dev/null || true
+			awk -v p="$run_tmp/" 'index($5, p) == 1 {split($3, d, ":"); print d[2]}' /proc/self/mountinfo |
+				while read -r n; do echo 1 >"/sys/fs/fuse/connections/$n/abort" 2>/dev/null || true; done
+		fi
+		wait "$child" 2>/dev/null || true
+	fi
+	echo "bench.sh: interrupted (SIG$1)" >&2
+	exit $((128 + $2))
+}
+trap 'on_signal INT 2' INT
+trap 'on_signal TERM 15' TERM
+trap 'on_signal HUP 1' HUP
 
 bindir=${BENCH_BIN_DIR:-}
 if [ -z "$bindir" ]; then
@@ -121,8 +151,13 @@ fi
 runset() { # runset ROUNDFILE NAME REGEXP BENCHTIME ENV
 	local f=$1 name=$2 re=$3 bt=$4 env=$5
 	echo "# set $name: -test.bench '$re' -test.benchtime $bt $env" >>"$f"
-	(cd tests && env TMPDIR="$run_tmp" $env "$bindir/tests.test" -test.run '^$' -test.bench "$re" \
-		-test.benchtime "$bt" -test.count 1 -test.timeout 20m) >>"$f" 2>&1
+	(cd tests && exec env TMPDIR="$run_tmp" $env "$bindir/tests.test" -test.run '^$' -test.bench "$re" \
+		-test.benchtime "$bt" -test.count 1 -test.timeout 20m) >>"$f" 2>&1 &
+	child=$!
+	local st=0
+	wait "$child" || st=$?
+	child=
+	return $st
 }
 
 raws=()

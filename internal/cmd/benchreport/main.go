@@ -24,8 +24,10 @@
 // docs/performance.md).
 //
 // Exit status: 1 when a row that should have run has no result in some
-// round (a benchmark that failed or was not run), or the files cannot be
-// written; 2 with -strict when a goal is missed; else 0.
+// round (a benchmark that failed or was not run, or gave a figure of 0 or
+// less), a round has no benchmark result or a figure that is not finite,
+// there is no in-place sweep to draw, or the files cannot be written; 2
+// with -strict when a goal is missed; else 0.
 package main
 
 import (
@@ -35,6 +37,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -226,15 +229,24 @@ func parseRound(r io.Reader, name string) (round, error) {
 		}
 		vals := map[string]float64{}
 		for _, v := range res.Values {
+			unit, x := v.Unit, v.Value
 			if v.OrigUnit != "" {
-				vals[v.OrigUnit] = v.OrigValue
-			} else {
-				vals[v.Unit] = v.Value
+				unit, x = v.OrigUnit, v.OrigValue
 			}
+			if math.IsNaN(x) || math.IsInf(x, 0) {
+				return nil, fmt.Errorf("%s: %s: %s is %v: not a figure", name, res.Name, unit, x)
+			}
+			vals[unit] = x
 		}
 		out[dev][key] = vals
 	}
-	return out, rd.Err()
+	if err := rd.Err(); err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no benchmark results", name)
+	}
+	return out, nil
 }
 
 // report computes the rows and the sweep from the rounds: the GPU rows
@@ -262,6 +274,12 @@ func computeRow(s rowSpec, rounds []round) Row {
 			row.Met = "missing"
 			return row
 		}
+		if v <= 0 {
+			// Times and rates are positive: anything else is a broken
+			// benchmark, not a figure to judge (a 0 would "meet" any ≤ goal).
+			row.Met = "missing"
+			return row
+		}
 		v /= s.Scale
 		vals = append(vals, v)
 		if len(s.Floor) == 0 {
@@ -275,6 +293,10 @@ func computeRow(s rowSpec, rounds []round) Row {
 				return row
 			}
 			f += x
+		}
+		if f <= 0 {
+			row.Met = "missing"
+			return row
 		}
 		f /= s.Scale
 		floors = append(floors, f)
@@ -378,6 +400,10 @@ func parseSize(s string) (int64, error) {
 
 // write writes result.json, table.md and sweep.png into dir and the table
 // to w; status 1 when a row is missing, 2 when a goal is missed, else 0.
+//
+// Each file is written beside its name and renamed into place, the plot
+// first: a report that fails leaves no file of its own beside an older
+// run's, and none half-written.
 func write(dir string, res Result, w io.Writer) (status int, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return 1, err
@@ -386,18 +412,31 @@ func write(dir string, res Result, w io.Writer) (status int, err error) {
 	if err != nil {
 		return 1, err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "result.json"), append(js, '\n'), 0o644); err != nil {
-		return 1, err
-	}
 	var tb bytes.Buffer
 	status = table(&tb, res)
-	if err := os.WriteFile(filepath.Join(dir, "table.md"), tb.Bytes(), 0o644); err != nil {
-		return 1, err
-	}
-	w.Write(tb.Bytes())
-	if err := plotSweep(filepath.Join(dir, "sweep.png"), res); err != nil {
+	png := filepath.Join(dir, ".sweep.png.tmp")
+	defer os.Remove(png)
+	if err := plotSweep(png, res); err != nil {
 		return 1, fmt.Errorf("sweep.png: %w", err)
 	}
+	files := []struct {
+		name string
+		data []byte
+	}{{"result.json", append(js, '\n')}, {"table.md", tb.Bytes()}}
+	for _, f := range files {
+		tmp := filepath.Join(dir, "."+f.name+".tmp")
+		if err := os.WriteFile(tmp, f.data, 0o644); err != nil {
+			os.Remove(tmp)
+			return 1, err
+		}
+		defer os.Remove(tmp)
+	}
+	for _, name := range []string{"sweep.png", "result.json", "table.md"} {
+		if err := os.Rename(filepath.Join(dir, "."+name+".tmp"), filepath.Join(dir, name)); err != nil {
+			return 1, err
+		}
+	}
+	w.Write(tb.Bytes())
 	return status, nil
 }
 
@@ -456,6 +495,9 @@ func readResult(dir string) (Result, error) {
 	if err := json.Unmarshal(b, &res); err != nil {
 		return res, fmt.Errorf("%s: %w", filepath.Join(dir, "result.json"), err)
 	}
+	if res.Schema != 1 {
+		return res, fmt.Errorf("%s: schema %d, not 1 (this benchreport's)", filepath.Join(dir, "result.json"), res.Schema)
+	}
 	return res, nil
 }
 
@@ -485,7 +527,7 @@ func compare(w io.Writer, results []Result) {
 		if m.GPU != "" {
 			where += ", " + m.GPU
 		}
-		fmt.Fprintf(w, " %s (%s), %s |", where, res.Commit, res.Date[:10])
+		fmt.Fprintf(w, " %s (%s), %s |", where, res.Commit, res.Date[:min(10, len(res.Date))])
 	}
 	fmt.Fprint(w, "\n| --- | --- | --- |")
 	for range results {

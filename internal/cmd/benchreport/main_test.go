@@ -148,3 +148,55 @@ func TestCompare(t *testing.T) {
 	_, err = readResult(t.TempDir())
 	require.Error(t, err, "no result.json")
 }
+
+// Bad figures and bad results: a NaN or Inf figure and a round without a
+// benchmark are errors naming the file; a figure of 0 or less makes its
+// row missing instead of "meeting" a goal; -compare refuses another
+// schema and survives a short date; a report that cannot draw its sweep
+// writes nothing beside an older run's files.
+func TestBadFigures(t *testing.T) {
+	for _, bad := range []string{"NaN", "+Inf", "-Inf"} {
+		_, err := parseRound(strings.NewReader("BenchmarkInPlace4K/ipc-2 1 99 ns/op "+bad+" p50-us\n"), "r.txt")
+		require.ErrorContains(t, err, "r.txt", bad)
+		require.ErrorContains(t, err, "p50-us", bad)
+	}
+	_, err := parseRound(strings.NewReader("PASS\nok\n"), "empty.txt")
+	require.ErrorContains(t, err, "empty.txt: no benchmark results")
+
+	for _, line := range []string{
+		"BenchmarkInPlace4K/ipc-2 1 99 ns/op 0 p50-us 50 floor-us",
+		"BenchmarkInPlace4K/ipc-2 1 99 ns/op 100 p50-us -5 floor-us",
+	} {
+		r, err := parseRound(strings.NewReader(line+"\n"), "r")
+		require.NoError(t, err)
+		for _, row := range report([]round{r}, false).Rows {
+			if row.ID == "inplace-4k-ipc" {
+				require.Equal(t, "missing", row.Met, "%s", line)
+			}
+		}
+	}
+
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "result.json"), []byte(`{"date":"2026"}`), 0o644))
+	_, err = readResult(dir)
+	require.ErrorContains(t, err, "schema 0")
+	var out bytes.Buffer
+	require.NotPanics(t, func() { compare(&out, []Result{{Schema: 1, Date: "2026"}}) })
+
+	old := t.TempDir()
+	for _, f := range []string{"result.json", "table.md", "sweep.png"} {
+		require.NoError(t, os.WriteFile(filepath.Join(old, f), []byte("old"), 0o644))
+	}
+	r, err := parseRound(strings.NewReader("BenchmarkInPlace4K/ipc-2 1 99 ns/op 100 p50-us 50 floor-us\n"), "r")
+	require.NoError(t, err)
+	_, err = write(old, report([]round{r}, false), io.Discard)
+	require.ErrorContains(t, err, "no sweep results")
+	ents, err := os.ReadDir(old)
+	require.NoError(t, err)
+	require.Len(t, ents, 3, "no temporary left")
+	for _, f := range []string{"result.json", "table.md", "sweep.png"} {
+		b, err := os.ReadFile(filepath.Join(old, f))
+		require.NoError(t, err)
+		require.Equal(t, "old", string(b), "%s untouched", f)
+	}
+}
