@@ -3,8 +3,10 @@
 # to its floor measured in the same run, over several rounds; one result.
 #
 # Usage: scripts/bench.sh [--quick] [--rounds N] [--out DIR] [--strict]
-#   --quick      one round at small sizes, under 2 minutes on 2 cores: a
-#                smoke test that every benchmark runs and the report, JSON and
+#   --quick      one round, short: the in-place sizes small (32 MiB, a
+#                4K,1M sweep) and few iterations (the 1 GiB peer copies and
+#                256 MiB file I/O stay), under 2 minutes on 2 cores: a smoke
+#                test that every benchmark runs and the report, JSON and
 #                plot come out (CI runs it: scripts/test.sh), not figures
 #   --rounds N   rounds (default 3; --quick 1): one test process per
 #                benchmark set and round, tensorfs right before its floor

@@ -92,7 +92,8 @@ tensors of N x SIZE bytes; whole: N tensors of SIZE bytes); a value over
 64 KiB (the kernel's xattr limit) is split into several setxattr calls,
 which together count as one call. Every point (mode x direction x size) runs
 one untimed call first, then --iters calls, or calls for --time; for each it
-reports the latency of a call at the 50th and 99th percentile, the mean, and
+reports the latency of a call at the 50th and 99th percentile (the mean too,
+in --json), and
 the bandwidth (bytes moved / time in calls, in GB/s: 10^9 bytes a second),
 the path the daemon took (local, ipc or tcp) and how many calls were
 checked. --check N more calls a point (default 2) move fresh bytes, which
