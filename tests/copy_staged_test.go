@@ -99,7 +99,7 @@ func mkDeep(t *testing.T, root string, depth int) string {
 // involves the kernel's inode locks: even SIGKILL leaves the daemon a
 // zombie with a thread stuck in vfs_rename) and kills d.
 func unhang(d *daemon) {
-	os.WriteFile(fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", d.conn), []byte("1"), 0)
+	d.abortFUSE()
 	d.kill()
 }
 

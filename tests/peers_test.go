@@ -58,11 +58,27 @@ func (d *daemon) kill() {
 		// own mount): the process is never reaped until the connection is
 		// aborted.
 		d.t.Logf("killed daemon not reaped after 10 s; aborting its FUSE connection %d", d.conn)
-		os.WriteFile(fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", d.conn), []byte("1"), 0)
+		d.abortFUSE()
 		<-d.exit
 	}
 	d.state = "stopped"
 	syscall.Unmount(d.mnt, syscall.MNT_DETACH)
+}
+
+// abortFUSE aborts d's FUSE connection through fusectl, mounting fusectl
+// at /sys/fs/fuse/connections first where it is not (it was not on the
+// repository's VM, and the abort then did nothing: a daemon stuck on its
+// own mount stayed stuck, and so did the test).
+func (d *daemon) abortFUSE() {
+	abort := fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", d.conn)
+	if _, err := os.Stat(abort); err != nil {
+		if err := unix.Mount("none", "/sys/fs/fuse/connections", "fusectl", 0, ""); err != nil {
+			d.t.Logf("mount fusectl: %v", err)
+		}
+	}
+	if err := os.WriteFile(abort, []byte("1"), 0); err != nil {
+		d.t.Logf("abort FUSE connection %d: %v", d.conn, err)
+	}
 }
 
 // pause stops a daemon with SIGSTOP and returns once every one of its
@@ -534,4 +550,19 @@ func TestPeerSourceUnlinkedDuringCopy(t *testing.T) {
 	require.NoError(t, os.Remove(b.path("big")))
 	a.requireClean()
 	b.requireClean()
+}
+
+// TestAbortFUSE: the harness's way out of a daemon stuck on its own mount
+// works where fusectl is not mounted: abortFUSE mounts it and aborts the
+// connection (the mount then answers ENOTCONN), and the daemon can be
+// killed and reaped.
+func TestAbortFUSE(t *testing.T) {
+	d := startDaemon(t)
+	unix.Unmount("/sys/fs/fuse/connections", 0) // as on a machine without it
+	d.abortFUSE()
+	_, err := os.Stat(fmt.Sprintf("/sys/fs/fuse/connections/%d", d.conn))
+	require.NoError(t, err, "fusectl mounted again")
+	_, err = os.Stat(d.path("x"))
+	require.ErrorIs(t, err, syscall.ENOTCONN, "the aborted mount answers ENOTCONN")
+	d.kill()
 }
