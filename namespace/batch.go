@@ -85,6 +85,26 @@ type linePlan struct {
 // tensor here.
 type pullKey struct{ peer, src, dst string }
 
+// pullSpanOf is line l as a span of a range-list pull (its Pos is the
+// caller's): a pull from a peer of a source range of known length into a
+// range here. false: l is pulled as a line of its own (a whole tensor, a
+// source range to its end, lengths that disagree: its get says why).
+func pullSpanOf(l *copyLine) (transfer.Span, bool) {
+	sr, dr := l.src.r, l.dst.r
+	if l.src.peer == "" || !dr.Set || !sr.Set || !sr.HasLen || sr.Off < 0 || sr.Len < 0 || dr.Off < 0 || dr.HasLen && dr.Len != sr.Len {
+		return transfer.Span{}, false
+	}
+	return transfer.Span{Src: sr.Off, Dst: dr.Off, N: sr.Len}, true
+}
+
+// line is the one line a range-list pull of one span stands for.
+func (k pullKey) line(sp transfer.Span) copyLine {
+	return copyLine{
+		src: ref{peer: k.peer, path: k.src, r: transfer.Range{Set: true, Off: sp.Src, Len: sp.N, HasLen: true}},
+		dst: ref{path: k.dst, r: transfer.Range{Set: true, Off: sp.Dst}},
+	}
+}
+
 // listKey names a range-list descriptor of a call: its source tensor and
 // its destination (peer "" for this mount, and path).
 type listKey struct {
@@ -114,9 +134,9 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 		if l.dst.peer != "" {
 			return errf(syscall.EINVAL, "%s -> %s: one side of a line must be this mount", l.src, l.dst)
 		}
-		if sr, dr := l.src.r, l.dst.r; inPlace && sr.Set && sr.HasLen && sr.Off >= 0 && sr.Len >= 0 && dr.Off >= 0 && (!dr.HasLen || dr.Len == sr.Len) {
-			// A range of known length into a range here: one span of the
-			// pull between these two tensors (one get for all of them).
+		if sp, ok := pullSpanOf(l); ok {
+			// One span of the pull between these two tensors (one get
+			// for all of them).
 			k := pullKey{l.src.peer, l.src.path, l.dst.path}
 			spans := p.pulls[k]
 			if spans == nil {
@@ -124,13 +144,13 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 				p.pulls[k] = spans
 				p.first = append(p.first, func() error {
 					if len(*spans) == 1 { // one line: a plain get, as before
-						sp := (*spans)[0]
-						return f.pullLine(ctx, copyLine{src: ref{peer: k.peer, path: k.src, r: transfer.Range{Set: true, Off: sp.Src, Len: sp.N, HasLen: true}}, dst: ref{path: k.dst, r: transfer.Range{Set: true, Off: sp.Dst}}})
+						return f.pullLine(ctx, k.line((*spans)[0]))
 					}
 					return f.pullSpans(ctx, k, *spans, prepOpts{caller: callerOf(ctx)})
 				})
 			}
-			*spans = append(*spans, transfer.Span{Pos: transfer.SpanEnd(*spans), Src: sr.Off, Dst: dr.Off, N: sr.Len})
+			sp.Pos = transfer.SpanEnd(*spans)
+			*spans = append(*spans, sp)
 			return nil
 		}
 		p.later(inPlace, func() error { return f.pullLine(ctx, *l) })
@@ -285,11 +305,9 @@ func (f *Tree) pullSpans(ctx context.Context, k pullKey, spans []transfer.Span, 
 		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", k.peer)
 	}
 	pull := transfer.Pull{Peer: k.peer, Path: k.src, Dst: k.dst, Spans: spans}
+	// Receive takes no directory for an answer to a range list (EPROTO).
 	n, err := f.peers.Receive(ctx, pull, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
-		if isDir {
-			return nil, errf(syscall.EPROTO, "a range-list get answered with a directory")
-		}
-		return f.prepare(k.dst, false, metas, opts)
+		return f.prepare(k.dst, isDir, metas, opts)
 	})
 	what := transfer.Range{Spans: spans}.String()
 	return logCopy(k.peer+":"+k.src+what, k.dst+what, n, err, true)

@@ -390,8 +390,8 @@ func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error)
 	_, toFile := dst.(*File)
 	for i := range inPlace {
 		l := &inPlace[i]
-		sr, dr := l.src.r, l.dst.r
-		if l.src.peer == "" || !toFile || !sr.HasLen || sr.Off < 0 || sr.Len < 0 || dr.Off < 0 || dr.HasLen && dr.Len != sr.Len {
+		sp, ok := pullSpanOf(l)
+		if !ok || !toFile {
 			runs = append(runs, &pullRun{line: l})
 			continue
 		}
@@ -402,7 +402,8 @@ func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error)
 			lists[k] = run
 			runs = append(runs, run)
 		}
-		run.spans = append(run.spans, transfer.Span{Pos: transfer.SpanEnd(run.spans), Src: sr.Off, Dst: dr.Off, N: sr.Len})
+		sp.Pos = transfer.SpanEnd(run.spans)
+		run.spans = append(run.spans, sp)
 	}
 	for _, run := range runs {
 		var err error
@@ -410,9 +411,7 @@ func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error)
 		case run.line != nil:
 			err = f.pullInto(ctx, dst, *run.line)
 		case len(run.spans) == 1:
-			sp := run.spans[0]
-			l := copyLine{src: ref{peer: run.k.peer, path: run.k.src, r: transfer.Range{Set: true, Off: sp.Src, Len: sp.N, HasLen: true}}, dst: ref{r: transfer.Range{Set: true, Off: sp.Dst}}}
-			err = f.pullInto(ctx, dst, l)
+			err = f.pullInto(ctx, dst, run.k.line(run.spans[0]))
 		default:
 			run.k.dst = f.Path(dst)
 			if run.k.dst == "" {

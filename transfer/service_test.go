@@ -239,6 +239,25 @@ func rawServer(t testing.TB, handle func(nc net.Conn)) string {
 	return ln.Addr().String()
 }
 
+// rawPeer is a peer "b" spoken by hand: rawServer whose every connection
+// is authenticated as b and has its first request read before serve gets
+// it (nc to break the connection by hand).
+func rawPeer(t testing.TB, serve func(nc net.Conn, c *conn, req request)) string {
+	t.Helper()
+	return rawServer(t, func(nc net.Conn) {
+		c := wrapConn(nc, "raw")
+		defer nc.Close()
+		if serverHandshake(c, "b", testSecret, ProtocolVersion) != nil {
+			return
+		}
+		var req request
+		if c.recvJSON(frameRequest, &req) != nil {
+			return
+		}
+		serve(nc, c, req)
+	})
+}
+
 func dataFrame(index uint32, off int64, data []byte, crc uint32) []byte {
 	b := make([]byte, dataHeaderLen+len(data))
 	putChunkHeader(b, chunkHeader{index: index, offset: off, crc: crc})
@@ -919,15 +938,7 @@ func TestDestinationDiesMidStream(t *testing.T) {
 	})
 
 	t.Run("raw server hangs up", func(t *testing.T) {
-		addr := rawServer(t, func(nc net.Conn) {
-			c := wrapConn(nc, "raw")
-			defer nc.Close()
-			if serverHandshake(c, "b", testSecret, ProtocolVersion) != nil {
-				return
-			}
-			if _, _, err := c.recv(); err != nil {
-				return
-			}
+		addr := rawPeer(t, func(_ net.Conn, c *conn, _ request) {
 			c.sendJSON(frameOK, reply{})
 			for i := 0; i < 3; i++ {
 				if _, _, err := c.recv(); err != nil {
@@ -1089,15 +1100,7 @@ func TestCorruptChunk(t *testing.T) {
 	}
 
 	// a corrupted chunk on a pull: the client aborts and keeps its tensor
-	addr := rawServer(t, func(nc net.Conn) {
-		c := wrapConn(nc, "raw")
-		defer nc.Close()
-		if serverHandshake(c, "b", testSecret, ProtocolVersion) != nil {
-			return
-		}
-		if _, _, err := c.recv(); err != nil {
-			return
-		}
+	addr := rawPeer(t, func(nc net.Conn, c *conn, _ request) {
 		c.sendJSON(frameOK, reply{Tensors: []Meta{{DType: "U8", Shape: "8", NBytes: 8}}})
 		c.send(frameData, dataFrame(0, 0, data, crcOf(data)+1))
 		c.sendJSON(frameDone, doneMsg{Chunks: 1})

@@ -262,16 +262,7 @@ func TestParallelPullFailures(t *testing.T) {
 	m := Meta{DType: "U8", Shape: "65536", NBytes: int64(len(data))}
 	for _, mode := range []string{"killed", "corrupt"} {
 		t.Run(mode, func(t *testing.T) {
-			addr := rawServer(t, func(nc net.Conn) {
-				c := wrapConn(nc, "raw")
-				defer nc.Close()
-				if serverHandshake(c, "b", testSecret, ProtocolVersion) != nil {
-					return
-				}
-				var req request
-				if c.recvJSON(frameRequest, &req) != nil {
-					return
-				}
+			addr := rawPeer(t, func(nc net.Conn, c *conn, req request) {
 				switch req.Op {
 				case "get":
 					c.sendJSON(frameOK, reply{Tensors: []Meta{m}, Streams: 2, Token: []byte("tok"), Chunk: chunk})
@@ -410,16 +401,7 @@ func TestSpanPullHostileAnswers(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			asked := make(chan request, 1)
-			addr := rawServer(t, func(nc net.Conn) {
-				c := wrapConn(nc, "raw")
-				defer nc.Close()
-				if serverHandshake(c, "b", testSecret, ProtocolVersion) != nil {
-					return
-				}
-				var req request
-				if c.recvJSON(frameRequest, &req) != nil {
-					return
-				}
+			addr := rawPeer(t, func(_ net.Conn, c *conn, req request) {
 				asked <- req
 				c.sendJSON(frameOK, tc.r)
 				c.recv() // until the client hangs up
