@@ -24,7 +24,7 @@ func FreePort(t testing.TB) int {
 	portsMu.Lock()
 	defer portsMu.Unlock()
 	for i := 0; i < 1000; i++ {
-		port := 20000 + rand.Intn(12000)
+		port := pickPort()
 		if portsGiven[port] {
 			continue
 		}
@@ -42,6 +42,8 @@ func FreePort(t testing.TB) int {
 var (
 	portsMu    sync.Mutex
 	portsGiven = map[int]bool{} // every port FreePort returned
+	// pickPort is FreePort's next candidate (a test gives its own).
+	pickPort = func() int { return 20000 + rand.Intn(12000) }
 )
 
 // SyncBuffer is a bytes.Buffer that a child process writes (its stdout and

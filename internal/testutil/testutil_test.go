@@ -2,19 +2,25 @@ package testutil
 
 import "testing"
 
-// TestFreePortNeverRepeats: ports picked before any is bound (a cluster's)
-// are all different. 3000 picks from 12000 ports repeat one almost surely
-// when picks are independent.
+// TestFreePortNeverRepeats: a candidate port already returned is passed
+// over, even while it is still free (a cluster picks every port before any
+// daemon binds one): offered the port it gave first, again, FreePort takes
+// another.
 func TestFreePortNeverRepeats(t *testing.T) {
-	seen := map[int]bool{}
-	for i := 0; i < 3000; i++ {
-		p := FreePort(t)
-		if seen[p] {
-			t.Fatalf("port %d returned twice (pick %d)", p, i)
+	first := FreePort(t) // free, given once, not bound by anyone
+	old := pickPort
+	defer func() { pickPort = old }()
+	offered := 0
+	pickPort = func() int {
+		if offered++; offered <= 3 {
+			return first
 		}
-		if p < 20000 || p >= 32000 {
-			t.Fatalf("port %d outside 20000-32000", p)
-		}
-		seen[p] = true
+		return old()
+	}
+	if got := FreePort(t); got == first {
+		t.Fatalf("port %d returned twice", got)
+	}
+	if offered < 4 {
+		t.Fatalf("the first port was offered %d times, not passed over", offered)
 	}
 }
