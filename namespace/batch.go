@@ -40,7 +40,7 @@ func (f *Tree) runLines(ctx context.Context, p *linePlan, lines []copyLine, viaM
 
 // newLinePlan is an empty plan for a call of about hint lines.
 func newLinePlan(hint int) *linePlan {
-	return &linePlan{set: sourceSet{}, pushes: map[string]*push{}, lists: map[listKey]*fileSource{}, pulls: map[pullKey]*[]transfer.Span{}, hint: hint}
+	return &linePlan{set: sourceSet{}, pushes: map[string]*push{}, lists: map[listKey]*fileSource{}, pulls: map[string]*peerPull{}, hint: hint}
 }
 
 // runPlan runs the work of a call's planned lines: the in-place work, then
@@ -75,15 +75,50 @@ type linePlan struct {
 	// destination: the call's later lines between the same two tensors
 	// join them as spans (fileSource.addSpan).
 	lists map[listKey]*fileSource
-	// pulls are the in-place lines that pull ranges from one peer tensor
-	// into one tensor here, as one range-list get each (pullSpans).
-	pulls map[pullKey]*[]transfer.Span
+	// pulls are the in-place lines that pull ranges from a peer's
+	// tensors into tensors here, by peer: one range-list get each
+	// (pullLists).
+	pulls map[string]*peerPull
 	hint  int // the call's lines: room for a range list's spans
 }
 
-// pullKey names a range-list pull of a call: the peer, its tensor, and the
-// tensor here.
+// pullKey names a range list of a call's pull: the peer, its tensor, and
+// the tensor here.
 type pullKey struct{ peer, src, dst string }
+
+// peerPull is a call's range-list pull from one peer: a list per pair of
+// tensors (its tensor, one here), in the order of their first lines; all
+// of them go as one get (one transfer a peer, as DESIGN.md asks of a
+// call's lines).
+type peerPull struct {
+	lists []transfer.SpanPull
+	index map[pullKey]int
+}
+
+func newPeerPull() *peerPull { return &peerPull{index: map[pullKey]int{}} }
+
+// add appends span sp (its Pos set here) to the list of k.
+func (pp *peerPull) add(k pullKey, sp transfer.Span) {
+	i, ok := pp.index[k]
+	if !ok {
+		i = len(pp.lists)
+		pp.index[k] = i
+		pp.lists = append(pp.lists, transfer.SpanPull{Path: k.src, Dst: k.dst})
+	}
+	l := &pp.lists[i]
+	sp.Pos = transfer.SpanEnd(l.Spans)
+	l.Spans = append(l.Spans, sp)
+}
+
+// single is the one line the pull stands for when it has one span in all
+// (then pulled as a plain get, as a line of its own is), or false.
+func (pp *peerPull) single(peer string) (copyLine, bool) {
+	if len(pp.lists) != 1 || len(pp.lists[0].Spans) != 1 {
+		return copyLine{}, false
+	}
+	l := pp.lists[0]
+	return pullKey{peer, l.Path, l.Dst}.line(l.Spans[0]), true
+}
 
 // pullSpanOf is line l as a span of a range-list pull (its Pos is the
 // caller's): a pull from a peer of a source range of known length into a
@@ -135,22 +170,20 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 			return errf(syscall.EINVAL, "%s -> %s: one side of a line must be this mount", l.src, l.dst)
 		}
 		if sp, ok := pullSpanOf(l); ok {
-			// One span of the pull between these two tensors (one get
-			// for all of them).
-			k := pullKey{l.src.peer, l.src.path, l.dst.path}
-			spans := p.pulls[k]
-			if spans == nil {
-				spans = new([]transfer.Span)
-				p.pulls[k] = spans
+			// One span of the peer's pull (one get for all of them).
+			peer := l.src.peer
+			pp := p.pulls[peer]
+			if pp == nil {
+				pp = newPeerPull()
+				p.pulls[peer] = pp
 				p.first = append(p.first, func() error {
-					if len(*spans) == 1 { // one line: a plain get, as before
-						return f.pullLine(ctx, k.line((*spans)[0]))
+					if one, ok := pp.single(peer); ok {
+						return f.pullLine(ctx, one)
 					}
-					return f.pullSpans(ctx, k, *spans, prepOpts{caller: callerOf(ctx)})
+					return f.pullLists(ctx, peer, pp.lists, prepOpts{caller: callerOf(ctx)})
 				})
 			}
-			sp.Pos = transfer.SpanEnd(*spans)
-			*spans = append(*spans, sp)
+			pp.add(pullKey{peer, l.src.path, l.dst.path}, sp)
 			return nil
 		}
 		p.later(inPlace, func() error { return f.pullLine(ctx, *l) })
@@ -296,21 +329,21 @@ func (f *Tree) pullLine(ctx context.Context, l copyLine) error {
 	return logCopy(l.src.String(), l.dst.String(), n, err, l.dst.r.Set)
 }
 
-// pullSpans copies a call's in-place lines from the peer tensor k.src into
-// the tensor k.dst here as one transfer: a range-list get. The spans are
-// checked here (inside the tensor here, prepare) and there (inside the
-// peer's) before a byte moves.
-func (f *Tree) pullSpans(ctx context.Context, k pullKey, spans []transfer.Span, opts prepOpts) error {
+// pullLists copies a call's in-place lines from peer's tensors into
+// tensors here as one transfer: a range-list get of every list. The spans
+// are checked here (inside the tensors here, prepare) and there (inside
+// the peer's) before a byte moves.
+func (f *Tree) pullLists(ctx context.Context, peer string, lists []transfer.SpanPull, opts prepOpts) error {
 	if f.peers == nil {
-		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", k.peer)
+		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
 	}
-	pull := transfer.Pull{Peer: k.peer, Path: k.src, Dst: k.dst, Spans: spans}
-	// Receive takes no directory for an answer to a range list (EPROTO).
-	n, err := f.peers.Receive(ctx, pull, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
-		return f.prepare(k.dst, isDir, metas, opts)
+	pull := transfer.Pull{Peer: peer, Lists: lists}
+	n, err := f.peers.Receive(ctx, pull, func(_ bool, metas []transfer.Meta) (transfer.Dest, error) {
+		// Every descriptor is in place, named by its path below the
+		// root (Receive takes no directory for an answer).
+		return f.prepare("/", true, metas, opts)
 	})
-	what := transfer.Range{Spans: spans}.String()
-	return logCopy(k.peer+":"+k.src+what, k.dst+what, n, err, true)
+	return logCopy(pull.SrcText(), pull.DstText(), n, err, true)
 }
 
 // allInPlace reports whether every descriptor of srcs is written in place.

@@ -377,16 +377,16 @@ func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error)
 			whole = append(whole, l)
 		}
 	}
-	// The in-place lines that pull ranges of known length from one peer
-	// tensor go as one range-list get (one transfer) per tensor, in the
+	// The in-place lines that pull ranges of known length from a peer's
+	// tensors go as one range-list get (one transfer) per peer, in the
 	// order of their first line; the rest one by one.
 	type pullRun struct {
-		k     pullKey
-		spans []transfer.Span
-		line  *copyLine // a line of one, pulled as it is
+		peer string
+		pp   *peerPull
+		line *copyLine // a line of its own, pulled as it is
 	}
 	var runs []*pullRun
-	lists := map[pullKey]*pullRun{}
+	byPeer := map[string]*pullRun{}
 	_, toFile := dst.(*File)
 	for i := range inPlace {
 		l := &inPlace[i]
@@ -395,29 +395,30 @@ func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error)
 			runs = append(runs, &pullRun{line: l})
 			continue
 		}
-		k := pullKey{l.src.peer, l.src.path, ""}
-		run := lists[k]
+		run := byPeer[l.src.peer]
 		if run == nil {
-			run = &pullRun{k: k}
-			lists[k] = run
+			run = &pullRun{peer: l.src.peer, pp: newPeerPull()}
+			byPeer[l.src.peer] = run
 			runs = append(runs, run)
 		}
-		sp.Pos = transfer.SpanEnd(run.spans)
-		run.spans = append(run.spans, sp)
+		// The lists' destination is dst, named when the get runs.
+		run.pp.add(pullKey{l.src.peer, l.src.path, ""}, sp)
 	}
 	for _, run := range runs {
 		var err error
-		switch {
-		case run.line != nil:
+		if run.line != nil {
 			err = f.pullInto(ctx, dst, *run.line)
-		case len(run.spans) == 1:
-			err = f.pullInto(ctx, dst, run.k.line(run.spans[0]))
-		default:
-			run.k.dst = f.Path(dst)
-			if run.k.dst == "" {
+		} else if one, ok := run.pp.single(run.peer); ok {
+			err = f.pullInto(ctx, dst, one)
+		} else {
+			at := f.Path(dst)
+			if at == "" {
 				return errf(syscall.ENOENT, "copy_from into an unlinked file")
 			}
-			err = f.pullSpans(ctx, run.k, run.spans, prepOpts{adopt: dst, caller: callerOf(ctx)})
+			for i := range run.pp.lists {
+				run.pp.lists[i].Dst = at
+			}
+			err = f.pullLists(ctx, run.peer, run.pp.lists, prepOpts{adopt: dst, caller: callerOf(ctx)})
 		}
 		if err != nil {
 			return err

@@ -506,3 +506,98 @@ func TestInPlacePeerKilled(t *testing.T) {
 	require.NoError(t, os.Remove(c.path("dst")))
 	c.requireClean()
 }
+
+// TestInPlacePullManyTensors: a call whose lines pull ranges from several
+// of a peer's tensors into several tensors here (a KV cache of a layer per
+// tensor, the blocks of every layer of one request) is one transfer, on
+// the IPC path and over TCP: one range-list get for the peer, through
+// batch on the root and copy_from on a file. One bad list (a missing
+// tensor there, a range outside a tensor there or here) fails the call
+// before a byte of any list moves.
+func TestInPlacePullManyTensors(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		sameHost bool
+	}{{"ipc", true}, {"tcp", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := inPlacePair(t, tc.sameHost)
+			const blk, n, layers = 4096, 16, 4
+			require.NoError(t, os.Mkdir(b.path("kv"), 0o755))
+			require.NoError(t, os.Mkdir(a.path("cache"), 0o755))
+			srcs := make([][]byte, layers)
+			wants := make([][]byte, layers)
+			var before [layers][3]string
+			for l := range layers {
+				srcs[l] = fill(n*blk, byte(10+l))
+				writeTensor(t, b.path(fmt.Sprintf("kv/l%d", l)), srcs[l])
+				zeros(t, a.path(fmt.Sprintf("cache/l%d", l)), 2*n*blk)
+				before[l] = ids(t, a.path(fmt.Sprintf("cache/l%d", l)))
+				wants[l] = make([]byte, 2*n*blk)
+			}
+			// Every block of the request, layer by layer interleaved, into
+			// shuffled blocks of each layer's cache.
+			perm := rand.New(rand.NewSource(11)).Perm(2 * n)[:n]
+			var lines []string
+			for i, j := range perm {
+				for l := range layers {
+					lines = append(lines, fmt.Sprintf("b:/kv/l%d@%d+%d /cache/l%d@%d", l, i*blk, blk, l, j*blk))
+					copy(wants[l][j*blk:], srcs[l][i*blk:(i+1)*blk])
+				}
+			}
+			path := "tcp"
+			if tc.sameHost {
+				path = "ipc"
+			}
+			oneTransfer := func(recent int, bytes int64) {
+				t.Helper()
+				got := a.stats().Transfers.Recent[recent:]
+				require.Len(t, got, 1, "one call, one transfer: %+v", got)
+				require.Equal(t, "in_place", got[0].Mode, "%+v", got[0])
+				require.Equal(t, bytes, got[0].BytesTotal, "%+v", got[0])
+				require.Equal(t, path, got[0].Path, "%+v", got[0])
+				require.Empty(t, got[0].Error)
+			}
+			recent := len(a.stats().Transfers.Recent)
+			setx(t, a.mnt, xattrs.Batch, strings.Join(lines, "\n"))
+			for l := range layers {
+				p := a.path(fmt.Sprintf("cache/l%d", l))
+				requireContent(t, p, wants[l])
+				require.Equal(t, before[l], ids(t, p), "mr_id, ipc_id and generation are kept")
+			}
+			oneTransfer(recent, layers*n*blk)
+			require.Contains(t, a.stats().Transfers.Recent[recent].Src, fmt.Sprintf("and %d more lists", layers-1))
+
+			// copy_from on one file, from two of the peer's tensors: one
+			// transfer too.
+			recent = len(a.stats().Transfers.Recent)
+			setx(t, a.path("cache/l0"), xattrs.CopyFrom, fmt.Sprintf("b:/kv/l1@0+%d @0\nb:/kv/l2@%d+%d @%d\nb:/kv/l1@%d+%d @%d", blk, blk, blk, blk, blk, blk, 2*blk))
+			copy(wants[0], srcs[1][:blk])
+			copy(wants[0][blk:], srcs[2][blk:2*blk])
+			copy(wants[0][2*blk:], srcs[1][blk:2*blk])
+			requireContent(t, a.path("cache/l0"), wants[0])
+			oneTransfer(recent, 3*blk)
+
+			// One bad list among good ones: the error, and not a byte
+			// written into any tensor here.
+			for _, bad := range []struct {
+				line  string
+				errno syscall.Errno
+			}{
+				{fmt.Sprintf("b:/kv/nope@0+%d /cache/l3@0", blk), syscall.ENOENT},
+				{fmt.Sprintf("b:/kv/l3@%d+%d /cache/l3@0", n*blk, blk), syscall.EINVAL},
+				{fmt.Sprintf("b:/kv/l3@0+%d /cache/l3@%d", blk, 2*n*blk), syscall.EINVAL},
+				{fmt.Sprintf("b:/kv@0+%d /cache/l3@0", blk), syscall.EINVAL},
+			} {
+				v := fmt.Sprintf("b:/kv/l0@0+%d /cache/l0@%d\nb:/kv/l1@0+%d /cache/l1@0\n%s", blk, 5*blk, blk, bad.line)
+				err := unix.Setxattr(a.mnt, xattrs.Batch, []byte(v), 0)
+				require.ErrorIs(t, err, bad.errno, "%q", v)
+				for l := range layers {
+					requireContent(t, a.path(fmt.Sprintf("cache/l%d", l)), wants[l])
+				}
+			}
+			for _, d := range []*daemon{a, b} {
+				require.Zero(t, d.stats().Live.Pins)
+			}
+		})
+	}
+}

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"path"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -266,33 +268,57 @@ func (s *Service) sentFirst(peer string, c *conn, sr sendResult, res <-chan push
 
 // Pull names what Receive copies: the tensors at Path on Peer (Range, when
 // set, bytes of the tensor there) into Dst on this node (DstRange, when
-// set, written in place: Range.Apply). Spans, instead of both ranges, make
-// it one range list between the tensor at Path and the one at Dst, written
-// in place: span k's N bytes at Src there land at Dst here (Pos: laid end
-// to end from 0). The peer sends back only what the spans ask for; where
-// the bytes land here is this node's own list, never the peer's word.
+// set, written in place: Range.Apply). Lists, instead of Path, Dst and both
+// ranges, make it a range-list get: each list's spans of the peer's tensor
+// at its Path written in place into the tensor at its Dst here, every list
+// of the call in one transfer (one request, one reply, one stream of
+// chunks or one IPC copy), as DESIGN.md's "one pipelined transfer per
+// peer" asks. The peer sends back only what the spans ask for; where the
+// bytes land here is this node's own list, never the peer's word.
 type Pull struct {
 	Peer, Path string
 	Range      Range
 	Dst        string
 	DstRange   Range
-	Spans      []Span
+	Lists      []SpanPull
 }
 
-// rangeText is how a record or a log names the source's bytes.
-func (p Pull) rangeText() string {
-	if p.Spans != nil {
-		return Range{Spans: p.Spans}.String()
+// SpanPull is one list of a range-list Pull: span k's N bytes at Src in
+// the peer's tensor at Path land at Dst in the tensor at Dst here (its Pos:
+// laid end to end from 0 within the list). Path and Dst are paths in their
+// mounts ("/kv/layer0"); several lists may name one tensor on either side.
+type SpanPull struct {
+	Path, Dst string
+	Spans     []Span
+}
+
+// SrcText is how a record or a log names the source's bytes:
+// "b:/kv@0+4096", or the first range list ("b:/kv@[64 ranges] and 3 more
+// lists").
+func (p Pull) SrcText() string {
+	if p.Lists != nil {
+		return listsText(p.Lists, func(l SpanPull) string { return p.Peer + ":" + l.Path })
 	}
-	return p.Range.String()
+	return p.Peer + ":" + p.Path + p.Range.String()
 }
 
-// dstText is how a record or a log names the destination's bytes.
-func (p Pull) dstText() string {
-	if p.Spans != nil {
-		return p.Dst + Range{Spans: p.Spans}.String()
+// DstText is how a record or a log names the destination's bytes, as
+// SrcText does the source's.
+func (p Pull) DstText() string {
+	if p.Lists != nil {
+		return listsText(p.Lists, func(l SpanPull) string { return l.Dst })
 	}
 	return p.Dst + p.DstRange.String()
+}
+
+// listsText names range lists by their first one ("b:/kv@[64 ranges]"),
+// with " and N more lists" when there are others.
+func listsText(lists []SpanPull, name func(SpanPull) string) string {
+	t := name(lists[0]) + Range{Spans: lists[0].Spans}.String()
+	if len(lists) > 1 {
+		t += fmt.Sprintf(" and %d more lists", len(lists)-1)
+	}
+	return t
 }
 
 // Receive copies what p names into this node: prepare gets the
@@ -303,23 +329,36 @@ func (p Pull) dstText() string {
 // (path "ipc") when the peer offers it. Errors: as Send's; EINVAL for a
 // range that does not fit (Range.Apply, or outside the source).
 func (s *Service) Receive(ctx context.Context, p Pull, prepare func(isDir bool, descs []Meta) (Dest, error)) (n int, err error) {
+	if p.Lists != nil {
+		if p.Path != "" || p.Dst != "" || p.Range.Set || p.DstRange.Set || len(p.Lists) == 0 {
+			return 0, &Error{Errno: syscall.EINVAL, Msg: "a range-list pull names its tensors in its lists, and takes no other range"}
+		}
+		lists := make([]SpanPull, len(p.Lists))
+		for i, l := range p.Lists {
+			var err error
+			if l.Path, err = CleanPath(l.Path); err != nil {
+				return 0, err
+			}
+			if l.Path == "/" || l.Dst == "" || len(l.Spans) == 0 {
+				return 0, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("range list %d: a tensor to pull from, one to write into and at least one range", i)}
+			}
+			if err := checkSpans(l.Spans, SpanEnd(l.Spans)); err != nil {
+				return 0, &Error{Errno: syscall.EINVAL, Msg: err.Error()}
+			}
+			lists[i] = l
+		}
+		// The lists' tensors travel as paths below the request's root.
+		p.Path, p.Lists = "/", lists
+	}
 	remotePath, err := CleanPath(p.Path)
 	if err != nil {
 		return 0, err
 	}
-	if p.Spans != nil {
-		if p.Range.Set || p.DstRange.Set || len(p.Spans) == 0 {
-			return 0, &Error{Errno: syscall.EINVAL, Msg: "a range list pull takes no other range"}
-		}
-		if err := checkSpans(p.Spans, SpanEnd(p.Spans)); err != nil {
-			return 0, &Error{Errno: syscall.EINVAL, Msg: err.Error()}
-		}
-	}
-	peer, dst := p.Peer, p.Dst
+	peer := p.Peer
 	p.Path = remotePath
 	c, err := s.conn(ctx, peer)
 	if err != nil {
-		_, end := s.TrackCtx(ctx, peer+":"+remotePath+p.rangeText(), dst, "tcp", nil)
+		_, end := s.TrackCtx(ctx, p.SrcText(), p.DstText(), "tcp", nil)
 		end(err)
 		return 0, err
 	}
@@ -345,13 +384,18 @@ func (s *Service) Receive(ctx context.Context, p Pull, prepare func(isDir bool, 
 // receive runs one get on c; retry says the IPC copy could not start (err
 // says why) and the request should be made again without it.
 func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(bool, []Meta) (Dest, error), ipcOK bool) (n int, retry bool, err error) {
-	req := request{Op: "get", Path: p.Path, IPCOK: ipcOK, Streams: s.cfg.Streams, InPlace: p.DstRange.Set || p.Spans != nil}
+	req := request{Op: "get", Path: p.Path, IPCOK: ipcOK, Streams: s.cfg.Streams, InPlace: p.DstRange.Set || p.Lists != nil}
 	if p.Range.Set {
 		req.Range = &p.Range
 	}
-	if p.Spans != nil {
-		// The spans travel in the request's table, as a put's do.
-		req.Tensors = []Meta{{DType: "U8", Shape: strconv.FormatInt(SpanEnd(p.Spans), 10), NBytes: SpanEnd(p.Spans), InPlace: true, Spans: p.Spans}}
+	if p.Lists != nil {
+		// The spans travel in the request's table, as a put's do: one
+		// descriptor a list, named by its tensor's path below the root.
+		req.Tensors = make([]Meta, len(p.Lists))
+		for i, l := range p.Lists {
+			end := SpanEnd(l.Spans)
+			req.Tensors[i] = Meta{Rel: l.Path[1:], DType: "U8", Shape: strconv.FormatInt(end, 10), NBytes: end, InPlace: true, Spans: l.Spans}
+		}
 	}
 	if err := c.sendJSON(frameRequest, req); err != nil {
 		return 0, false, netErr(err)
@@ -367,18 +411,21 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 	peer := p.Peer
 	var descs []Meta
 	var derr error
-	if p.Spans != nil {
-		descs, derr = spanDescs(r, p.Spans)
+	if p.Lists != nil {
+		descs, derr = spanDescs(r, p.Lists)
 	} else if descs, derr = p.DstRange.Apply(r.Tensors, r.Dir); derr != nil {
 		descs = r.Tensors
 	}
-	rec, end := s.TrackCtx(ctx, peer+":"+p.Path+p.rangeText(), p.dstText(), path, descs)
+	rec, end := s.TrackCtx(ctx, p.SrcText(), p.DstText(), path, descs)
 	defer func() { end(err) }()
-	if err := checkMetas(r.Tensors, r.Dir); err != nil {
+	if p.Lists != nil {
+		if derr != nil {
+			// The peer's answer is not what was asked (spanDescs checks
+			// it whole): out of step.
+			return 0, false, derr
+		}
+	} else if err := checkMetas(r.Tensors, r.Dir); err != nil {
 		return 0, false, err
-	}
-	if p.Spans != nil && derr != nil {
-		return 0, false, derr // the peer's answer is not what was asked: out of step
 	}
 	if derr != nil {
 		// The peer holds its pins until it hears from us.
@@ -433,22 +480,30 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 	return n, false, err
 }
 
-// spanDescs is the destination descriptor of a range-list pull: the
-// peer's one descriptor, which must be the spans asked for (Pos, Src, N),
-// written in place at this node's own Dst offsets. Errors: EPROTO for any
+// spanDescs is the destination descriptors of a range-list pull: the
+// peer's descriptors, one per list, which must be the spans asked for
+// (Pos, Src, N), written in place at this node's own Dst offsets into the
+// list's tensor (Rel: its path below the root). Errors: EPROTO for any
 // other answer.
-func spanDescs(r reply, spans []Span) ([]Meta, error) {
-	if r.Dir || len(r.Tensors) != 1 || len(r.Tensors[0].Spans) != len(spans) || r.Tensors[0].NBytes != SpanEnd(spans) {
-		return nil, &Error{Errno: syscall.EPROTO, Msg: "the peer's answer to a range-list get is not the range list asked for"}
+func spanDescs(r reply, lists []SpanPull) ([]Meta, error) {
+	if r.Dir || len(r.Tensors) != len(lists) {
+		return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("the peer's answer to a get of %d range lists is not those lists", len(lists))}
 	}
-	for i, sp := range r.Tensors[0].Spans {
-		if sp.Pos != spans[i].Pos || sp.Src != spans[i].Src || sp.N != spans[i].N {
-			return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("the peer's span %d is not the one asked for", i)}
+	descs := make([]Meta, len(lists))
+	for i, l := range lists {
+		m := r.Tensors[i]
+		if len(m.Spans) != len(l.Spans) || m.NBytes != SpanEnd(l.Spans) {
+			return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("the peer's answer to range list %d (%s) is not the range list asked for", i, l.Path)}
 		}
+		for k, sp := range m.Spans {
+			if sp.Pos != l.Spans[k].Pos || sp.Src != l.Spans[k].Src || sp.N != l.Spans[k].N {
+				return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("the peer's span %d of range list %d (%s) is not the one asked for", k, i, l.Path)}
+			}
+		}
+		m.Rel, m.InPlace, m.Off, m.Exact, m.Spans = strings.TrimPrefix(path.Clean("/"+l.Dst), "/"), true, 0, false, l.Spans
+		descs[i] = m
 	}
-	m := r.Tensors[0]
-	m.InPlace, m.Off, m.Exact, m.Spans = true, 0, false, spans
-	return []Meta{m}, nil
+	return descs, nil
 }
 
 // servePut receives a copy into this node.
@@ -570,20 +625,15 @@ func (s *Service) serveGet(c *conn, req request) error {
 		r = *req.Range
 		r.Set = true
 	}
+	var srcs []Source
+	var isDir bool
+	var err error
+	label := req.Path + r.String()
 	if req.Tensors != nil {
-		// A range-list get (Pull.Spans): one descriptor, its spans.
-		if req.Range != nil || req.Dir || len(req.Tensors) != 1 || req.Tensors[0].Spans == nil || len(req.IPC) > 0 {
-			err := &Error{Errno: syscall.EPROTO, Msg: "a range-list get carries one descriptor of spans and no range"}
-			c.sendError(err)
-			return err
-		}
-		if err := checkSpans(req.Tensors[0].Spans, req.Tensors[0].NBytes); err != nil {
-			c.sendError(err)
-			return err
-		}
-		r = Range{Spans: req.Tensors[0].Spans}
+		srcs, label, err = s.listSources(req)
+	} else {
+		srcs, isDir, err = s.local.Get(req.Path, r)
 	}
-	srcs, isDir, err := s.local.Get(req.Path, r)
 	if err != nil {
 		c.sendError(err)
 		return err
@@ -613,7 +663,7 @@ func (s *Service) serveGet(c *conn, req request) error {
 			// The client reads our memory while we hold the pins and
 			// leases, until it says done (or fails).
 			defer release()
-			rec, end := s.Track(req.Path+r.String(), c.peer, "ipc", recMetas)
+			rec, end := s.Track(label, c.peer, "ipc", recMetas)
 			if err := c.sendJSON(frameOK, reply{Dir: isDir, Tensors: metas, IPC: descs}); err != nil {
 				end(err)
 				return netErr(err)
@@ -630,7 +680,7 @@ func (s *Service) serveGet(c *conn, req request) error {
 			return err
 		}
 	}
-	rec, end := s.Track(req.Path+r.String(), c.peer, "tcp", recMetas)
+	rec, end := s.Track(label, c.peer, "tcp", recMetas)
 	chunk := s.chunkFor(total)
 	k := streamsFor(total, req.Streams, chunk)
 	var pend *pending
@@ -650,6 +700,64 @@ func (s *Service) serveGet(c *conn, req request) error {
 	pend.close(extras)
 	end(err)
 	return err
+}
+
+// listSources opens the sources of a range-list get (Pull.Lists), one per
+// descriptor: the spans of the tensor at its Rel below req.Path; label
+// names them for the transfer's record. Every list is checked and opened
+// before the reply, so a bad one moves nothing; on an error none is left
+// open. Errors: EPROTO for a request that is not a range list (a range, a
+// directory, a descriptor without spans, IPC descriptors); EINVAL for a
+// path that leaves the mount, a directory, or a span outside its tensor;
+// the lookup's (ENOENT).
+func (s *Service) listSources(req request) (srcs []Source, label string, err error) {
+	if req.Range != nil || req.Dir || len(req.IPC) > 0 {
+		return nil, "", &Error{Errno: syscall.EPROTO, Msg: "a range-list get carries descriptors of spans and no range"}
+	}
+	defer func() {
+		if err != nil {
+			for _, sc := range srcs {
+				sc.Close()
+			}
+			srcs = nil
+		}
+	}()
+	for i, m := range req.Tensors {
+		if m.Spans == nil {
+			return srcs, "", &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("descriptor %d of a range-list get has no spans", i)}
+		}
+		if err := checkSpans(m.Spans, m.NBytes); err != nil {
+			return srcs, "", err
+		}
+		// Rel "" names req.Path itself (how a get of one list was asked
+		// before lists named their tensors).
+		p := req.Path
+		if m.Rel != "" {
+			rel, err := CleanRel(m.Rel)
+			if err != nil {
+				return srcs, "", &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("tensor path %q of a range-list get", m.Rel)}
+			}
+			p = path.Join(req.Path, rel)
+		}
+		got, isDir, err := s.local.Get(p, Range{Spans: m.Spans})
+		if err == nil && (isDir || len(got) != 1) {
+			for _, sc := range got {
+				sc.Close()
+			}
+			err = &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("%s: a range list of a directory", p)}
+		}
+		if err != nil {
+			return srcs, "", err
+		}
+		srcs = append(srcs, got[0])
+		if i == 0 {
+			label = p + Range{Spans: m.Spans}.String()
+		}
+	}
+	if len(req.Tensors) > 1 {
+		label += fmt.Sprintf(" and %d more lists", len(req.Tensors)-1)
+	}
+	return srcs, label, nil
 }
 
 // receiveTCP receives the data of a get that the peer answered with r into

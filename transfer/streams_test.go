@@ -390,14 +390,19 @@ func TestSpanPullHostileAnswers(t *testing.T) {
 	longer := good
 	longer.NBytes, longer.Spans = 12288, append(append([]Span{}, spans...), Span{Pos: 8192, Src: 0, Dst: 0, N: 4096})
 	bare := Meta{DType: "U8", Shape: "8192", NBytes: 8192}
+	two := []SpanPull{{Path: "/kv", Dst: "/cache", Spans: spans}, {Path: "/kv2", Dst: "/cache2", Spans: spans}}
 	for _, tc := range []struct {
-		name string
-		r    reply
+		name  string
+		lists []SpanPull
+		r     reply
 	}{
-		{"other spans", reply{Tensors: []Meta{shifted}}},
-		{"more spans", reply{Tensors: []Meta{longer}}},
-		{"no spans", reply{Tensors: []Meta{bare}}},
-		{"a directory", reply{Dir: true, Tensors: []Meta{withRel(good, "x")}}},
+		{"other spans", two[:1], reply{Tensors: []Meta{shifted}}},
+		{"more spans", two[:1], reply{Tensors: []Meta{longer}}},
+		{"no spans", two[:1], reply{Tensors: []Meta{bare}}},
+		{"a directory", two[:1], reply{Dir: true, Tensors: []Meta{withRel(good, "x")}}},
+		{"fewer lists", two, reply{Tensors: []Meta{good}}},
+		{"more lists", two[:1], reply{Tensors: []Meta{good, good}}},
+		{"the second list wrong", two, reply{Tensors: []Meta{good, shifted}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			asked := make(chan request, 1)
@@ -409,7 +414,7 @@ func TestSpanPullHostileAnswers(t *testing.T) {
 			a := newMemLocal()
 			cl := newClient(t, "a", a, testSecret, map[string]string{"b": addr}, func(c *Config) { c.Timeout = time.Second })
 			prepared := false
-			_, err := cl.Receive(context.Background(), Pull{Peer: "b", Path: "/kv", Dst: "/cache", Spans: spans}, func(bool, []Meta) (Dest, error) {
+			_, err := cl.Receive(context.Background(), Pull{Peer: "b", Lists: tc.lists}, func(bool, []Meta) (Dest, error) {
 				prepared = true
 				return nil, errors.New("not to be prepared")
 			})
@@ -419,17 +424,30 @@ func TestSpanPullHostileAnswers(t *testing.T) {
 			require.Equal(t, "get", req.Op)
 			require.True(t, req.InPlace)
 			require.Nil(t, req.Range)
-			require.Len(t, req.Tensors, 1)
-			require.Equal(t, spans, req.Tensors[0].Spans, "the spans travel in the request's table")
+			require.Equal(t, "/", req.Path, "the lists name their tensors below the root")
+			require.Len(t, req.Tensors, len(tc.lists), "one descriptor a list")
+			for i, l := range tc.lists {
+				require.Equal(t, l.Path[1:], req.Tensors[i].Rel)
+				require.Equal(t, spans, req.Tensors[i].Spans, "the spans travel in the request's table")
+			}
 		})
 	}
-	// A pull of spans with another range, or spans out of step, is refused
-	// before anything is sent.
+	// A pull of lists with another range or path, an empty list, a list
+	// without a tensor on either side or with a path that leaves the
+	// mount, or spans out of step, is refused before anything is sent.
 	cl := newClient(t, "a", newMemLocal(), testSecret, map[string]string{"b": "127.0.0.1:1"}, nil)
 	for _, p := range []Pull{
-		{Peer: "b", Path: "/kv", Dst: "/c", Spans: spans, Range: Range{Set: true}},
-		{Peer: "b", Path: "/kv", Dst: "/c", Spans: []Span{{Pos: 1, N: 1}}},
-		{Peer: "b", Path: "/kv", Dst: "/c", Spans: []Span{}},
+		{Peer: "b", Lists: two, Range: Range{Set: true}},
+		{Peer: "b", Lists: two, DstRange: Range{Set: true}},
+		{Peer: "b", Lists: two, Path: "/kv"},
+		{Peer: "b", Lists: two, Dst: "/c"},
+		{Peer: "b", Lists: []SpanPull{}},
+		{Peer: "b", Lists: []SpanPull{{Path: "/kv", Dst: "/c"}}},
+		{Peer: "b", Lists: []SpanPull{{Path: "/kv", Spans: spans}}},
+		{Peer: "b", Lists: []SpanPull{{Path: "/", Dst: "/c", Spans: spans}}},
+		{Peer: "b", Lists: []SpanPull{two[0], {Path: "/a/../kv", Dst: "/c", Spans: spans}}},
+		{Peer: "b", Lists: []SpanPull{{Path: "kv", Dst: "/c", Spans: spans}}},
+		{Peer: "b", Lists: []SpanPull{two[0], {Path: "/kv", Dst: "/c", Spans: []Span{{Pos: 1, N: 1}}}}},
 	} {
 		_, err := cl.Receive(context.Background(), p, nil)
 		requireErrno(t, err, syscall.EINVAL, "%+v", p)
