@@ -128,7 +128,7 @@ sets=(
 	"fuse-io;^Benchmark(SeqWrite256M|SeqRead256M)\$;$seqtime;"
 	"peer;^BenchmarkPeer(Copy1G|Tree1000x64K|SmallCopy4K)\$;1x;"
 	"inplace-4k;^BenchmarkInPlace4K\$;1x;"
-	"inplace-scatter;^BenchmarkInPlaceScatter1000x8K\$;$scattertime;"
+	"inplace-scatter;^BenchmarkInPlace(Scatter1000x8K|PullLayers)\$;$scattertime;"
 	"inplace-big;^BenchmarkInPlaceBig\$;$bigtime;INPLACE_BIG_MB=$big"
 	"inplace-sweep;^BenchmarkInPlaceSweep\$;1x;INPLACE_SWEEP=$sweep"
 	"leases;^Benchmark(Revocation|ImportCache)\$;$leasetime;"

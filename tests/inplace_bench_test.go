@@ -38,6 +38,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tensorfs/tensorfs/xattrs"
 	"golang.org/x/sys/unix"
 )
 
@@ -565,4 +566,82 @@ func memmoveP50(size, n int) float64 {
 		lat = append(lat, time.Since(t))
 	}
 	return p50(lat)
+}
+
+// BenchmarkInPlacePullLayers: per op, one batch on the root pulling the 16
+// blocks of 8 KiB of one request from each of 32 layer tensors on the peer
+// into shuffled blocks of 32 cache tensors here (512 lines, the decode
+// side of disaggregated serving reading a prefill's KV cache), p50 per
+// call ("p50-us"), against the same blocks pulled by 32 copy_from calls of
+// one layer each ("layer-calls-us", measured right after), reported as
+// their ratio ("x-layer-calls": what one call for every layer saves).
+func BenchmarkInPlacePullLayers(b *testing.B) {
+	const layers, n, blk = 32, 16, 8 << 10
+	for _, path := range []string{"ipc", "tcp"} {
+		b.Run(path, func(b *testing.B) {
+			a, d := inPlaceBenchPair(b, path == "ipc")
+			// The peer's tensors go before the pair's clean-up checks a
+			// idle: a imports them (the IPC path) until they are freed.
+			b.Cleanup(func() { os.RemoveAll(d.path("kv")) })
+			mustNo(b, os.Mkdir(d.path("kv"), 0o755))
+			mustNo(b, os.Mkdir(a.path("cache"), 0o755))
+			data := make([]byte, 4*n*blk)
+			rand.NewChaCha8([32]byte{6}).Read(data)
+			for l := range layers {
+				mustNo(b, os.WriteFile(d.path(fmt.Sprintf("kv/l%d", l)), data, 0o644))
+				mustNo(b, os.WriteFile(a.path(fmt.Sprintf("cache/l%d", l)), nil, 0o644))
+				mustNo(b, os.Truncate(a.path(fmt.Sprintf("cache/l%d", l)), int64(8*n*blk)))
+			}
+			perm := rand.New(rand.NewPCG(3, 4)).Perm(8 * n)[:n]
+			var lines []string
+			perLayer := make([]string, layers)
+			for l := range layers {
+				var ll []string
+				for i, j := range perm {
+					lines = append(lines, fmt.Sprintf("b:/kv/l%d@%d+%d /cache/l%d@%d", l, i*blk, blk, l, j*blk))
+					ll = append(ll, fmt.Sprintf("b:/kv/l%d@%d+%d @%d", l, i*blk, blk, j*blk))
+				}
+				perLayer[l] = strings.Join(ll, "\n")
+			}
+			value := []byte(strings.Join(lines, "\n"))
+			batch := func() {
+				if err := unix.Setxattr(a.mnt, xattrs.Batch, value, 0); err != nil {
+					b.Fatalf("batch of %d lines: %v", len(lines), err)
+				}
+			}
+			batch()
+			var lat []time.Duration
+			for b.Loop() {
+				t := time.Now()
+				batch()
+				lat = append(lat, time.Since(t))
+			}
+			got := make([]byte, blk)
+			for _, l := range []int{0, layers - 1} {
+				f, err := os.Open(a.path(fmt.Sprintf("cache/l%d", l)))
+				mustNo(b, err)
+				_, err = f.ReadAt(got, int64(perm[n-1]*blk))
+				f.Close()
+				mustNo(b, err)
+				if !bytes.Equal(got, data[(n-1)*blk:n*blk]) {
+					b.Fatalf("layer %d: block %d differs", l, n-1)
+				}
+			}
+			calls := make([]time.Duration, 0, len(lat))
+			for range len(lat) {
+				t := time.Now()
+				for l := range layers {
+					if err := unix.Setxattr(a.path(fmt.Sprintf("cache/l%d", l)), xattrs.CopyFrom, []byte(perLayer[l]), 0); err != nil {
+						b.Fatalf("copy_from of layer %d: %v", l, err)
+					}
+				}
+				calls = append(calls, time.Since(t))
+			}
+			tf, lc := p50(lat), p50(calls)
+			b.ReportMetric(tf, "p50-us")
+			b.ReportMetric(tf/(layers*n), "us/desc")
+			b.ReportMetric(lc, "layer-calls-us")
+			b.ReportMetric(lc/tf, "x-layer-calls")
+		})
+	}
 }
