@@ -42,7 +42,7 @@ func TestTableRoundTrip(t *testing.T) {
 	var d doneMsg
 	require.Error(t, decodeMsg(encodeMsg(reply{Tensors: metas}), &d), "a table on a message that takes none")
 
-	tab := encodeTable(metas, descs)
+	tab := appendTable(nil, metas, descs)
 	for n := range len(tab) {
 		_, _, err := decodeTable(tab[:n])
 		require.Error(t, err, "truncated to %d of %d bytes", n, len(tab))
@@ -104,7 +104,7 @@ func TestSpans(t *testing.T) {
 		require.Error(t, checkMetas([]Meta{m}, false), name)
 	}
 	// On the wire a span past int64 is EPROTO before any check.
-	tab := encodeTable([]Meta{{NBytes: 1, InPlace: true, Spans: []Span{{0, 0, 0, 1}}}}, nil)
+	tab := appendTable(nil, []Meta{{NBytes: 1, InPlace: true, Spans: []Span{{0, 0, 0, 1}}}}, nil)
 	copy(tab[len(tab)-8:], []byte{0, 0, 0, 0, 0, 0, 0, 0x80})
 	_, _, err = decodeTable(tab)
 	require.Error(t, err)
@@ -113,15 +113,51 @@ func TestSpans(t *testing.T) {
 // FuzzTable: no input makes decodeTable panic, and what it accepts encodes
 // back to the same bytes' meaning.
 func FuzzTable(f *testing.F) {
-	f.Add(encodeTable([]Meta{{Rel: "a", NBytes: 1, InPlace: true, Off: 2}}, []IPCDesc{{Handle: "h", Offset: 1}}))
+	f.Add(appendTable(nil, []Meta{{Rel: "a", NBytes: 1, InPlace: true, Off: 2}}, []IPCDesc{{Handle: "h", Offset: 1}}))
 	f.Fuzz(func(t *testing.T, p []byte) {
 		metas, descs, err := decodeTable(p)
 		if err != nil {
 			return
 		}
-		m2, d2, err := decodeTable(encodeTable(metas, descs))
+		m2, d2, err := decodeTable(appendTable(nil, metas, descs))
 		require.NoError(t, err)
 		require.Equal(t, len(metas), len(m2))
 		require.Equal(t, len(descs), len(d2))
+	})
+}
+
+// BenchmarkTable1000Spans: encoding and decoding the request of a 1000-line
+// in-place call (one descriptor of 1000 spans and its IPC descriptor), what
+// each side pays per call before any byte moves. 2-core VM, 2026-12-03:
+// encode 13.0 -> 7.5 µs, decode 17.0 -> 9.7 µs when the spans went in and
+// out as one block (appendTable, tableReader.spans).
+func BenchmarkTable1000Spans(b *testing.B) {
+	spans := make([]Span, 1000)
+	var pos int64
+	for i := range spans {
+		spans[i] = Span{Pos: pos, Src: int64(i) * 8192, Dst: int64((i*389+17)%2000) * 8192, N: 8192}
+		pos += 8192
+	}
+	metas := []Meta{{Rel: "cache", DType: "U8", Shape: "8192000", NBytes: pos, InPlace: true, Spans: spans}}
+	descs := []IPCDesc{{Handle: "memfd:/proc/1/fd/3", Alloc: 1, Export: 2, Generation: 1}}
+	req := request{Op: "put", Path: "/", Tensors: metas, IPC: descs}
+	msg := encodeMsg(req)
+	b.Run("encode", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			encodeMsg(req)
+		}
+	})
+	b.Run("decode", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var r request
+			if err := decodeMsg(msg, &r); err != nil {
+				b.Fatal(err)
+			}
+			if len(r.Tensors) != 1 || len(r.Tensors[0].Spans) != len(spans) || r.Tensors[0].Spans[999] != spans[999] {
+				b.Fatal("the spans did not come back")
+			}
+		}
 	})
 }
