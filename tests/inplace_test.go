@@ -36,6 +36,18 @@ func inPlacePair(t *testing.T, sameHost bool) (a, b *daemon) {
 	return a, b
 }
 
+// onBothPaths runs body as the subtests "ipc" and "tcp", each on a fresh
+// pair from inPlacePair: one host (the IPC path) or two (TCP). path, the
+// subtest's name, is also the path stats report for the copies.
+func onBothPaths(t *testing.T, body func(t *testing.T, a, b *daemon, path string)) {
+	for _, path := range []string{"ipc", "tcp"} {
+		t.Run(path, func(t *testing.T) {
+			a, b := inPlacePair(t, path == "ipc")
+			body(t, a, b, path)
+		})
+	}
+}
+
 // ids are a tensor's registration: what an in-place copy must keep.
 func ids(t *testing.T, p string) [3]string {
 	t.Helper()
@@ -95,58 +107,51 @@ func zeros(t *testing.T, p string, n int64) {
 // it before the copy sees the new bytes through that mapping; bytes outside
 // the ranges are untouched; stats count the copies as in place.
 func TestInPlaceCopies(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		sameHost bool
-		path     string
-	}{{"ipc", true, "ipc"}, {"tcp", false, "tcp"}} {
-		t.Run(tc.name, func(t *testing.T) {
-			a, b := inPlacePair(t, tc.sameHost)
-			const size = 256 << 10
-			src := fill(64<<10, 3)
-			writeTensor(t, a.path("src"), src)
-			zeros(t, b.path("cache"), size)
-			want := make([]byte, size)
-			before := ids(t, b.path("cache"))
-			m := mapTensor(t, b.path("cache"))
+	onBothPaths(t, func(t *testing.T, a, b *daemon, path string) {
+		const size = 256 << 10
+		src := fill(64<<10, 3)
+		writeTensor(t, a.path("src"), src)
+		zeros(t, b.path("cache"), size)
+		want := make([]byte, size)
+		before := ids(t, b.path("cache"))
+		m := mapTensor(t, b.path("cache"))
 
-			// The whole source at an offset.
-			setx(t, a.path("src"), xattrs.CopyTo, "b:/cache@131072")
-			copy(want[131072:], src)
-			// A range of the source (hex accepted), length given on both.
-			setx(t, a.path("src"), xattrs.CopyTo, "@0x1000+8192 b:/cache@0+8192")
-			copy(want[0:], src[4096:4096+8192])
-			// Several lines: one call, one transfer.
-			setx(t, a.path("src"), xattrs.CopyTo, "@0+100 b:/cache@200000\n@100+100 b:/cache@200100")
-			copy(want[200000:], src[:200])
-			// A pull in place, from a range of the peer's tensor.
-			zeros(t, a.path("local"), 4096)
-			writeTensor(t, b.path("blk"), fill(4096, 9))
-			setx(t, a.path("local"), xattrs.CopyFrom, "b:/blk@1024+1024 @2048")
-			wantLocal := make([]byte, 4096)
-			copy(wantLocal[2048:], fill(4096, 9)[1024:2048])
-			requireContent(t, a.path("local"), wantLocal)
+		// The whole source at an offset.
+		setx(t, a.path("src"), xattrs.CopyTo, "b:/cache@131072")
+		copy(want[131072:], src)
+		// A range of the source (hex accepted), length given on both.
+		setx(t, a.path("src"), xattrs.CopyTo, "@0x1000+8192 b:/cache@0+8192")
+		copy(want[0:], src[4096:4096+8192])
+		// Several lines: one call, one transfer.
+		setx(t, a.path("src"), xattrs.CopyTo, "@0+100 b:/cache@200000\n@100+100 b:/cache@200100")
+		copy(want[200000:], src[:200])
+		// A pull in place, from a range of the peer's tensor.
+		zeros(t, a.path("local"), 4096)
+		writeTensor(t, b.path("blk"), fill(4096, 9))
+		setx(t, a.path("local"), xattrs.CopyFrom, "b:/blk@1024+1024 @2048")
+		wantLocal := make([]byte, 4096)
+		copy(wantLocal[2048:], fill(4096, 9)[1024:2048])
+		requireContent(t, a.path("local"), wantLocal)
 
-			require.True(t, bytes.Equal(want, m.mem), "the mapping made before the copies sees their bytes, and only theirs")
-			requireContent(t, b.path("cache"), want)
-			require.Equal(t, before, ids(t, b.path("cache")), "mr_id, ipc_id and generation are kept")
-			st := a.stats()
-			require.EqualValues(t, 4, st.Copies.InPlace.IPC+st.Copies.InPlace.TCP, "%+v", st.Copies)
-			if tc.path == "ipc" {
-				require.EqualValues(t, 4, st.Copies.InPlace.IPC, "%+v", st.Copies)
-			} else {
-				require.EqualValues(t, 4, st.Copies.InPlace.TCP, "%+v", st.Copies)
-			}
-			require.EqualValues(t, 64<<10+8192+200+1024, st.Copies.Bytes.IPC+st.Copies.Bytes.TCP, "%+v", st.Copies)
-			for _, r := range st.Transfers.Recent {
-				require.Equal(t, "in_place", r.Mode, "%+v", r)
-			}
-			m.close()
-			for _, d := range []*daemon{a, b} {
-				require.Zero(t, d.stats().Live.Pins)
-			}
-		})
-	}
+		require.True(t, bytes.Equal(want, m.mem), "the mapping made before the copies sees their bytes, and only theirs")
+		requireContent(t, b.path("cache"), want)
+		require.Equal(t, before, ids(t, b.path("cache")), "mr_id, ipc_id and generation are kept")
+		st := a.stats()
+		require.EqualValues(t, 4, st.Copies.InPlace.IPC+st.Copies.InPlace.TCP, "%+v", st.Copies)
+		if path == "ipc" {
+			require.EqualValues(t, 4, st.Copies.InPlace.IPC, "%+v", st.Copies)
+		} else {
+			require.EqualValues(t, 4, st.Copies.InPlace.TCP, "%+v", st.Copies)
+		}
+		require.EqualValues(t, 64<<10+8192+200+1024, st.Copies.Bytes.IPC+st.Copies.Bytes.TCP, "%+v", st.Copies)
+		for _, r := range st.Transfers.Recent {
+			require.Equal(t, "in_place", r.Mode, "%+v", r)
+		}
+		m.close()
+		for _, d := range []*daemon{a, b} {
+			require.Zero(t, d.stats().Live.Pins)
+		}
+	})
 }
 
 // TestInPlacePullList: a copy_from of many in-place lines from one peer
@@ -156,66 +161,56 @@ func TestInPlaceCopies(t *testing.T) {
 // registration kept. A line outside either tensor fails the whole call
 // with EINVAL before a byte lands.
 func TestInPlacePullList(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		sameHost bool
-	}{{"ipc", true}, {"tcp", false}} {
-		t.Run(tc.name, func(t *testing.T) {
-			a, b := inPlacePair(t, tc.sameHost)
-			const blk, n = 4096, 64
-			src := fill(n*blk, 5)
-			writeTensor(t, b.path("kv"), src)
-			zeros(t, a.path("cache"), 2*n*blk)
-			before := ids(t, a.path("cache"))
-			want := make([]byte, 2*n*blk)
-			perm := rand.New(rand.NewSource(7)).Perm(2 * n)[:n]
-			var lines []string
-			for i, j := range perm {
-				lines = append(lines, fmt.Sprintf("b:/kv@%d+%d @%d", i*blk, blk, j*blk))
-				copy(want[j*blk:], src[i*blk:(i+1)*blk])
-			}
-			// Two adjacent half blocks into one block, and a line without
-			// a destination length.
-			lines = append(lines, fmt.Sprintf("b:/kv@0+%d @%d", blk/2, (2*n-1)*blk), fmt.Sprintf("b:/kv@%d+%d @%d", blk/2, blk/2, (2*n-1)*blk+blk/2))
-			copy(want[(2*n-1)*blk:], src[:blk])
-			recent := len(a.stats().Transfers.Recent)
-			setx(t, a.path("cache"), xattrs.CopyFrom, strings.Join(lines, "\n"))
+	onBothPaths(t, func(t *testing.T, a, b *daemon, path string) {
+		const blk, n = 4096, 64
+		src := fill(n*blk, 5)
+		writeTensor(t, b.path("kv"), src)
+		zeros(t, a.path("cache"), 2*n*blk)
+		before := ids(t, a.path("cache"))
+		want := make([]byte, 2*n*blk)
+		perm := rand.New(rand.NewSource(7)).Perm(2 * n)[:n]
+		var lines []string
+		for i, j := range perm {
+			lines = append(lines, fmt.Sprintf("b:/kv@%d+%d @%d", i*blk, blk, j*blk))
+			copy(want[j*blk:], src[i*blk:(i+1)*blk])
+		}
+		// Two adjacent half blocks into one block, and a line without
+		// a destination length.
+		lines = append(lines, fmt.Sprintf("b:/kv@0+%d @%d", blk/2, (2*n-1)*blk), fmt.Sprintf("b:/kv@%d+%d @%d", blk/2, blk/2, (2*n-1)*blk+blk/2))
+		copy(want[(2*n-1)*blk:], src[:blk])
+		recent := len(a.stats().Transfers.Recent)
+		setx(t, a.path("cache"), xattrs.CopyFrom, strings.Join(lines, "\n"))
+		requireContent(t, a.path("cache"), want)
+		require.Equal(t, before, ids(t, a.path("cache")), "mr_id, ipc_id and generation are kept")
+		st := a.stats()
+		got := st.Transfers.Recent[min(recent, len(st.Transfers.Recent)):]
+		require.Len(t, got, 1, "one call, one transfer: %+v", got)
+		require.Equal(t, "in_place", got[0].Mode, "%+v", got[0])
+		require.EqualValues(t, (n+1)*blk, got[0].BytesTotal, "%+v", got[0])
+		require.Equal(t, path, got[0].Path, "%+v", got[0])
+
+		// The same through batch on the root: one transfer too.
+		zeros(t, a.path("c2"), 2*blk)
+		recent = len(a.stats().Transfers.Recent)
+		setx(t, a.mnt, xattrs.Batch, fmt.Sprintf("b:/kv@%d+%d /c2@%d\nb:/kv@0+%d /c2@0", blk, blk, blk, blk))
+		wantC2 := append(append([]byte{}, src[:blk]...), src[blk:2*blk]...)
+		requireContent(t, a.path("c2"), wantC2)
+		require.Len(t, a.stats().Transfers.Recent[recent:], 1)
+
+		// One bad line, outside the peer's tensor or outside ours: EINVAL,
+		// and not one byte written.
+		for _, bad := range []string{
+			fmt.Sprintf("b:/kv@0+%d @0\nb:/kv@%d+%d @%d", blk, n*blk, blk, blk),
+			fmt.Sprintf("b:/kv@0+%d @0\nb:/kv@0+%d @%d", blk, blk, 2*n*blk),
+		} {
+			err := unix.Setxattr(a.path("cache"), xattrs.CopyFrom, []byte(bad), 0)
+			require.ErrorIs(t, err, syscall.EINVAL, "%q", bad)
 			requireContent(t, a.path("cache"), want)
-			require.Equal(t, before, ids(t, a.path("cache")), "mr_id, ipc_id and generation are kept")
-			st := a.stats()
-			got := st.Transfers.Recent[min(recent, len(st.Transfers.Recent)):]
-			require.Len(t, got, 1, "one call, one transfer: %+v", got)
-			require.Equal(t, "in_place", got[0].Mode, "%+v", got[0])
-			require.EqualValues(t, (n+1)*blk, got[0].BytesTotal, "%+v", got[0])
-			path := "tcp"
-			if tc.sameHost {
-				path = "ipc"
-			}
-			require.Equal(t, path, got[0].Path, "%+v", got[0])
-
-			// The same through batch on the root: one transfer too.
-			zeros(t, a.path("c2"), 2*blk)
-			recent = len(a.stats().Transfers.Recent)
-			setx(t, a.mnt, xattrs.Batch, fmt.Sprintf("b:/kv@%d+%d /c2@%d\nb:/kv@0+%d /c2@0", blk, blk, blk, blk))
-			wantC2 := append(append([]byte{}, src[:blk]...), src[blk:2*blk]...)
-			requireContent(t, a.path("c2"), wantC2)
-			require.Len(t, a.stats().Transfers.Recent[recent:], 1)
-
-			// One bad line, outside the peer's tensor or outside ours: EINVAL,
-			// and not one byte written.
-			for _, bad := range []string{
-				fmt.Sprintf("b:/kv@0+%d @0\nb:/kv@%d+%d @%d", blk, n*blk, blk, blk),
-				fmt.Sprintf("b:/kv@0+%d @0\nb:/kv@0+%d @%d", blk, blk, 2*n*blk),
-			} {
-				err := unix.Setxattr(a.path("cache"), xattrs.CopyFrom, []byte(bad), 0)
-				require.ErrorIs(t, err, syscall.EINVAL, "%q", bad)
-				requireContent(t, a.path("cache"), want)
-			}
-			for _, d := range []*daemon{a, b} {
-				require.Zero(t, d.stats().Live.Pins)
-			}
-		})
-	}
+		}
+		for _, d := range []*daemon{a, b} {
+			require.Zero(t, d.stats().Live.Pins)
+		}
+	})
 }
 
 // TestInPlaceLocal: inside one mount, a copy_to into a range of another
@@ -515,89 +510,79 @@ func TestInPlacePeerKilled(t *testing.T) {
 // tensor there, a range outside a tensor there or here) fails the call
 // before a byte of any list moves.
 func TestInPlacePullManyTensors(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		sameHost bool
-	}{{"ipc", true}, {"tcp", false}} {
-		t.Run(tc.name, func(t *testing.T) {
-			a, b := inPlacePair(t, tc.sameHost)
-			const blk, n, layers = 4096, 16, 4
-			require.NoError(t, os.Mkdir(b.path("kv"), 0o755))
-			require.NoError(t, os.Mkdir(a.path("cache"), 0o755))
-			srcs := make([][]byte, layers)
-			wants := make([][]byte, layers)
-			var before [layers][3]string
+	onBothPaths(t, func(t *testing.T, a, b *daemon, path string) {
+		const blk, n, layers = 4096, 16, 4
+		require.NoError(t, os.Mkdir(b.path("kv"), 0o755))
+		require.NoError(t, os.Mkdir(a.path("cache"), 0o755))
+		srcs := make([][]byte, layers)
+		wants := make([][]byte, layers)
+		var before [layers][3]string
+		for l := range layers {
+			srcs[l] = fill(n*blk, byte(10+l))
+			writeTensor(t, b.path(fmt.Sprintf("kv/l%d", l)), srcs[l])
+			zeros(t, a.path(fmt.Sprintf("cache/l%d", l)), 2*n*blk)
+			before[l] = ids(t, a.path(fmt.Sprintf("cache/l%d", l)))
+			wants[l] = make([]byte, 2*n*blk)
+		}
+		// Every block of the request, layer by layer interleaved, into
+		// shuffled blocks of each layer's cache.
+		perm := rand.New(rand.NewSource(11)).Perm(2 * n)[:n]
+		var lines []string
+		for i, j := range perm {
 			for l := range layers {
-				srcs[l] = fill(n*blk, byte(10+l))
-				writeTensor(t, b.path(fmt.Sprintf("kv/l%d", l)), srcs[l])
-				zeros(t, a.path(fmt.Sprintf("cache/l%d", l)), 2*n*blk)
-				before[l] = ids(t, a.path(fmt.Sprintf("cache/l%d", l)))
-				wants[l] = make([]byte, 2*n*blk)
+				lines = append(lines, fmt.Sprintf("b:/kv/l%d@%d+%d /cache/l%d@%d", l, i*blk, blk, l, j*blk))
+				copy(wants[l][j*blk:], srcs[l][i*blk:(i+1)*blk])
 			}
-			// Every block of the request, layer by layer interleaved, into
-			// shuffled blocks of each layer's cache.
-			perm := rand.New(rand.NewSource(11)).Perm(2 * n)[:n]
-			var lines []string
-			for i, j := range perm {
-				for l := range layers {
-					lines = append(lines, fmt.Sprintf("b:/kv/l%d@%d+%d /cache/l%d@%d", l, i*blk, blk, l, j*blk))
-					copy(wants[l][j*blk:], srcs[l][i*blk:(i+1)*blk])
-				}
-			}
-			path := "tcp"
-			if tc.sameHost {
-				path = "ipc"
-			}
-			oneTransfer := func(recent int, bytes int64) {
-				t.Helper()
-				got := a.stats().Transfers.Recent[recent:]
-				require.Len(t, got, 1, "one call, one transfer: %+v", got)
-				require.Equal(t, "in_place", got[0].Mode, "%+v", got[0])
-				require.Equal(t, bytes, got[0].BytesTotal, "%+v", got[0])
-				require.Equal(t, path, got[0].Path, "%+v", got[0])
-				require.Empty(t, got[0].Error)
-			}
-			recent := len(a.stats().Transfers.Recent)
-			setx(t, a.mnt, xattrs.Batch, strings.Join(lines, "\n"))
+		}
+		oneTransfer := func(recent int, bytes int64) {
+			t.Helper()
+			got := a.stats().Transfers.Recent[recent:]
+			require.Len(t, got, 1, "one call, one transfer: %+v", got)
+			require.Equal(t, "in_place", got[0].Mode, "%+v", got[0])
+			require.Equal(t, bytes, got[0].BytesTotal, "%+v", got[0])
+			require.Equal(t, path, got[0].Path, "%+v", got[0])
+			require.Empty(t, got[0].Error)
+		}
+		recent := len(a.stats().Transfers.Recent)
+		setx(t, a.mnt, xattrs.Batch, strings.Join(lines, "\n"))
+		for l := range layers {
+			p := a.path(fmt.Sprintf("cache/l%d", l))
+			requireContent(t, p, wants[l])
+			require.Equal(t, before[l], ids(t, p), "mr_id, ipc_id and generation are kept")
+		}
+		oneTransfer(recent, layers*n*blk)
+		require.Contains(t, a.stats().Transfers.Recent[recent].Src, fmt.Sprintf("and %d more lists", layers-1))
+
+		// copy_from on one file, from two of the peer's tensors: one
+		// transfer too.
+		recent = len(a.stats().Transfers.Recent)
+		setx(t, a.path("cache/l0"), xattrs.CopyFrom, fmt.Sprintf("b:/kv/l1@0+%d @0\nb:/kv/l2@%d+%d @%d\nb:/kv/l1@%d+%d @%d", blk, blk, blk, blk, blk, blk, 2*blk))
+		copy(wants[0], srcs[1][:blk])
+		copy(wants[0][blk:], srcs[2][blk:2*blk])
+		copy(wants[0][2*blk:], srcs[1][blk:2*blk])
+		requireContent(t, a.path("cache/l0"), wants[0])
+		oneTransfer(recent, 3*blk)
+
+		// One bad list among good ones: the error, and not a byte
+		// written into any tensor here.
+		for _, bad := range []struct {
+			line  string
+			errno syscall.Errno
+		}{
+			{fmt.Sprintf("b:/kv/nope@0+%d /cache/l3@0", blk), syscall.ENOENT},
+			{fmt.Sprintf("b:/kv/l3@%d+%d /cache/l3@0", n*blk, blk), syscall.EINVAL},
+			{fmt.Sprintf("b:/kv/l3@0+%d /cache/l3@%d", blk, 2*n*blk), syscall.EINVAL},
+			{fmt.Sprintf("b:/kv@0+%d /cache/l3@0", blk), syscall.EINVAL},
+		} {
+			v := fmt.Sprintf("b:/kv/l0@0+%d /cache/l0@%d\nb:/kv/l1@0+%d /cache/l1@0\n%s", blk, 5*blk, blk, bad.line)
+			err := unix.Setxattr(a.mnt, xattrs.Batch, []byte(v), 0)
+			require.ErrorIs(t, err, bad.errno, "%q", v)
 			for l := range layers {
-				p := a.path(fmt.Sprintf("cache/l%d", l))
-				requireContent(t, p, wants[l])
-				require.Equal(t, before[l], ids(t, p), "mr_id, ipc_id and generation are kept")
+				requireContent(t, a.path(fmt.Sprintf("cache/l%d", l)), wants[l])
 			}
-			oneTransfer(recent, layers*n*blk)
-			require.Contains(t, a.stats().Transfers.Recent[recent].Src, fmt.Sprintf("and %d more lists", layers-1))
-
-			// copy_from on one file, from two of the peer's tensors: one
-			// transfer too.
-			recent = len(a.stats().Transfers.Recent)
-			setx(t, a.path("cache/l0"), xattrs.CopyFrom, fmt.Sprintf("b:/kv/l1@0+%d @0\nb:/kv/l2@%d+%d @%d\nb:/kv/l1@%d+%d @%d", blk, blk, blk, blk, blk, blk, 2*blk))
-			copy(wants[0], srcs[1][:blk])
-			copy(wants[0][blk:], srcs[2][blk:2*blk])
-			copy(wants[0][2*blk:], srcs[1][blk:2*blk])
-			requireContent(t, a.path("cache/l0"), wants[0])
-			oneTransfer(recent, 3*blk)
-
-			// One bad list among good ones: the error, and not a byte
-			// written into any tensor here.
-			for _, bad := range []struct {
-				line  string
-				errno syscall.Errno
-			}{
-				{fmt.Sprintf("b:/kv/nope@0+%d /cache/l3@0", blk), syscall.ENOENT},
-				{fmt.Sprintf("b:/kv/l3@%d+%d /cache/l3@0", n*blk, blk), syscall.EINVAL},
-				{fmt.Sprintf("b:/kv/l3@0+%d /cache/l3@%d", blk, 2*n*blk), syscall.EINVAL},
-				{fmt.Sprintf("b:/kv@0+%d /cache/l3@0", blk), syscall.EINVAL},
-			} {
-				v := fmt.Sprintf("b:/kv/l0@0+%d /cache/l0@%d\nb:/kv/l1@0+%d /cache/l1@0\n%s", blk, 5*blk, blk, bad.line)
-				err := unix.Setxattr(a.mnt, xattrs.Batch, []byte(v), 0)
-				require.ErrorIs(t, err, bad.errno, "%q", v)
-				for l := range layers {
-					requireContent(t, a.path(fmt.Sprintf("cache/l%d", l)), wants[l])
-				}
-			}
-			for _, d := range []*daemon{a, b} {
-				require.Zero(t, d.stats().Live.Pins)
-			}
-		})
-	}
+		}
+		for _, d := range []*daemon{a, b} {
+			require.Zero(t, d.stats().Live.Pins)
+		}
+	})
 }

@@ -51,6 +51,15 @@ func g(key, unit string) term   { return term{gpuDev, key, unit} }
 func one(ts ...term) []term     { return ts }
 func gpuFloor(unit string) term { return term{gpuDev, "GPUFloor", unit} }
 
+// pullLayers is the row of BenchmarkInPlacePullLayers on one path (its
+// subtest name and the name the table prints): a baseline, not a floor.
+func pullLayers(path, name string) rowSpec {
+	key := "InPlacePullLayers/" + path
+	return rowSpec{ID: "inplace-pull-layers-" + path, Group: "In-place copies between daemons, host memory",
+		What: "32 layers × 16 blocks of 8 KiB pulled by one batch, " + name + " path, p50", Value: h(key, "p50-us"),
+		Floor: one(h(key, "layer-calls-us")), FloorWhat: "the same blocks by 32 copy_from calls, one a layer (a baseline, not a floor)", Better: lower, Unit: "µs", Scale: 1}
+}
+
 // rows is the table, in order.
 var rows = []rowSpec{
 	{ID: "fuse-create-template", Group: "FUSE: metadata and file I/O (vs a minimal go-fuse filesystem)",
@@ -94,12 +103,8 @@ var rows = []rowSpec{
 	{ID: "inplace-scatter-tcp", Group: "In-place copies between daemons, host memory",
 		What: "1000 × 8 KiB scattered ranges, one call, TCP path", Value: h("InPlaceScatter1000x8K/tcp", "p50-us"),
 		Floor: one(h("InPlaceScatter1000x8K/tcp", "raw-p50-us")), FloorWhat: "raw TCP moving the 8 MiB, same streams", Better: faster, Goal: 0.8, Unit: "µs", Scale: 1},
-	{ID: "inplace-pull-layers-ipc", Group: "In-place copies between daemons, host memory",
-		What: "32 layers × 16 blocks of 8 KiB pulled by one batch, IPC path, p50", Value: h("InPlacePullLayers/ipc", "p50-us"),
-		Floor: one(h("InPlacePullLayers/ipc", "layer-calls-us")), FloorWhat: "the same blocks by 32 copy_from calls, one a layer (a baseline, not a floor)", Better: lower, Unit: "µs", Scale: 1},
-	{ID: "inplace-pull-layers-tcp", Group: "In-place copies between daemons, host memory",
-		What: "32 layers × 16 blocks of 8 KiB pulled by one batch, TCP path, p50", Value: h("InPlacePullLayers/tcp", "p50-us"),
-		Floor: one(h("InPlacePullLayers/tcp", "layer-calls-us")), FloorWhat: "the same blocks by 32 copy_from calls, one a layer (a baseline, not a floor)", Better: lower, Unit: "µs", Scale: 1},
+	pullLayers("ipc", "IPC"),
+	pullLayers("tcp", "TCP"),
 	{ID: "inplace-big-tcp", Group: "In-place copies between daemons, host memory",
 		What: "large copy_to in place (INPLACE_BIG_MB), TCP path", Value: h("InPlaceBig/tcp", "MB/s"),
 		Floor: one(h("InPlaceBig/tcp", "raw-MB/s")), FloorWhat: "raw TCP into a reused buffer, same streams", Better: higher, Goal: 0.9, Unit: "MB/s", Scale: 1},
