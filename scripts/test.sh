@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test entry point (README's test command; .ci/run calls it): vet, ban
 # naked panics outside tests, run every test with the race detector (the
-# integration tests mount the real binary, built with -race too), run every
+# integration tests mount the real binary, built with -race too), then the
+# UCX binding's tests (build tag ucx; needs libucx-dev), run every
 # benchmark once at small sizes (scripts/bench.sh --quick: each produces its
 # result, the report its JSON and plot), and fail if a mount of this run is
 # left behind. Needs root (FUSE mounts) and fuse3+attr.
@@ -33,4 +34,9 @@ if grep -rn --include='*.go' --exclude='*_test.go' -E '(^|[^.[:alnum:]_])panic\(
 	exit 1
 fi
 go test -race -count=1 -timeout 30m ./...
+# The UCX binding (transfer/ucx: build tag ucx, cgo against Debian's
+# libucx-dev), over UCX_TLS=tcp and UCX_TLS=sm,self; the default build above
+# has no UCX and needs no C toolchain beyond the race detector's.
+CGO_ENABLED=1 go vet -tags ucx ./transfer/ucx/
+CGO_ENABLED=1 go test -race -count=1 -timeout 10m -tags ucx ./transfer/ucx/
 scripts/bench.sh --quick --out "$run_tmp/bench"

@@ -1,0 +1,591 @@
+//go:build ucx
+
+package ucx
+
+/*
+#cgo LDFLAGS: -lucp -lucs
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucp/api/ucp.h>
+
+// The wrappers exist because cgo cannot take UCX's macros (UCS_PTR_*) and
+// its static inline ucp_init, and so that a Go call is one C call.
+
+static ucs_status_t tfs_init(ucp_context_h *ctx) {
+	ucp_config_t *config;
+	ucs_status_t st = ucp_config_read(NULL, NULL, &config);
+	if (st != UCS_OK) {
+		return st;
+	}
+	ucp_params_t p;
+	memset(&p, 0, sizeof p);
+	p.field_mask = UCP_PARAM_FIELD_FEATURES;
+	p.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+	st = ucp_init(&p, config, ctx);
+	ucp_config_release(config);
+	return st;
+}
+
+static ucs_status_t tfs_worker(ucp_context_h ctx, ucp_worker_h *w) {
+	ucp_worker_params_t p;
+	memset(&p, 0, sizeof p);
+	p.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+	p.thread_mode = UCS_THREAD_MODE_MULTI;
+	return ucp_worker_create(ctx, &p, w);
+}
+
+// tfs_ep_failed is an endpoint's error callback: the failure itself
+// reaches the operations in flight (their status) and the next ones;
+// installing it is what makes UCX report it there instead of logging
+// that nobody handles it.
+static void tfs_ep_failed(void *arg, ucp_ep_h ep, ucs_status_t status) {}
+
+static ucs_status_t tfs_ep(ucp_worker_h w, const void *addr, int peer_errors, ucp_ep_h *ep) {
+	ucp_ep_params_t p;
+	memset(&p, 0, sizeof p);
+	p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+	p.address = (const ucp_address_t *)addr;
+	if (peer_errors) {
+		p.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+		p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+		p.err_handler.cb = tfs_ep_failed;
+		p.err_handler.arg = NULL;
+	}
+	return ucp_ep_create(w, &p, ep);
+}
+
+static ucs_status_t tfs_mem_map(ucp_context_h ctx, uintptr_t addr, size_t n, ucp_mem_h *memh) {
+	ucp_mem_map_params_t p;
+	memset(&p, 0, sizeof p);
+	p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+	p.address = (void *)addr;
+	p.length = n;
+	return ucp_mem_map(ctx, &p, memh);
+}
+
+// tfs_status is a ucs_status_ptr_t's meaning: UCS_OK (done at once), an
+// error, or UCS_INPROGRESS (a request to wait for).
+static ucs_status_t tfs_status(ucs_status_ptr_t r) {
+	if (r == NULL) {
+		return UCS_OK;
+	}
+	if (UCS_PTR_IS_ERR(r)) {
+		return UCS_PTR_STATUS(r);
+	}
+	return UCS_INPROGRESS;
+}
+
+// tfs_post posts n puts (get == 0) or gets of the descriptors in d
+// (local address, remote address, length: three uint64 each) under one
+// rkey; requests still in flight are released to UCX at once, for the
+// flush after them completes them all. It returns how many were posted
+// and the first error.
+static ucs_status_t tfs_post(ucp_ep_h ep, int get, const uint64_t *d, size_t n, ucp_rkey_h rkey, size_t *posted) {
+	ucp_request_param_t p;
+	memset(&p, 0, sizeof p);
+	for (size_t i = 0; i < n; i++) {
+		void *local = (void *)(uintptr_t)d[3 * i];
+		uint64_t remote = d[3 * i + 1];
+		size_t len = (size_t)d[3 * i + 2];
+		ucs_status_ptr_t r = get ? ucp_get_nbx(ep, local, len, remote, rkey, &p)
+		                         : ucp_put_nbx(ep, local, len, remote, rkey, &p);
+		ucs_status_t st = tfs_status(r);
+		if (st != UCS_OK && st != UCS_INPROGRESS) {
+			*posted = i;
+			return st;
+		}
+		if (st == UCS_INPROGRESS) {
+			ucp_request_free(r);
+		}
+	}
+	*posted = n;
+	return UCS_OK;
+}
+
+static ucs_status_ptr_t tfs_flush(ucp_ep_h ep) {
+	ucp_request_param_t p;
+	memset(&p, 0, sizeof p);
+	return ucp_ep_flush_nbx(ep, &p);
+}
+
+static ucs_status_ptr_t tfs_close(ucp_ep_h ep, int force) {
+	ucp_request_param_t p;
+	memset(&p, 0, sizeof p);
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+	p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+	return ucp_ep_close_nbx(ep, &p);
+}
+
+// tfs_ep_info is ucp_ep_print_info's text (the lanes and the transports
+// UCX chose), malloc'd; the caller frees it.
+static char *tfs_ep_info(ucp_ep_h ep) {
+	char *buf = NULL;
+	size_t n = 0;
+	FILE *f = open_memstream(&buf, &n);
+	if (f == NULL) {
+		return NULL;
+	}
+	ucp_ep_print_info(ep, f);
+	fclose(f);
+	return buf;
+}
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"runtime"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Error is a UCX status other than UCS_OK: Op is the call that returned
+// it, Status its ucs_status_t (negative), Msg ucs_status_string's text.
+type Error struct {
+	Op     string
+	Status int
+	Msg    string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s: %s (UCX status %d)", e.Op, e.Msg, e.Status) }
+
+// ErrTimeout is what a wait for a request returns when its deadline
+// passes first (the endpoint is then unusable: close it with force).
+var ErrTimeout = errors.New("ucx: request timed out")
+
+// ErrRange is a descriptor outside its region: the remote range is not
+// inside the rkey's [Base, Base+Len), or a length is negative. Nothing of
+// the list is posted.
+var ErrRange = errors.New("ucx: descriptor outside its region")
+
+// ErrClosed is a call on a closed Context, Endpoint or RemoteKey.
+var ErrClosed = errors.New("ucx: closed")
+
+func check(op string, st C.ucs_status_t) error {
+	if st == C.UCS_OK {
+		return nil
+	}
+	return &Error{Op: op, Status: int(st), Msg: C.GoString(C.ucs_status_string(st))}
+}
+
+// Context is one UCP context and its worker, the unit a daemon holds: RMA
+// and wake-up features, the worker in UCS_THREAD_MODE_MULTI so that any
+// goroutine may post and progress, and one goroutine progressing it
+// whenever its event fd says something arrived (the target side of some
+// transports, TCP's among them, needs the target to progress; when idle
+// that goroutine sleeps in poll(2), it does not spin). UCX reads its
+// configuration (UCX_TLS, UCX_NET_DEVICES, ...) from the environment when
+// the context is opened.
+type Context struct {
+	ctx  C.ucp_context_h
+	w    C.ucp_worker_h
+	efd  int
+	stop int // an eventfd that ends the progress goroutine
+	addr []byte
+	done chan struct{}
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// Open makes a daemon's context and worker and starts its progress
+// goroutine. Errors: *Error (no transport usable, say).
+func Open() (*Context, error) {
+	c := &Context{done: make(chan struct{})}
+	if err := check("ucp_init", C.tfs_init(&c.ctx)); err != nil {
+		return nil, err
+	}
+	if err := check("ucp_worker_create", C.tfs_worker(c.ctx, &c.w)); err != nil {
+		C.ucp_cleanup(c.ctx)
+		return nil, err
+	}
+	var efd C.int
+	if err := check("ucp_worker_get_efd", C.ucp_worker_get_efd(c.w, &efd)); err != nil {
+		c.release()
+		return nil, err
+	}
+	c.efd = int(efd)
+	var addr *C.ucp_address_t
+	var n C.size_t
+	if err := check("ucp_worker_get_address", C.ucp_worker_get_address(c.w, &addr, &n)); err != nil {
+		c.release()
+		return nil, err
+	}
+	c.addr = C.GoBytes(unsafe.Pointer(addr), C.int(n))
+	C.ucp_worker_release_address(c.w, addr)
+	stop, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		c.release()
+		return nil, fmt.Errorf("ucx: eventfd: %w", err)
+	}
+	c.stop = stop
+	go c.progressLoop()
+	return c, nil
+}
+
+// release frees the worker and the context.
+func (c *Context) release() {
+	C.ucp_worker_destroy(c.w)
+	C.ucp_cleanup(c.ctx)
+}
+
+// progressLoop progresses the worker until nothing is pending, arms its
+// event fd and sleeps in poll(2) until it (or stop) fires.
+func (c *Context) progressLoop() {
+	defer close(c.done)
+	fds := []unix.PollFd{{Fd: int32(c.efd), Events: unix.POLLIN}, {Fd: int32(c.stop), Events: unix.POLLIN}}
+	for {
+		for C.ucp_worker_progress(c.w) != 0 {
+		}
+		switch st := C.ucp_worker_arm(c.w); st {
+		case C.UCS_OK:
+		case C.UCS_ERR_BUSY:
+			continue // something arrived meanwhile: progress again
+		default:
+			// Not expected with FEATURE_WAKEUP; poll briefly rather
+			// than spin or stop serving the peers' operations.
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		if _, err := unix.Poll(fds, -1); err != nil && !errors.Is(err, unix.EINTR) {
+			time.Sleep(time.Millisecond)
+		}
+		if fds[1].Revents != 0 {
+			return
+		}
+	}
+}
+
+// Address is the worker's UCP address, for a peer's Connect: opaque bytes
+// (a few hundred, depending on the transports), sent on the tensorfs
+// connection.
+func (c *Context) Address() []byte { return slices.Clone(c.addr) }
+
+// Close stops the progress goroutine and frees the worker and the
+// context. Every Endpoint, RemoteKey and Region must be closed first.
+func (c *Context) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	c.closed = true
+	c.mu.Unlock()
+	one := []byte{1, 0, 0, 0, 0, 0, 0, 0}
+	unix.Write(c.stop, one)
+	<-c.done
+	unix.Close(c.stop)
+	c.release()
+	return nil
+}
+
+// wait progresses the worker until request r (a ucs_status_ptr_t from a
+// non-blocking call) completes or deadline passes, then frees it.
+// Errors: *Error for the request's failure, ErrTimeout.
+func (c *Context) wait(op string, r C.ucs_status_ptr_t, deadline time.Time) error {
+	switch st := C.tfs_status(r); st {
+	case C.UCS_OK:
+		return nil
+	case C.UCS_INPROGRESS:
+	default:
+		return check(op, st)
+	}
+	defer C.ucp_request_free(unsafe.Pointer(r))
+	for i := 0; ; i++ {
+		if st := C.ucp_request_check_status(unsafe.Pointer(r)); st != C.UCS_INPROGRESS {
+			return check(op, st)
+		}
+		if C.ucp_worker_progress(c.w) == 0 && i%64 == 63 {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s: %w", op, ErrTimeout)
+			}
+			runtime.Gosched()
+		}
+	}
+}
+
+// Region is memory of this process mapped for remote access
+// (ucp_mem_map): registered with the network where the transport needs
+// it, and described by a packed rkey that a peer unpacks to reach it.
+// Its lifetime is the memory region's: map at create, unmap at the last
+// release, before the memory goes.
+type Region struct {
+	c    *Context
+	memh C.ucp_mem_h
+	base uintptr
+	n    int
+	rkey []byte
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// Map maps n bytes at base (host memory of this process, not Go's heap:
+// a tensor's memfd mapping) and packs its rkey. Errors: *Error.
+func (c *Context) Map(base uintptr, n int) (*Region, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("ucx: map %d bytes: %w", n, ErrRange)
+	}
+	r := &Region{c: c, base: base, n: n}
+	if err := check("ucp_mem_map", C.tfs_mem_map(c.ctx, C.uintptr_t(base), C.size_t(n), &r.memh)); err != nil {
+		return nil, err
+	}
+	var buf unsafe.Pointer
+	var size C.size_t
+	if err := check("ucp_rkey_pack", C.ucp_rkey_pack(c.ctx, r.memh, &buf, &size)); err != nil {
+		C.ucp_mem_unmap(c.ctx, r.memh)
+		return nil, err
+	}
+	r.rkey = C.GoBytes(buf, C.int(size))
+	C.ucp_rkey_buffer_release(buf)
+	return r, nil
+}
+
+// Rkey is the region's packed remote key (opaque bytes, tens to hundreds
+// depending on the transports), which a peer passes to Endpoint.Unpack.
+func (r *Region) Rkey() []byte { return slices.Clone(r.rkey) }
+
+// Base and Len are the region's address in this process and its bytes: a
+// peer addresses the region's bytes as Base()+offset.
+func (r *Region) Base() uint64 { return uint64(r.base) }
+
+// Len is the region's length in bytes.
+func (r *Region) Len() int { return r.n }
+
+// Unmap ends the mapping (ucp_mem_unmap): a peer's later operation with
+// the old rkey fails or, on transports that do not check, must not
+// happen; tensorfs revokes the rkeys peers hold before it unmaps (the
+// lease rules of IPC imports). Errors: ErrClosed (twice), *Error.
+func (r *Region) Unmap() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	r.closed = true
+	return check("ucp_mem_unmap", C.ucp_mem_unmap(r.c.ctx, r.memh))
+}
+
+// Endpoint is this worker's connection to a peer's worker (UCX makes and
+// keeps whatever transport connections it needs), with peer error
+// handling: a dead peer fails its operations instead of hanging them.
+type Endpoint struct {
+	c  *Context
+	ep C.ucp_ep_h
+	// peerErrors: made with UCP_ERR_HANDLING_MODE_PEER. UCX 1.13's
+	// shared-memory transports have no peer failure handler, so an
+	// endpoint over them is made without it (DetectsPeerFailure).
+	peerErrors bool
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// Connect makes an endpoint to the worker at addr (a peer's
+// Context.Address). Errors: *Error (an address that does not parse, no
+// transport in common).
+func (c *Context) Connect(addr []byte) (*Endpoint, error) {
+	if len(addr) == 0 {
+		return nil, &Error{Op: "ucp_ep_create", Status: int(C.UCS_ERR_INVALID_PARAM), Msg: "empty worker address"}
+	}
+	ca := C.CBytes(addr)
+	defer C.free(ca)
+	e := &Endpoint{c: c, peerErrors: true}
+	st := C.tfs_ep(c.w, ca, 1, &e.ep)
+	if st == C.UCS_ERR_UNREACHABLE {
+		// No transport to the peer can report its failure (shared
+		// memory): without peer error handling, then.
+		e.peerErrors = false
+		st = C.tfs_ep(c.w, ca, 0, &e.ep)
+	}
+	if err := check("ucp_ep_create", st); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// DetectsPeerFailure reports whether the endpoint fails its operations
+// when the peer dies (UCP_ERR_HANDLING_MODE_PEER). Over UCX 1.13's shared
+// memory it cannot: a put into a dead peer's segment may even succeed.
+// tensorfs learns of a dead peer from its own connection to it either way.
+func (e *Endpoint) DetectsPeerFailure() bool { return e.peerErrors }
+
+// lanePattern matches a lane of ucp_ep_print_info's text, "lane[0]:
+// 0:tcp/lo.0 md[0] -> ...", capturing the local resource, which is
+// "transport/device" and the path index UCX appends (".0").
+var lanePattern = regexp.MustCompile(`lane\[\d+\]:\s+\d+:(\S+)`)
+
+// pathIndex is the ".N" a lane's resource ends with.
+var pathIndex = regexp.MustCompile(`\.\d+$`)
+
+// Transports are the transports UCX chose for the endpoint's lanes, as
+// "transport/device" names ("tcp/lo"; "posix/memory", "cma/memory"; an
+// RDMA device such as "rc_mlx5/mlx5_0:1"), sorted, once each: for the log
+// and stats.
+func (e *Endpoint) Transports() []string {
+	s := C.tfs_ep_info(e.ep)
+	if s == nil {
+		return nil
+	}
+	defer C.free(unsafe.Pointer(s))
+	return parseLanes(C.GoString(s))
+}
+
+// parseLanes is Transports' parse of ucp_ep_print_info's text.
+func parseLanes(info string) []string {
+	seen := map[string]bool{}
+	for _, m := range lanePattern.FindAllStringSubmatch(info, -1) {
+		seen[pathIndex.ReplaceAllString(m[1], "")] = true
+	}
+	out := make([]string, 0, len(seen))
+	for k := range seen {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Close closes the endpoint: flushing it first (force false), or at once
+// (force true: after a failure or a timeout), waiting at most until
+// deadline. An endpoint without peer failure detection cannot be closed
+// by force (UCX 1.13): it is flushed, and if the peer is dead that ends
+// in ErrTimeout, the endpoint abandoned to UCX. Errors: ErrClosed,
+// *Error, ErrTimeout.
+func (e *Endpoint) Close(force bool, deadline time.Time) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return ErrClosed
+	}
+	e.closed = true
+	f := C.int(0)
+	if force && e.peerErrors {
+		f = 1
+	}
+	return e.c.wait("ucp_ep_close_nbx", C.tfs_close(e.ep, f), deadline)
+}
+
+// RemoteKey is a peer region's rkey unpacked for one endpoint, with the
+// region's address and length there, which every descriptor is checked
+// against.
+type RemoteKey struct {
+	e    *Endpoint
+	rkey C.ucp_rkey_h
+	base uint64
+	n    uint64
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// Unpack unpacks a peer region's packed rkey (its Region.Rkey) for this
+// endpoint; base and n are that region's Base and Len. Errors: *Error (a
+// key that does not parse or names no transport of this endpoint).
+func (e *Endpoint) Unpack(rkey []byte, base uint64, n int) (*RemoteKey, error) {
+	if len(rkey) == 0 || n <= 0 {
+		return nil, &Error{Op: "ucp_ep_rkey_unpack", Status: int(C.UCS_ERR_INVALID_PARAM), Msg: fmt.Sprintf("empty rkey or a %d-byte region", n)}
+	}
+	cb := C.CBytes(rkey)
+	defer C.free(cb)
+	k := &RemoteKey{e: e, base: base, n: uint64(n)}
+	if err := check("ucp_ep_rkey_unpack", C.ucp_ep_rkey_unpack(e.ep, cb, &k.rkey)); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// Destroy releases the unpacked key (ucp_rkey_destroy): what a peer does
+// when the region's owner revokes it, before the memory goes. Errors:
+// ErrClosed (twice).
+func (k *RemoteKey) Destroy() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return ErrClosed
+	}
+	k.closed = true
+	C.ucp_rkey_destroy(k.rkey)
+	return nil
+}
+
+// Desc is one descriptor of a list: N bytes between Local, an address of
+// this process (host memory, mapped or not: UCX registers unmapped memory
+// on the fly), and byte Off of the remote region.
+type Desc struct {
+	Local uintptr
+	Off   uint64
+	N     uint64
+}
+
+// Put writes each descriptor's N bytes at Local into the remote region at
+// Off, as one posted operation each (ucp_put_nbx) and one flush
+// (ucp_ep_flush_nbx): when Put returns nil every byte is in the peer's
+// memory. It waits at most until deadline. Errors: ErrRange (nothing
+// posted), ErrClosed, *Error (the peer gone: UCS_ERR_ENDPOINT_TIMEOUT,
+// UCS_ERR_CONNECTION_RESET...), ErrTimeout; after an error some bytes
+// may have landed.
+func (k *RemoteKey) Put(descs []Desc, deadline time.Time) error {
+	return k.post(false, descs, deadline)
+}
+
+// Get reads each descriptor's N bytes at Off of the remote region into
+// Local, as Put writes them (ucp_get_nbx, one flush). Errors: as Put's.
+func (k *RemoteKey) Get(descs []Desc, deadline time.Time) error {
+	return k.post(true, descs, deadline)
+}
+
+// post checks every descriptor against the region, posts them all and
+// flushes the endpoint.
+func (k *RemoteKey) post(get bool, descs []Desc, deadline time.Time) error {
+	op := "ucp_put_nbx"
+	if get {
+		op = "ucp_get_nbx"
+	}
+	if len(descs) == 0 {
+		return nil
+	}
+	for i, d := range descs {
+		if d.N == 0 || d.Off > k.n || d.N > k.n-d.Off {
+			return fmt.Errorf("%s: descriptor %d: %d bytes at %d of a %d-byte region: %w", op, i, d.N, d.Off, k.n, ErrRange)
+		}
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return ErrClosed
+	}
+	k.e.mu.Lock()
+	closed := k.e.closed
+	k.e.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	// The list goes to C as one array of (local, remote, length) triples
+	// in C memory, read during the call: one cgo call for the list, not
+	// one per descriptor.
+	arr := (*[1 << 30]C.uint64_t)(C.malloc(C.size_t(24 * len(descs))))[: 3*len(descs) : 3*len(descs)]
+	defer C.free(unsafe.Pointer(&arr[0]))
+	for i, d := range descs {
+		arr[3*i], arr[3*i+1], arr[3*i+2] = C.uint64_t(d.Local), C.uint64_t(k.base+d.Off), C.uint64_t(d.N)
+	}
+	g := C.int(0)
+	if get {
+		g = 1
+	}
+	var posted C.size_t
+	if err := check(op, C.tfs_post(k.e.ep, g, &arr[0], C.size_t(len(descs)), k.rkey, &posted)); err != nil {
+		// Those posted may be in flight: the flush waits for them (and
+		// likely fails the same way) before the error is returned.
+		k.e.c.wait("ucp_ep_flush_nbx", C.tfs_flush(k.e.ep), deadline)
+		return fmt.Errorf("descriptor %d of %d: %w", int(posted), len(descs), err)
+	}
+	return k.e.c.wait("ucp_ep_flush_nbx", C.tfs_flush(k.e.ep), deadline)
+}
