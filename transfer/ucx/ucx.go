@@ -141,6 +141,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -191,15 +192,26 @@ type Context struct {
 	stop int // an eventfd that ends the progress goroutine
 	addr []byte
 	done chan struct{}
+	spin time.Duration
 
-	mu     sync.Mutex
-	closed bool
+	closed atomic.Bool
+}
+
+// Config is a Context's settings; the zero value is valid.
+type Config struct {
+	// Spin is how long the progress goroutine keeps progressing the
+	// worker after the last thing it did, before it arms the event fd and
+	// sleeps (0: at once). A target serving a peer's descriptor list over
+	// a transport that emulates RMA with messages (TCP) otherwise sleeps
+	// and wakes between the list's messages; tensorfs's peer connections
+	// spin for the same reason (--spin).
+	Spin time.Duration
 }
 
 // Open makes a daemon's context and worker and starts its progress
 // goroutine. Errors: *Error (no transport usable, say).
-func Open() (*Context, error) {
-	c := &Context{done: make(chan struct{})}
+func Open(cfg Config) (*Context, error) {
+	c := &Context{done: make(chan struct{}), spin: cfg.Spin}
 	if err := check("ucp_init", C.tfs_init(&c.ctx)); err != nil {
 		return nil, err
 	}
@@ -245,6 +257,18 @@ func (c *Context) progressLoop() {
 	for {
 		for C.ucp_worker_progress(c.w) != 0 {
 		}
+		if c.spin > 0 {
+			// Progress on while something happens, until spin has
+			// passed with nothing.
+			for last := time.Now(); time.Since(last) < c.spin; {
+				if C.ucp_worker_progress(c.w) != 0 {
+					last = time.Now()
+				}
+				if c.stopped() {
+					return
+				}
+			}
+		}
 		switch st := C.ucp_worker_arm(c.w); st {
 		case C.UCS_OK:
 		case C.UCS_ERR_BUSY:
@@ -264,6 +288,9 @@ func (c *Context) progressLoop() {
 	}
 }
 
+// stopped reports whether Close has asked the progress goroutine to end.
+func (c *Context) stopped() bool { return c.closed.Load() }
+
 // Address is the worker's UCP address, for a peer's Connect: opaque bytes
 // (a few hundred, depending on the transports), sent on the tensorfs
 // connection.
@@ -272,13 +299,9 @@ func (c *Context) Address() []byte { return slices.Clone(c.addr) }
 // Close stops the progress goroutine and frees the worker and the
 // context. Every Endpoint, RemoteKey and Region must be closed first.
 func (c *Context) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
+	if c.closed.Swap(true) {
 		return ErrClosed
 	}
-	c.closed = true
-	c.mu.Unlock()
 	one := []byte{1, 0, 0, 0, 0, 0, 0, 0}
 	unix.Write(c.stop, one)
 	<-c.done

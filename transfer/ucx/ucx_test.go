@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +30,24 @@ func mapped(t *testing.T, n int) []byte {
 	return b
 }
 
+// mappedB is mapped for a benchmark.
+func mappedB(b *testing.B, n int) []byte {
+	b.Helper()
+	m, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { unix.Munmap(m) })
+	return m
+}
+
+// p50us is the median of lat in µs.
+func p50us(lat []time.Duration) float64 {
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	return float64(s[len(s)/2].Nanoseconds()) / 1e3
+}
+
 func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
 
 // transports are the UCX_TLS settings the suite runs under: TCP (what
@@ -44,9 +63,9 @@ func pair(t *testing.T, tls string) (a, b *Context, ab *Endpoint) {
 		t.Setenv("UCX_NET_DEVICES", "lo")
 	}
 	var err error
-	a, err = Open()
+	a, err = Open(Config{})
 	require.NoError(t, err)
-	b, err = Open()
+	b, err = Open(Config{})
 	require.NoError(t, err)
 	ab, err = a.Connect(b.Address())
 	require.NoError(t, err)
@@ -195,7 +214,7 @@ func TestPeerKilled(t *testing.T) {
 					break
 				}
 			}
-			a, err := Open()
+			a, err := Open(Config{})
 			require.NoError(t, err)
 			defer a.Close()
 			ep, err := a.Connect(wa)
@@ -272,7 +291,7 @@ func parseHello(b []byte) (hello, bool) {
 // peerChild is TestPeerKilled's peer: it maps 4 MiB, says hello and
 // waits to be killed, its progress goroutine serving the puts.
 func peerChild() {
-	c, err := Open()
+	c, err := Open(Config{})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "peer:", err)
 		os.Exit(1)
