@@ -19,6 +19,7 @@ require (
 	go.etcd.io/etcd/client/v3 v3.6.16
 	go.uber.org/zap v1.27.0
 	go.yaml.in/yaml/v3 v3.0.5
+	golang.org/x/exp v0.0.0-20261113113407-e3970619a1a4
 	golang.org/x/perf v0.0.0-20260908200009-22c9c6c9d4da
 	golang.org/x/sys v0.50.0
 	gonum.org/v1/plot v0.17.0
