@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"encoding/hex"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,7 +23,7 @@ const (
 // fileAttrs are the readable tensorfs attributes of a tensor file (full
 // names), in listing order.
 var fileAttrs = []string{xattrs.DType, xattrs.Shape, xattrs.Device, xattrs.NBytes, xattrs.Generation,
-	xattrs.MRID, xattrs.IPCID, xattrs.IPCHandle, xattrs.IPCOffset}
+	xattrs.MRID, xattrs.IPCID, xattrs.IPCHandle, xattrs.IPCOffset, xattrs.RKey}
 
 // dirAttrs are the readable tensorfs attributes of a directory (full names),
 // in listing order.
@@ -39,7 +40,7 @@ var knownAttr = func() map[string]bool {
 }()
 
 // readOnly are attributes (full names) that can be read but never set (EPERM).
-var readOnly = map[string]bool{xattrs.MRID: true, xattrs.IPCID: true, xattrs.IPCHandle: true, xattrs.IPCOffset: true,
+var readOnly = map[string]bool{xattrs.MRID: true, xattrs.IPCID: true, xattrs.IPCHandle: true, xattrs.IPCOffset: true, xattrs.RKey: true,
 	xattrs.NBytes: true, xattrs.Generation: true, xattrs.StatsName: true}
 
 // xattrReply answers a getxattr/listxattr: a size-0 probe or a short buffer
@@ -85,6 +86,10 @@ func (f *File) fileAttr(attr string) (string, syscall.Errno) {
 	case xattrs.IPCOffset:
 		if in.Allocated {
 			return strconv.FormatInt(in.IPCOffset, 10), 0
+		}
+	case xattrs.RKey:
+		if len(in.Rkey) > 0 {
+			return hex.EncodeToString(in.Rkey), 0
 		}
 	}
 	return "", syscall.ENODATA

@@ -1,7 +1,8 @@
 // Package mr is the memory-region registry: every range of device memory that
 // tensorfs exposes for transfer is registered here as a memory region (MR) with an
-// id that is never reused. (A remote key comes with the UCX transport, whose
-// packed rkey is UCX's own; a home-made random key would grant nothing.) Any (addr, len) inside a region
+// id that is never reused, and, when a transport maps memory (a Mapper: UCX's
+// ucp_mem_map), the packed rkey peers reach it by (UCX's own bytes; a home-made
+// random key would grant nothing). Any (addr, len) inside a region
 // resolves to it through an interval index, so views and slices of a tensor find
 // their MR. Pins keep a region alive while a transfer uses it: deregistration
 // removes the region from lookups at once, but its release callback (which frees
@@ -40,6 +41,21 @@ type Region struct {
 	Addr uintptr
 	// Len is the region's length in bytes (> 0).
 	Len uint64
+	// Rkey is the packed remote key of the region's mapping for a network
+	// transport (the Registry's Mapper: UCX's ucp_rkey_pack bytes), which
+	// peers use to reach it; nil when no transport maps it.
+	Rkey []byte
+}
+
+// Mapper maps memory regions for a network transport for exactly their
+// registered lifetime (UCX's ucp_mem_map: issue 17): Map runs in Register,
+// before the region is visible; the unmap it returns runs once the region
+// is deregistered and unpinned, before the release callback frees the
+// memory. Map returns (nil, nil, nil) for memory the transport does not
+// map (device memory a UCX without CUDA support cannot register); an
+// error fails the registration. It must not call the Registry.
+type Mapper interface {
+	Map(device string, addr uintptr, length uint64) (rkey []byte, unmap func(), err error)
 }
 
 // Contains reports whether [addr, addr+n) lies inside the region.
@@ -53,6 +69,7 @@ type entry struct {
 	pins     int
 	dead     bool   // deregistered; no new pins
 	released func() // runs once, when dead and unpinned
+	unmap    func() // the Mapper's, run before released; nil: not mapped
 }
 
 // Registry holds the live regions of one daemon.
@@ -69,11 +86,20 @@ type Registry struct {
 	// one buffer give two MRs.
 	shared map[string][]*entry
 	pins   int
+	mapper Mapper // nil: regions are not mapped for a transport
 }
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
 	return &Registry{byID: map[uint64]*entry{}, byAddr: map[string][]*entry{}, shared: map[string][]*entry{}}
+}
+
+// SetMapper makes every region registered from now on mapped by m for its
+// lifetime (see Mapper); call it before the first Register.
+func (r *Registry) SetMapper(m Mapper) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.mapper = m
 }
 
 // Register records [addr, addr+length) on device as a new region. Errors:
@@ -96,6 +122,28 @@ func (r *Registry) register(device string, addr uintptr, length uint64, shared b
 	if length == 0 || uint64(addr)+length < uint64(addr) {
 		return nil, fmt.Errorf("register [%#x, +%d): %w", addr, length, ErrInvalid)
 	}
+	// The mapping is made outside the lock (a transport's registration
+	// of the pages can take a while) and undone if the region cannot be.
+	r.mu.Lock()
+	m := r.mapper
+	r.mu.Unlock()
+	var rkey []byte
+	var unmap func()
+	if m != nil {
+		var err error
+		if rkey, unmap, err = m.Map(device, addr, length); err != nil {
+			return nil, fmt.Errorf("register [%#x, +%d) on %s: map for the transport: %w", addr, length, device, err)
+		}
+	}
+	region, err := r.insert(device, addr, length, shared, rkey, unmap)
+	if err != nil && unmap != nil {
+		unmap()
+	}
+	return region, err
+}
+
+// insert adds the region to the indexes.
+func (r *Registry) insert(device string, addr uintptr, length uint64, shared bool, rkey []byte, unmap func()) (*Region, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	list := r.byAddr[device]
@@ -107,7 +155,7 @@ func (r *Registry) register(device string, addr uintptr, length uint64, shared b
 		return nil, fmt.Errorf("register [%#x, +%d) on %s: %w (mr %d)", addr, length, device, ErrOverlap, list[i-1].ID)
 	}
 	r.nextID++
-	e := &entry{Region: &Region{ID: r.nextID, Device: device, Addr: addr, Len: length}, shared: shared}
+	e := &entry{Region: &Region{ID: r.nextID, Device: device, Addr: addr, Len: length, Rkey: rkey}, shared: shared, unmap: unmap}
 	if shared {
 		r.shared[device] = append(r.shared[device], e)
 	} else {
@@ -209,12 +257,21 @@ func (r *Registry) Deregister(id uint64, released func()) error {
 	return nil
 }
 
-// drop forgets a dead, unpinned entry and returns its callback. r.mu is held.
+// drop forgets a dead, unpinned entry and returns what is left to run:
+// its unmap, then its release callback. r.mu is held.
 func (r *Registry) drop(e *entry) func() {
 	delete(r.byID, e.ID)
-	f := e.released
-	e.released = nil
-	return f
+	f, unmap := e.released, e.unmap
+	e.released, e.unmap = nil, nil
+	if unmap == nil {
+		return f
+	}
+	return func() {
+		unmap()
+		if f != nil {
+			f()
+		}
+	}
 }
 
 // Registered returns the number of regions registered since the registry

@@ -2,6 +2,8 @@ package mr
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"testing"
 
@@ -171,4 +173,82 @@ func TestRegisterShared(t *testing.T) {
 	require.NoError(t, r.Deregister(own.ID, nil))
 	n, _ := r.Stats()
 	require.Equal(t, 1, n)
+}
+
+// recMapper is a Mapper that records what it mapped and unmapped, in order
+// with the release callbacks (events).
+type recMapper struct {
+	mu     sync.Mutex
+	events []string
+	fail   bool
+}
+
+func (m *recMapper) Map(device string, addr uintptr, length uint64) ([]byte, func(), error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fail {
+		return nil, nil, errors.New("no memory for the transport")
+	}
+	if device != "host" {
+		return nil, nil, nil
+	}
+	m.events = append(m.events, fmt.Sprintf("map %#x+%d", addr, length))
+	return []byte(fmt.Sprintf("key-%#x", addr)), func() { m.add(fmt.Sprintf("unmap %#x", addr)) }, nil
+}
+
+func (m *recMapper) add(ev string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.events = append(m.events, ev)
+}
+
+func (m *recMapper) got() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.events)
+}
+
+// TestMapperLifetime: a region is mapped when it is registered (its rkey
+// on the Region), unmapped only once it is deregistered and unpinned and
+// before its release callback frees the memory; memory the mapper does
+// not map has no rkey and nothing to unmap; a registration that fails
+// (an overlap) unmaps what it mapped; a mapping that fails fails the
+// registration and leaves nothing registered.
+func TestMapperLifetime(t *testing.T) {
+	r := NewRegistry()
+	m := &recMapper{}
+	r.SetMapper(m)
+	a, err := r.Register("host", 0x1000, 0x1000)
+	require.NoError(t, err)
+	require.Equal(t, []byte("key-0x1000"), a.Rkey)
+	require.Equal(t, []string{"map 0x1000+4096"}, m.got())
+
+	unpin, err := r.Pin(a.ID)
+	require.NoError(t, err)
+	require.NoError(t, r.Deregister(a.ID, func() { m.add("free 0x1000") }))
+	require.Equal(t, []string{"map 0x1000+4096"}, m.got(), "pinned: still mapped")
+	unpin()
+	require.Equal(t, []string{"map 0x1000+4096", "unmap 0x1000", "free 0x1000"}, m.got(), "unmapped before the memory goes")
+
+	g, err := r.Register("cuda:0", 0x1000, 0x1000)
+	require.NoError(t, err)
+	require.Nil(t, g.Rkey, "device memory this mapper does not map")
+	require.NoError(t, r.Deregister(g.ID, nil))
+
+	b, err := r.Register("host", 0x8000, 0x1000)
+	require.NoError(t, err)
+	_, err = r.Register("host", 0x8800, 0x1000)
+	require.ErrorIs(t, err, ErrOverlap)
+	require.Equal(t, []string{"map 0x8000+4096", "map 0x8800+4096", "unmap 0x8800"}, m.got()[3:], "the overlapping one was mapped, then unmapped")
+
+	m.fail = true
+	before := r.Registered()
+	_, err = r.Register("host", 0x20000, 0x1000)
+	require.ErrorContains(t, err, "no memory for the transport")
+	require.Equal(t, before, r.Registered(), "no id given")
+	regions, _ := r.Stats()
+	require.Equal(t, 1, regions, "only b")
+	m.fail = false
+	require.NoError(t, r.Deregister(b.ID, nil))
+	require.Equal(t, "unmap 0x8000", m.got()[len(m.got())-1])
 }

@@ -37,6 +37,8 @@ go test -race -count=1 -timeout 30m ./...
 # The UCX binding (transfer/ucx: build tag ucx, cgo against Debian's
 # libucx-dev), over UCX_TLS=tcp and UCX_TLS=sm,self; the default build above
 # has no UCX and needs no C toolchain beyond the race detector's.
-CGO_ENABLED=1 go vet -tags ucx ./transfer/ucx/
+CGO_ENABLED=1 go vet -tags ucx ./transfer/ucx/ ./cmd/tensorfs/ ./tests/
 CGO_ENABLED=1 go test -race -count=1 -timeout 10m -tags ucx ./transfer/ucx/
+# The daemon built with UCX: its regions mapped, their rkeys as xattrs.
+CGO_ENABLED=1 go test -race -count=1 -timeout 10m -tags ucx -run 'TestRKeyXattr' ./tests/
 scripts/bench.sh --quick --out "$run_tmp/bench"

@@ -71,6 +71,7 @@ type Info struct {
 	IPCID      uint64 // IPC export id, when allocated
 	IPCHandle  string // IPC handle of the whole allocation, when allocated
 	IPCOffset  int64  // offset of the tensor inside the exported allocation
+	Rkey       []byte // packed remote key of the memory region (mr.Region.Rkey); nil when no transport maps it
 	Generation uint64 // number of reallocations so far
 	Linked     bool   // the tensor still has a name
 }
@@ -87,6 +88,7 @@ func (t *Tensor) Info() Info {
 		in.IPCID = a.export.ID
 		in.IPCHandle = a.export.Handle
 		in.IPCOffset = a.export.Offset
+		in.Rkey = a.region.Rkey
 	}
 	return in
 }

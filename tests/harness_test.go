@@ -24,7 +24,8 @@ import (
 	"github.com/tensorfs/tensorfs/xattrs"
 )
 
-// bin is the tensorfs binary under test: $TENSORFS_BIN, or built once here.
+// bin is the tensorfs binary under test: $TENSORFS_BIN, or built once here
+// (with UCX when this test binary has it: ucxBuild).
 var bin string
 
 func TestMain(m *testing.M) {
@@ -49,6 +50,10 @@ func run(m *testing.M) int {
 		env := append(os.Environ(), "CGO_ENABLED=0")
 		if raceEnabled {
 			args = append(args, "-race")
+			env = append(os.Environ(), "CGO_ENABLED=1")
+		}
+		if ucxBuild {
+			args = append(args, "-tags", "ucx")
 			env = append(os.Environ(), "CGO_ENABLED=1")
 		}
 		build := exec.Command("go", append(args, "../cmd/tensorfs")...)

@@ -66,7 +66,10 @@ const (
 	// the file's allocation is replaced.
 	Generation = Prefix + "generation"
 	// RKey is the hex of the memory region's packed UCX rkey (ro, needs
-	// read permission on the file; only with the UCX transport).
+	// read permission on the file): what a peer's one-sided puts and gets
+	// into it use (issue 17). ENODATA in a build without UCX (build tag
+	// ucx), with --transport tcp, and for memory UCX does not map (GPU
+	// memory when UCX has no CUDA support).
 	RKey = Prefix + "rkey"
 )
 

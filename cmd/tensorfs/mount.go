@@ -165,7 +165,7 @@ it is mounted and listening, and STOPPING=1 when it starts shutting down
 				return fmt.Errorf("--advertise needs --etcd")
 			}
 			o := fs.Options{AllowOther: allowOther, Debug: debug, FSName: mountSource(cfg.Name)}
-			return runMount(mnt, device, int64(limit), revoke, o, cfg, cc, ec.advertise, metricsAt)
+			return runMount(mnt, device, int64(limit), revoke, o, cfg, pc.transport, cc, ec.advertise, metricsAt)
 		},
 	}
 	f := cmd.Flags()
@@ -201,7 +201,7 @@ func mountSource(name string) string {
 // the cluster, registered at advertise (or its listener's address), before
 // the mount appears; with metricsAt (--metrics HOST:PORT) its metrics are
 // served there, from before the mount appears.
-func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs.Options, peerCfg transfer.Config, cc *cluster.Config, advertise, metricsAt string) error {
+func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs.Options, peerCfg transfer.Config, transport string, cc *cluster.Config, advertise, metricsAt string) error {
 	// Catch signals before mounting: go-fuse's mount makes a request on the
 	// new mount from this process (its poll check), and a process killed by a
 	// default-action SIGINT while waiting for its own reply hangs in exit and
@@ -263,6 +263,15 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	if err != nil {
 		return err
 	}
+	// Deferred: it runs after every path's store.Close, once the last
+	// region is unmapped (a region still pinned then is unmapped by UCX's
+	// cleanup).
+	closeUCX, err := openUCX(transport, store.MRs, peerCfg.Spin)
+	if err != nil {
+		store.Close()
+		return err
+	}
+	defer closeUCX()
 	peerCfg.Importers = namespace.Importers(store)
 	peerCfg.ImportFile = namespace.ImportFile(store)
 	root, peers, err := fs.NewRoot(fs.Config{

@@ -18,6 +18,7 @@ import (
 // peerFlags are the mount flags of the peer service.
 type peerFlags struct {
 	name, listen, secretFile, hostID string
+	transport                        string
 	peers                            []string
 	timeout, idle, spin              time.Duration
 	streams                          int
@@ -33,6 +34,7 @@ func (p *peerFlags) register(f *pflag.FlagSet) {
 	f.DurationVar(&p.timeout, "timeout", 10*time.Second, "how long a copy waits on a silent peer")
 	f.DurationVar(&p.idle, "idle-timeout", transfer.DefaultIdleTimeout, "how long a connection to a peer is kept open after a copy, for the next one")
 	f.IntVar(&p.streams, "streams", transfer.DefaultStreams, fmt.Sprintf("parallel TCP streams per large copy (1 to %d)", transfer.MaxStreams))
+	f.StringVar(&p.transport, "transport", "auto", "what maps memory for peers on other hosts: auto (UCX when this build has it), tcp (no UCX) or ucx (UCX or a refusal); with UCX every host-memory region is mapped and its rkey is user.tensorfs.rkey; copies between hosts still move on tensorfs's TCP streams")
 	f.DurationVar(&p.spin, "spin", transfer.DefaultSpin, "how long a peer connection polls for its next frame before it sleeps (0: never; default 0 on hosts of fewer than 4 CPUs)")
 	p.flags = f
 }
@@ -85,6 +87,11 @@ func (p *peerFlags) config() (transfer.Config, error) {
 	}
 	if err := checkNodeName(cfg.Name); err != nil {
 		return cfg, fmt.Errorf("--name %q: %v", cfg.Name, err)
+	}
+	switch p.transport {
+	case "auto", "tcp", "ucx":
+	default:
+		return cfg, fmt.Errorf("--transport %q: want auto, tcp or ucx", p.transport)
 	}
 	if cfg.HostID == "" {
 		b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")

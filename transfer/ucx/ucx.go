@@ -194,6 +194,10 @@ type Context struct {
 	done chan struct{}
 	spin time.Duration
 
+	// life is held for reading by an Unmap and for writing by Close, so
+	// that a region's last release racing the daemon's close never
+	// unmaps from a context being cleaned up.
+	life   sync.RWMutex
 	closed atomic.Bool
 }
 
@@ -306,6 +310,8 @@ func (c *Context) Close() error {
 	unix.Write(c.stop, one)
 	<-c.done
 	unix.Close(c.stop)
+	c.life.Lock()
+	defer c.life.Unlock()
 	c.release()
 	return nil
 }
@@ -394,6 +400,13 @@ func (r *Region) Unmap() error {
 		return ErrClosed
 	}
 	r.closed = true
+	r.c.life.RLock()
+	defer r.c.life.RUnlock()
+	if r.c.closed.Load() {
+		// The context went first (a daemon's last frees after its close):
+		// ucp_cleanup took every mapping with it.
+		return nil
+	}
 	return check("ucp_mem_unmap", C.ucp_mem_unmap(r.c.ctx, r.memh))
 }
 

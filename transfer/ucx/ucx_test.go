@@ -18,6 +18,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/mr"
 )
 
 // mapped is n bytes of anonymous shared memory: host memory outside Go's
@@ -308,4 +310,35 @@ func peerChild() {
 	}
 	fmt.Printf("hello %x %x %d %d\n", c.Address(), reg.Rkey(), reg.Base(), reg.Len())
 	select {}
+}
+
+// TestMapperRegistry: regions registered in an mr.Registry with the
+// context's Mapper carry rkeys a peer's puts reach them by, until the
+// region is released (unmapped before the release callback); device
+// memory gets no rkey.
+func TestMapperRegistry(t *testing.T) {
+	_, b, ab := pair(t, "sm,self")
+	reg := mr.NewRegistry()
+	reg.SetMapper(b.Mapper())
+	mem := mapped(t, 1<<20)
+	r, err := reg.Register("host", addr(mem), uint64(len(mem)))
+	require.NoError(t, err)
+	require.NotEmpty(t, r.Rkey)
+	key, err := ab.Unpack(r.Rkey, uint64(r.Addr), int(r.Len))
+	require.NoError(t, err)
+	src := mapped(t, 4096)
+	for i := range src {
+		src[i] = 0x5a
+	}
+	require.NoError(t, key.Put([]Desc{{Local: addr(src), Off: 8192, N: 4096}}, time.Now().Add(5*time.Second)))
+	require.Equal(t, src, mem[8192:8192+4096])
+	require.NoError(t, key.Destroy())
+	released := false
+	require.NoError(t, reg.Deregister(r.ID, func() { released = true }))
+	require.True(t, released)
+
+	g, err := reg.Register("cuda:0", 0x7f0000000000, 1<<20)
+	require.NoError(t, err)
+	require.Nil(t, g.Rkey)
+	require.NoError(t, reg.Deregister(g.ID, nil))
 }

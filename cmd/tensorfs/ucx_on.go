@@ -1,0 +1,39 @@
+//go:build ucx
+
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/tensorfs/tensorfs/mr"
+	"github.com/tensorfs/tensorfs/transfer/ucx"
+)
+
+// openUCX is --transport in a build with UCX: auto and ucx open the
+// daemon's UCP context and worker (progressed with the peer connections'
+// spin) and map every memory region with it from now on (rkeys in
+// user.tensorfs.rkey); tcp opens nothing. A context that cannot be opened
+// is an error with ucx and a warning with auto. closeUCX closes the
+// context.
+func openUCX(transport string, regs *mr.Registry, spin time.Duration) (closeUCX func(), err error) {
+	if transport == "tcp" {
+		return func() {}, nil
+	}
+	c, err := ucx.Open(ucx.Config{Spin: spin})
+	if err != nil {
+		if transport == "ucx" {
+			return nil, fmt.Errorf("--transport ucx: %w", err)
+		}
+		slog.Warn("ucx: cannot open a context; memory regions get no rkeys", "err", err)
+		return func() {}, nil
+	}
+	regs.SetMapper(c.Mapper())
+	slog.Info("ucx: context open; host-memory regions are mapped with rkeys (user.tensorfs.rkey); copies between hosts still use tensorfs's TCP streams", "address_bytes", len(c.Address()))
+	return func() {
+		if err := c.Close(); err != nil {
+			slog.Error("ucx: close", "err", err)
+		}
+	}, nil
+}
