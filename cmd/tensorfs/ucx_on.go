@@ -32,6 +32,9 @@ func openUCX(transport string, regs *mr.Registry, spin time.Duration) (closeUCX 
 	regs.SetMapper(c.Mapper())
 	slog.Info("ucx: context open; host-memory regions are mapped with rkeys (user.tensorfs.rkey); copies between hosts still use tensorfs's TCP streams", "address_bytes", len(c.Address()))
 	return func() {
+		// A region registered after this (a write to a detached mount
+		// still served) is not mapped: the context is going.
+		regs.SetMapper(nil)
 		if err := c.Close(); err != nil {
 			slog.Error("ucx: close", "err", err)
 		}

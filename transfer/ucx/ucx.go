@@ -258,8 +258,10 @@ func (c *Context) release() {
 func (c *Context) progressLoop() {
 	defer close(c.done)
 	fds := []unix.PollFd{{Fd: int32(c.efd), Events: unix.POLLIN}, {Fd: int32(c.stop), Events: unix.POLLIN}}
-	for {
-		for C.ucp_worker_progress(c.w) != 0 {
+	for !c.stopped() {
+		// Bounded by the stop check: a peer's steady traffic must not
+		// keep Close waiting.
+		for !c.stopped() && C.ucp_worker_progress(c.w) != 0 {
 		}
 		if c.spin > 0 {
 			// Progress on while something happens, until spin has
@@ -279,7 +281,8 @@ func (c *Context) progressLoop() {
 			continue // something arrived meanwhile: progress again
 		default:
 			// Not expected with FEATURE_WAKEUP; poll briefly rather
-			// than spin or stop serving the peers' operations.
+			// than spin or stop serving the peers' operations (the
+			// loop's condition still sees a stop).
 			time.Sleep(time.Millisecond)
 			continue
 		}
@@ -301,7 +304,11 @@ func (c *Context) stopped() bool { return c.closed.Load() }
 func (c *Context) Address() []byte { return slices.Clone(c.addr) }
 
 // Close stops the progress goroutine and frees the worker and the
-// context. Every Endpoint, RemoteKey and Region must be closed first.
+// context. Endpoints must be closed first; regions still mapped then are
+// left to ucp_cleanup (which releases them through UCX's registration
+// cache, warning once each, and leaks them without it: harmless when the
+// process is exiting) and their Unmap does nothing. Calls after it (Map,
+// Connect) are ErrClosed.
 func (c *Context) Close() error {
 	if c.closed.Swap(true) {
 		return ErrClosed
@@ -332,7 +339,8 @@ func (c *Context) wait(op string, r C.ucs_status_ptr_t, deadline time.Time) erro
 		if st := C.ucp_request_check_status(unsafe.Pointer(r)); st != C.UCS_INPROGRESS {
 			return check(op, st)
 		}
-		if C.ucp_worker_progress(c.w) == 0 && i%64 == 63 {
+		C.ucp_worker_progress(c.w)
+		if i%64 == 63 {
 			if time.Now().After(deadline) {
 				return fmt.Errorf("%s: %w", op, ErrTimeout)
 			}
@@ -358,10 +366,16 @@ type Region struct {
 }
 
 // Map maps n bytes at base (host memory of this process, not Go's heap:
-// a tensor's memfd mapping) and packs its rkey. Errors: *Error.
+// a tensor's memfd mapping) and packs its rkey. Errors: ErrRange (n not
+// positive, or the range wraps), ErrClosed (the context is), *Error.
 func (c *Context) Map(base uintptr, n int) (*Region, error) {
-	if n <= 0 {
-		return nil, fmt.Errorf("ucx: map %d bytes: %w", n, ErrRange)
+	if n <= 0 || uint64(base)+uint64(n) < uint64(base) {
+		return nil, fmt.Errorf("ucx: map %d bytes at %#x: %w", n, base, ErrRange)
+	}
+	c.life.RLock()
+	defer c.life.RUnlock()
+	if c.closed.Load() {
+		return nil, ErrClosed
 	}
 	r := &Region{c: c, base: base, n: n}
 	if err := check("ucp_mem_map", C.tfs_mem_map(c.ctx, C.uintptr_t(base), C.size_t(n), &r.memh)); err != nil {
@@ -404,7 +418,7 @@ func (r *Region) Unmap() error {
 	defer r.c.life.RUnlock()
 	if r.c.closed.Load() {
 		// The context went first (a daemon's last frees after its close):
-		// ucp_cleanup took every mapping with it.
+		// ucp_cleanup has the mapping (see Context.Close).
 		return nil
 	}
 	return check("ucp_mem_unmap", C.ucp_mem_unmap(r.c.ctx, r.memh))
@@ -413,6 +427,8 @@ func (r *Region) Unmap() error {
 // Endpoint is this worker's connection to a peer's worker (UCX makes and
 // keeps whatever transport connections it needs), with peer error
 // handling: a dead peer fails its operations instead of hanging them.
+// Its methods and its keys' are safe for concurrent use; Close waits for
+// the operations in progress.
 type Endpoint struct {
 	c  *Context
 	ep C.ucp_ep_h
@@ -421,20 +437,29 @@ type Endpoint struct {
 	// endpoint over them is made without it (DetectsPeerFailure).
 	peerErrors bool
 
-	mu     sync.Mutex
+	// mu is read-held by every use of ep (posts, unpacks, queries) and
+	// write-held by Close and Destroy: nothing uses a freed endpoint or
+	// key. It guards closed and keys.
+	mu     sync.RWMutex
 	closed bool
+	keys   map[*RemoteKey]struct{} // live, destroyed by Close at the latest
 }
 
 // Connect makes an endpoint to the worker at addr (a peer's
-// Context.Address). Errors: *Error (an address that does not parse, no
-// transport in common).
+// Context.Address). Errors: ErrClosed (the context is), *Error (an empty
+// address, one that does not parse, no transport in common).
 func (c *Context) Connect(addr []byte) (*Endpoint, error) {
 	if len(addr) == 0 {
 		return nil, &Error{Op: "ucp_ep_create", Status: int(C.UCS_ERR_INVALID_PARAM), Msg: "empty worker address"}
 	}
+	c.life.RLock()
+	defer c.life.RUnlock()
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
 	ca := C.CBytes(addr)
 	defer C.free(ca)
-	e := &Endpoint{c: c, peerErrors: true}
+	e := &Endpoint{c: c, peerErrors: true, keys: map[*RemoteKey]struct{}{}}
 	st := C.tfs_ep(c.w, ca, 1, &e.ep)
 	if st == C.UCS_ERR_UNREACHABLE {
 		// No transport to the peer can report its failure (shared
@@ -454,6 +479,19 @@ func (c *Context) Connect(addr []byte) (*Endpoint, error) {
 // tensorfs learns of a dead peer from its own connection to it either way.
 func (e *Endpoint) DetectsPeerFailure() bool { return e.peerErrors }
 
+// use runs f with the endpoint (and its context) held open: ErrClosed
+// when either is closed.
+func (e *Endpoint) use(f func() error) error {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	e.c.life.RLock()
+	defer e.c.life.RUnlock()
+	if e.closed || e.c.closed.Load() {
+		return ErrClosed
+	}
+	return f()
+}
+
 // lanePattern matches a lane of ucp_ep_print_info's text, "lane[0]:
 // 0:tcp/lo.0 md[0] -> ...", capturing the local resource, which is
 // "transport/device" and the path index UCX appends (".0").
@@ -465,14 +503,20 @@ var pathIndex = regexp.MustCompile(`\.\d+$`)
 // Transports are the transports UCX chose for the endpoint's lanes, as
 // "transport/device" names ("tcp/lo"; "posix/memory", "cma/memory"; an
 // RDMA device such as "rc_mlx5/mlx5_0:1"), sorted, once each: for the log
-// and stats.
+// and stats. Nil for a closed endpoint.
 func (e *Endpoint) Transports() []string {
-	s := C.tfs_ep_info(e.ep)
-	if s == nil {
+	var info string
+	e.use(func() error {
+		if s := C.tfs_ep_info(e.ep); s != nil {
+			info = C.GoString(s)
+			C.free(unsafe.Pointer(s))
+		}
+		return nil
+	})
+	if info == "" {
 		return nil
 	}
-	defer C.free(unsafe.Pointer(s))
-	return parseLanes(C.GoString(s))
+	return parseLanes(info)
 }
 
 // parseLanes is Transports' parse of ucp_ep_print_info's text.
@@ -489,11 +533,13 @@ func parseLanes(info string) []string {
 	return out
 }
 
-// Close closes the endpoint: flushing it first (force false), or at once
-// (force true: after a failure or a timeout), waiting at most until
-// deadline. An endpoint without peer failure detection cannot be closed
-// by force (UCX 1.13): it is flushed, and if the peer is dead that ends
-// in ErrTimeout, the endpoint abandoned to UCX. Errors: ErrClosed,
+// Close destroys the endpoint's remote keys still live (UCX wants them
+// gone before their endpoint) and closes it: flushing it first (force
+// false), or at once (force true: after a failure or a timeout), waiting
+// at most until deadline; operations in progress on other goroutines
+// finish first. An endpoint without peer failure detection cannot be
+// closed by force (UCX 1.13): it is flushed, and if the peer is dead that
+// ends in ErrTimeout, the endpoint abandoned to UCX. Errors: ErrClosed,
 // *Error, ErrTimeout.
 func (e *Endpoint) Close(force bool, deadline time.Time) error {
 	e.mu.Lock()
@@ -502,6 +548,18 @@ func (e *Endpoint) Close(force bool, deadline time.Time) error {
 		return ErrClosed
 	}
 	e.closed = true
+	e.c.life.RLock()
+	defer e.c.life.RUnlock()
+	for k := range e.keys {
+		if !e.c.closed.Load() {
+			C.ucp_rkey_destroy(k.rkey)
+		}
+		k.closed = true
+	}
+	clear(e.keys)
+	if e.c.closed.Load() {
+		return ErrClosed
+	}
 	f := C.int(0)
 	if force && e.peerErrors {
 		f = 1
@@ -511,44 +569,60 @@ func (e *Endpoint) Close(force bool, deadline time.Time) error {
 
 // RemoteKey is a peer region's rkey unpacked for one endpoint, with the
 // region's address and length there, which every descriptor is checked
-// against.
+// against. Its state is guarded by its endpoint's mu.
 type RemoteKey struct {
-	e    *Endpoint
-	rkey C.ucp_rkey_h
-	base uint64
-	n    uint64
-
-	mu     sync.Mutex
+	e      *Endpoint
+	rkey   C.ucp_rkey_h
+	base   uint64
+	n      uint64
 	closed bool
 }
 
 // Unpack unpacks a peer region's packed rkey (its Region.Rkey) for this
-// endpoint; base and n are that region's Base and Len. Errors: *Error (a
-// key that does not parse or names no transport of this endpoint).
+// endpoint; base and n are that region's Base and Len. The key is trusted:
+// UCX does not validate a packed key's bytes (tensorfs takes rkeys only
+// from authenticated peers). Errors: *Error (an empty key, a region that
+// is empty or wraps the address space, a key UCX cannot unpack),
+// ErrClosed.
 func (e *Endpoint) Unpack(rkey []byte, base uint64, n int) (*RemoteKey, error) {
-	if len(rkey) == 0 || n <= 0 {
-		return nil, &Error{Op: "ucp_ep_rkey_unpack", Status: int(C.UCS_ERR_INVALID_PARAM), Msg: fmt.Sprintf("empty rkey or a %d-byte region", n)}
+	if len(rkey) == 0 || n <= 0 || base+uint64(n) < base {
+		return nil, &Error{Op: "ucp_ep_rkey_unpack", Status: int(C.UCS_ERR_INVALID_PARAM), Msg: fmt.Sprintf("an empty rkey, or a %d-byte region at %#x", n, base)}
 	}
 	cb := C.CBytes(rkey)
 	defer C.free(cb)
 	k := &RemoteKey{e: e, base: base, n: uint64(n)}
+	e.mu.Lock() // keys changes
+	defer e.mu.Unlock()
+	e.c.life.RLock()
+	defer e.c.life.RUnlock()
+	if e.closed || e.c.closed.Load() {
+		return nil, ErrClosed
+	}
 	if err := check("ucp_ep_rkey_unpack", C.ucp_ep_rkey_unpack(e.ep, cb, &k.rkey)); err != nil {
 		return nil, err
 	}
+	e.keys[k] = struct{}{}
 	return k, nil
 }
 
 // Destroy releases the unpacked key (ucp_rkey_destroy): what a peer does
-// when the region's owner revokes it, before the memory goes. Errors:
-// ErrClosed (twice).
+// when the region's owner revokes it, before the memory goes; it waits
+// for the key's operations in progress. Errors: ErrClosed (destroyed
+// already, by Destroy or by the endpoint's Close).
 func (k *RemoteKey) Destroy() error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
+	e := k.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	if k.closed {
 		return ErrClosed
 	}
 	k.closed = true
-	C.ucp_rkey_destroy(k.rkey)
+	delete(e.keys, k)
+	e.c.life.RLock()
+	defer e.c.life.RUnlock()
+	if !e.c.closed.Load() {
+		C.ucp_rkey_destroy(k.rkey)
+	}
 	return nil
 }
 
@@ -567,19 +641,22 @@ type Desc struct {
 // memory. It waits at most until deadline. Errors: ErrRange (nothing
 // posted), ErrClosed, *Error (the peer gone: UCS_ERR_ENDPOINT_TIMEOUT,
 // UCS_ERR_CONNECTION_RESET...), ErrTimeout; after an error some bytes
-// may have landed.
+// may have landed, and after ErrTimeout operations may still be running:
+// Local must stay valid until the endpoint is closed.
 func (k *RemoteKey) Put(descs []Desc, deadline time.Time) error {
 	return k.post(false, descs, deadline)
 }
 
 // Get reads each descriptor's N bytes at Off of the remote region into
-// Local, as Put writes them (ucp_get_nbx, one flush). Errors: as Put's.
+// Local, as Put writes them (ucp_get_nbx, one flush). Errors: as Put's
+// (after ErrTimeout a get may still write into Local until the endpoint
+// is closed).
 func (k *RemoteKey) Get(descs []Desc, deadline time.Time) error {
 	return k.post(true, descs, deadline)
 }
 
 // post checks every descriptor against the region, posts them all and
-// flushes the endpoint.
+// flushes the endpoint, holding the endpoint (and so the key) open.
 func (k *RemoteKey) post(get bool, descs []Desc, deadline time.Time) error {
 	op := "ucp_put_nbx"
 	if get {
@@ -593,35 +670,34 @@ func (k *RemoteKey) post(get bool, descs []Desc, deadline time.Time) error {
 			return fmt.Errorf("%s: descriptor %d: %d bytes at %d of a %d-byte region: %w", op, i, d.N, d.Off, k.n, ErrRange)
 		}
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.closed {
-		return ErrClosed
-	}
-	k.e.mu.Lock()
-	closed := k.e.closed
-	k.e.mu.Unlock()
-	if closed {
-		return ErrClosed
-	}
-	// The list goes to C as one array of (local, remote, length) triples
-	// in C memory, read during the call: one cgo call for the list, not
-	// one per descriptor.
-	arr := (*[1 << 30]C.uint64_t)(C.malloc(C.size_t(24 * len(descs))))[: 3*len(descs) : 3*len(descs)]
-	defer C.free(unsafe.Pointer(&arr[0]))
-	for i, d := range descs {
-		arr[3*i], arr[3*i+1], arr[3*i+2] = C.uint64_t(d.Local), C.uint64_t(k.base+d.Off), C.uint64_t(d.N)
-	}
-	g := C.int(0)
-	if get {
-		g = 1
-	}
-	var posted C.size_t
-	if err := check(op, C.tfs_post(k.e.ep, g, &arr[0], C.size_t(len(descs)), k.rkey, &posted)); err != nil {
-		// Those posted may be in flight: the flush waits for them (and
-		// likely fails the same way) before the error is returned.
-		k.e.c.wait("ucp_ep_flush_nbx", C.tfs_flush(k.e.ep), deadline)
-		return fmt.Errorf("descriptor %d of %d: %w", int(posted), len(descs), err)
-	}
-	return k.e.c.wait("ucp_ep_flush_nbx", C.tfs_flush(k.e.ep), deadline)
+	e := k.e
+	return e.use(func() error {
+		if k.closed {
+			return ErrClosed
+		}
+		// The list goes to C as one array of (local, remote, length)
+		// triples in C memory, read during the call: one cgo call for the
+		// list, not one per descriptor.
+		mem := C.malloc(C.size_t(24 * len(descs)))
+		if mem == nil {
+			return fmt.Errorf("%s: %d descriptors: out of memory", op, len(descs))
+		}
+		defer C.free(mem)
+		arr := unsafe.Slice((*C.uint64_t)(mem), 3*len(descs))
+		for i, d := range descs {
+			arr[3*i], arr[3*i+1], arr[3*i+2] = C.uint64_t(d.Local), C.uint64_t(k.base+d.Off), C.uint64_t(d.N)
+		}
+		g := C.int(0)
+		if get {
+			g = 1
+		}
+		var posted C.size_t
+		if err := check(op, C.tfs_post(e.ep, g, &arr[0], C.size_t(len(descs)), k.rkey, &posted)); err != nil {
+			// Those posted may be in flight: the flush waits for them (and
+			// likely fails the same way) before the error is returned.
+			e.c.wait("ucp_ep_flush_nbx", C.tfs_flush(e.ep), deadline)
+			return fmt.Errorf("descriptor %d of %d: %w", int(posted), len(descs), err)
+		}
+		return e.c.wait("ucp_ep_flush_nbx", C.tfs_flush(e.ep), deadline)
+	})
 }

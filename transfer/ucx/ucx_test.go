@@ -342,3 +342,54 @@ func TestMapperRegistry(t *testing.T) {
 	require.Nil(t, g.Rkey)
 	require.NoError(t, reg.Deregister(g.ID, nil))
 }
+
+// TestCloseRaces: an endpoint closed while puts run on other goroutines
+// waits for them and fails the later ones with ErrClosed (no use of a
+// freed endpoint or key: the race detector and UCX would see it); its
+// Close destroyed the keys still live; a closed context refuses Map and
+// Connect.
+func TestCloseRaces(t *testing.T) {
+	t.Setenv("UCX_TLS", "sm,self")
+	a, err := Open(Config{})
+	require.NoError(t, err)
+	b, err := Open(Config{})
+	require.NoError(t, err)
+	defer b.Close()
+	ep, err := a.Connect(b.Address())
+	require.NoError(t, err)
+	dst := mapped(t, 1<<20)
+	reg, err := b.Map(addr(dst), len(dst))
+	require.NoError(t, err)
+	defer reg.Unmap()
+	key, err := ep.Unpack(reg.Rkey(), reg.Base(), reg.Len())
+	require.NoError(t, err)
+	src := mapped(t, 64<<10)
+	descs := []Desc{{Local: addr(src), Off: 0, N: 64 << 10}}
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			for {
+				if err := key.Put(descs, time.Now().Add(5*time.Second)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, ep.Close(false, time.Now().Add(5*time.Second)))
+	for range 4 {
+		require.ErrorIs(t, <-errs, ErrClosed)
+	}
+	require.ErrorIs(t, key.Destroy(), ErrClosed, "the endpoint's Close destroyed it")
+	_, err = ep.Unpack(reg.Rkey(), reg.Base(), reg.Len())
+	require.ErrorIs(t, err, ErrClosed)
+	require.Nil(t, ep.Transports())
+
+	require.NoError(t, a.Close())
+	_, err = a.Map(addr(src), len(src))
+	require.ErrorIs(t, err, ErrClosed)
+	_, err = a.Connect(b.Address())
+	require.ErrorIs(t, err, ErrClosed)
+	require.ErrorIs(t, a.Close(), ErrClosed)
+}
