@@ -16,7 +16,7 @@ import (
 // the connection on one.
 func (s *Service) authenticate(c *conn, addr string) error {
 	cn := nonce()
-	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0}); err != nil {
+	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress()}); err != nil {
 		return netErr(err)
 	}
 	var ch challenge
@@ -43,6 +43,7 @@ func (s *Service) authenticate(c *conn, addr string) error {
 	c.hostID = ch.HostID
 	c.instance, c.imports = ch.Instance, ch.Imports
 	c.max = MaxFrame
+	s.noteRMA(ch.Name, ch.Instance, ch.UCX)
 	return nil
 }
 
@@ -65,7 +66,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	}
 	c.peer = h.Name
 	sn := nonce()
-	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name), Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0}); err != nil {
+	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name), Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress()}); err != nil {
 		return nil, err
 	}
 	var a authMsg
@@ -86,6 +87,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	c.hostID = h.HostID
 	c.instance, c.imports = h.Instance, h.Imports
 	c.max = MaxFrame
+	s.noteRMA(h.Name, h.Instance, h.UCX)
 	return c, nil
 }
 

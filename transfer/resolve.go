@@ -98,5 +98,11 @@ func (s *Service) peerReports() (map[string]PeerReport, *ClusterReport) {
 		}
 		peers[name] = p
 	}
+	for name, tl := range s.rmaTransports() {
+		if p, ok := peers[name]; ok {
+			p.UCX = tl
+			peers[name] = p
+		}
+	}
 	return peers, state
 }

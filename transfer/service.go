@@ -122,6 +122,10 @@ type Config struct {
 	// distribution (the daemon's metrics observe it). It runs on the
 	// copy's goroutine, before the setxattr returns: it must be cheap.
 	CopyDone func(path, mode string, bytes int64, took time.Duration)
+	// RMA, when set, is this node's one-sided transport (transfer/ucx in
+	// a build with UCX): its address goes in the handshake and an endpoint
+	// is made to each peer that offers one (see RMA).
+	RMA RMA
 }
 
 // Service is a node's peer service: a listener for peers and the client side
@@ -135,6 +139,12 @@ type Service struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
+
+	// rma holds the RMA endpoint to each peer that offered an address, by
+	// name (noteRMA); rmaClosed: Close has closed them all.
+	rmaMu     sync.Mutex
+	rma       map[string]*rmaPeer
+	rmaClosed bool
 	// idle holds authenticated connections to each peer that finished a
 	// copy in step, for the next copy: a dial and handshake cost more than a
 	// small copy itself.
@@ -308,6 +318,7 @@ func (s *Service) Close() error {
 	s.closeChans()
 	s.wg.Wait()
 	s.imports.closeAll()
+	s.closeRMA()
 	return nil
 }
 

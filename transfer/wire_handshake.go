@@ -16,6 +16,9 @@ type hello struct {
 	// NoSecret says the node runs without a shared secret, so that a
 	// refused handshake names the side that has none.
 	NoSecret bool `json:"no_secret,omitempty"`
+	// UCX is the node's UCX worker address (RMA.Address), absent when it
+	// has none; used only once the handshake has authenticated the peer.
+	UCX []byte `json:"ucx,omitempty"`
 }
 
 // challenge answers hello (server -> client) and proves the server knows the
@@ -26,10 +29,11 @@ type challenge struct {
 	HostID  string `json:"host_id"`
 	Nonce   []byte `json:"nonce"`
 	Proof   []byte `json:"proof"`
-	// Instance, Imports and NoSecret: as in hello.
+	// Instance, Imports, NoSecret and UCX: as in hello.
 	Instance string   `json:"instance"`
 	Imports  []string `json:"imports,omitempty"`
 	NoSecret bool     `json:"no_secret,omitempty"`
+	UCX      []byte   `json:"ucx,omitempty"`
 }
 
 // authMsg proves the client knows the secret (client -> server).

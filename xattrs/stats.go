@@ -212,6 +212,10 @@ type Peer struct {
 	Instance string `json:"instance,omitempty"`
 	// Transports are the ways the node moves bytes ("tcp").
 	Transports []string `json:"transports,omitempty"`
+	// UCX are the transports of this node's UCX endpoint to the peer
+	// ("tcp/lo", "rc_mlx5/mlx5_0:1"), once a handshake with the peer has
+	// made one (a build with UCX on both sides); absent without.
+	UCX []string `json:"ucx,omitempty"`
 	// Since is when the node's current run started (RFC 3339, UTC).
 	Since string `json:"since,omitempty"`
 	// Stale: etcd is unreachable and this entry is from the last view.

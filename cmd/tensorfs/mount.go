@@ -266,12 +266,13 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	// Deferred: it runs after every path's store.Close, once the last
 	// region is unmapped (a region still pinned then is unmapped by UCX's
 	// cleanup).
-	closeUCX, err := openUCX(transport, store.MRs, peerCfg.Spin)
+	rma, closeUCX, err := openUCX(transport, store.MRs, peerCfg.Spin)
 	if err != nil {
 		store.Close()
 		return err
 	}
 	defer closeUCX()
+	peerCfg.RMA = rma
 	peerCfg.Importers = namespace.Importers(store)
 	peerCfg.ImportFile = namespace.ImportFile(store)
 	root, peers, err := fs.NewRoot(fs.Config{

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tensorfs/tensorfs/mr"
+	"github.com/tensorfs/tensorfs/transfer"
 	"github.com/tensorfs/tensorfs/transfer/ucx"
 )
 
@@ -15,23 +16,24 @@ import (
 // daemon's UCP context and worker (progressed with the peer connections'
 // spin) and map every memory region with it from now on (rkeys in
 // user.tensorfs.rkey); tcp opens nothing. A context that cannot be opened
-// is an error with ucx and a warning with auto. closeUCX closes the
-// context.
-func openUCX(transport string, regs *mr.Registry, spin time.Duration) (closeUCX func(), err error) {
+// is an error with ucx and a warning with auto. rma is the context for
+// the peer service (its address in the handshake, an endpoint per peer
+// that offers one); nil without. closeUCX closes the context.
+func openUCX(transport string, regs *mr.Registry, spin time.Duration) (rma transfer.RMA, closeUCX func(), err error) {
 	if transport == "tcp" {
-		return func() {}, nil
+		return nil, func() {}, nil
 	}
 	c, err := ucx.Open(ucx.Config{Spin: spin})
 	if err != nil {
 		if transport == "ucx" {
-			return nil, fmt.Errorf("--transport ucx: %w", err)
+			return nil, nil, fmt.Errorf("--transport ucx: %w", err)
 		}
 		slog.Warn("ucx: cannot open a context; memory regions get no rkeys", "err", err)
-		return func() {}, nil
+		return nil, func() {}, nil
 	}
 	regs.SetMapper(c.Mapper())
 	slog.Info("ucx: context open; host-memory regions are mapped with rkeys (user.tensorfs.rkey); copies between hosts still use tensorfs's TCP streams", "address_bytes", len(c.Address()))
-	return func() {
+	return c.RMA(), func() {
 		// A region registered after this (a write to a detached mount
 		// still served) is not mapped: the context is going.
 		regs.SetMapper(nil)

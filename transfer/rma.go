@@ -1,0 +1,111 @@
+package transfer
+
+import (
+	"log/slog"
+	"time"
+)
+
+// RMA is a one-sided transport for the bytes between hosts, as this node
+// offers it: transfer/ucx's Context in a build with UCX (build tag ucx),
+// nil otherwise (Config.RMA). Its worker address travels in the handshake
+// (hello and challenge carry it), and each side makes an endpoint to a
+// peer that offers one, once per peer run (DESIGN.md, "Between hosts";
+// issue 17). Copies do not move bytes on it yet.
+type RMA interface {
+	// Address is this node's worker address (opaque bytes).
+	Address() []byte
+	// Connect makes an endpoint to the worker at a peer's address.
+	Connect(addr []byte) (RMAEndpoint, error)
+}
+
+// RMAEndpoint is this node's endpoint to one peer's worker.
+type RMAEndpoint interface {
+	// Transports names what the endpoint's lanes run on ("tcp/lo",
+	// "rc_mlx5/mlx5_0:1"), for the log and stats.
+	Transports() []string
+	// Close closes it, flushing first unless force, waiting at most until
+	// deadline.
+	Close(force bool, deadline time.Time) error
+}
+
+// rmaCloseWait bounds an endpoint's close: a flush to a dead peer over a
+// transport that cannot tell (shared memory) ends there.
+const rmaCloseWait = time.Second
+
+// rmaPeer is the endpoint to one peer, for the run (instance) whose
+// address made it.
+type rmaPeer struct {
+	instance   string
+	ep         RMAEndpoint
+	transports []string
+}
+
+// rmaAddress is what this node's handshake messages carry: its RMA
+// worker address, or nil.
+func (s *Service) rmaAddress() []byte {
+	if s.cfg.RMA == nil {
+		return nil
+	}
+	return s.cfg.RMA.Address()
+}
+
+// noteRMA makes the endpoint to peer (whose run is instance) from the
+// worker address its authenticated handshake carried, unless one to that
+// run exists; an endpoint to an earlier run of the peer (it restarted) is
+// closed first. A peer that offers none, or this node without RMA, makes
+// nothing. An endpoint that cannot be made is logged, not an error: the
+// TCP streams carry the copies either way.
+func (s *Service) noteRMA(peer, instance string, addr []byte) {
+	if s.cfg.RMA == nil || len(addr) == 0 || peer == "" {
+		return
+	}
+	s.rmaMu.Lock()
+	defer s.rmaMu.Unlock()
+	if s.rmaClosed {
+		return
+	}
+	old := s.rma[peer]
+	if old != nil && old.instance == instance {
+		return
+	}
+	if old != nil {
+		// The peer restarted: its old worker is gone. Closed aside, so
+		// that a close waiting on it holds up no handshake.
+		delete(s.rma, peer)
+		go old.ep.Close(true, time.Now().Add(rmaCloseWait))
+	}
+	ep, err := s.cfg.RMA.Connect(addr)
+	if err != nil {
+		slog.Warn("ucx: no endpoint to the peer; copies with it stay on TCP", "peer", peer, "err", err)
+		return
+	}
+	p := &rmaPeer{instance: instance, ep: ep, transports: ep.Transports()}
+	if s.rma == nil {
+		s.rma = map[string]*rmaPeer{}
+	}
+	s.rma[peer] = p
+	slog.Info("ucx: endpoint to the peer", "peer", peer, "transports", p.transports)
+}
+
+// rmaTransports is the transports of the endpoint to each peer that has
+// one, for stats.
+func (s *Service) rmaTransports() map[string][]string {
+	s.rmaMu.Lock()
+	defer s.rmaMu.Unlock()
+	out := make(map[string][]string, len(s.rma))
+	for name, p := range s.rma {
+		out[name] = p.transports
+	}
+	return out
+}
+
+// closeRMA closes every endpoint (Service.Close).
+func (s *Service) closeRMA() {
+	s.rmaMu.Lock()
+	defer s.rmaMu.Unlock()
+	s.rmaClosed = true
+	for name, p := range s.rma {
+		p.ep.Close(true, time.Now().Add(rmaCloseWait))
+		delete(s.rma, name)
+	}
+}
