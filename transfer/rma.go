@@ -51,12 +51,12 @@ func (s *Service) rmaAddress() []byte {
 
 // noteRMA makes the endpoint to peer (whose run is instance) from the
 // worker address its authenticated handshake carried, unless one to that
-// run exists; an endpoint to an earlier run of the peer (it restarted) is
-// closed first. A peer that offers none, or this node without RMA, makes
-// nothing. An endpoint that cannot be made is logged, not an error: the
-// TCP streams carry the copies either way.
+// run exists; an endpoint to an earlier run of the peer (it restarted,
+// with UCX or without) is closed first. A peer that offers none, or this
+// node without RMA, makes nothing. An endpoint that cannot be made is
+// logged, not an error: the TCP streams carry the copies either way.
 func (s *Service) noteRMA(peer, instance string, addr []byte) {
-	if s.cfg.RMA == nil || len(addr) == 0 || peer == "" {
+	if s.cfg.RMA == nil || peer == "" {
 		return
 	}
 	s.rmaMu.Lock()
@@ -73,6 +73,9 @@ func (s *Service) noteRMA(peer, instance string, addr []byte) {
 		// that a close waiting on it holds up no handshake.
 		delete(s.rma, peer)
 		go old.ep.Close(true, time.Now().Add(rmaCloseWait))
+	}
+	if len(addr) == 0 {
+		return
 	}
 	ep, err := s.cfg.RMA.Connect(addr)
 	if err != nil {
