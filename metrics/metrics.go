@@ -48,7 +48,7 @@ type Metrics struct {
 	// copies[path][mode] are the copy-latency histogram's series,
 	// resolved once (transfer.PathNames x transfer.ModeNames), so that an
 	// observation costs no label lookup.
-	copies [3][3]prometheus.Observer
+	copies [len(transfer.PathNames)][len(transfer.ModeNames)]prometheus.Observer
 	revoke prometheus.Histogram
 }
 
@@ -82,7 +82,7 @@ func New() *Metrics {
 // transfer.ModeNames; others are ignored. bytes is not used: the bytes
 // counters come from the peer service at scrape time.
 func (m *Metrics) ObserveCopy(path, mode string, bytes int64, took time.Duration) {
-	p, md := index(transfer.PathNames, path), index(transfer.ModeNames, mode)
+	p, md := index(transfer.PathNames[:], path), index(transfer.ModeNames[:], mode)
 	if p < 0 || md < 0 {
 		return
 	}
@@ -93,7 +93,7 @@ func (m *Metrics) ObserveCopy(path, mode string, bytes int64, took time.Duration
 // (tensor.Config.OnRevoke's signature).
 func (m *Metrics) ObserveRevoke(wait time.Duration) { m.revoke.Observe(wait.Seconds()) }
 
-func index(names [3]string, s string) int {
+func index(names []string, s string) int {
 	for i, n := range names {
 		if n == s {
 			return i

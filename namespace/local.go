@@ -347,3 +347,30 @@ func (d *dest) WriteInPlace(i int, off, n int64, fill func(iov [][]byte) error) 
 	ok, err := t.WriteInPlaceV(pieces, fill)
 	return ok, copyErr(err)
 }
+
+// RMAMemory implements transfer.RMASource: the tensor's host memory, held
+// still by the source's freeze and open handle until Close.
+func (s *fileSource) RMAMemory() (transfer.RMAMemory, bool) {
+	addr, size, rkey, ok := s.t.HostMemory()
+	if !ok {
+		return transfer.RMAMemory{}, false
+	}
+	return transfer.RMAMemory{Addr: addr, Size: size, Rkey: rkey, Off: s.off}, true
+}
+
+// RMAMemory implements transfer.RMADest: descriptor i's tensor's host
+// memory (its temporary, or its in-place tensor, pinned), until Commit or
+// Abort. Ranges that overlap others of the copy are declined (findShared):
+// their order is the lines' order, which posted puts do not keep.
+func (d *dest) RMAMemory(i int) (transfer.RMAMemory, bool) {
+	d.sharedOnce.Do(d.findShared)
+	if d.shared[i] {
+		return transfer.RMAMemory{}, false
+	}
+	t, off := d.at(i)
+	addr, size, rkey, ok := t.HostMemory()
+	if !ok {
+		return transfer.RMAMemory{}, false
+	}
+	return transfer.RMAMemory{Addr: addr, Size: size, Rkey: rkey, Off: off}, true
+}

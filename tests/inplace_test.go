@@ -16,37 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/tensorfs/tensorfs/internal/testutil"
 	"github.com/tensorfs/tensorfs/xattrs"
 )
-
-// inPlacePair starts two daemons that know each other: on one host (the
-// IPC path) or on two (the TCP path, different host ids).
-func inPlacePair(t *testing.T, sameHost bool) (a, b *daemon) {
-	t.Helper()
-	if !sameHost {
-		ds := cluster(t, []string{"a", "b"})
-		return ds["a"], ds["b"]
-	}
-	pa, pb := testutil.FreePort(t), testutil.FreePort(t)
-	secret := secretFile(t, "a shared secret of enough bytes")
-	common := []string{"--secret-file", secret, "--host-id", "one-host", "--timeout", "3s"}
-	a = startDaemon(t, append([]string{"--name", "a", "--listen", fmt.Sprintf("127.0.0.1:%d", pa), "--peer", fmt.Sprintf("b=127.0.0.1:%d", pb)}, common...)...)
-	b = startDaemon(t, append([]string{"--name", "b", "--listen", fmt.Sprintf("127.0.0.1:%d", pb), "--peer", fmt.Sprintf("a=127.0.0.1:%d", pa)}, common...)...)
-	return a, b
-}
-
-// onBothPaths runs body as the subtests "ipc" and "tcp", each on a fresh
-// pair from inPlacePair: one host (the IPC path) or two (TCP). path, the
-// subtest's name, is also the path stats report for the copies.
-func onBothPaths(t *testing.T, body func(t *testing.T, a, b *daemon, path string)) {
-	for _, path := range []string{"ipc", "tcp"} {
-		t.Run(path, func(t *testing.T) {
-			a, b := inPlacePair(t, path == "ipc")
-			body(t, a, b, path)
-		})
-	}
-}
 
 // ids are a tensor's registration: what an in-place copy must keep.
 func ids(t *testing.T, p string) [3]string {
@@ -137,13 +108,9 @@ func TestInPlaceCopies(t *testing.T) {
 		requireContent(t, b.path("cache"), want)
 		require.Equal(t, before, ids(t, b.path("cache")), "mr_id, ipc_id and generation are kept")
 		st := a.stats()
-		require.EqualValues(t, 4, st.Copies.InPlace.IPC+st.Copies.InPlace.TCP, "%+v", st.Copies)
-		if path == "ipc" {
-			require.EqualValues(t, 4, st.Copies.InPlace.IPC, "%+v", st.Copies)
-		} else {
-			require.EqualValues(t, 4, st.Copies.InPlace.TCP, "%+v", st.Copies)
-		}
-		require.EqualValues(t, 64<<10+8192+200+1024, st.Copies.Bytes.IPC+st.Copies.Bytes.TCP, "%+v", st.Copies)
+		require.EqualValues(t, 4, allPaths(st.Copies.InPlace), "%+v", st.Copies)
+		require.EqualValues(t, 4, ofPath(st.Copies.InPlace, path), "%+v", st.Copies)
+		require.EqualValues(t, 64<<10+8192+200+1024, allPaths(st.Copies.Bytes), "%+v", st.Copies)
 		for _, r := range st.Transfers.Recent {
 			require.Equal(t, "in_place", r.Mode, "%+v", r)
 		}
@@ -251,9 +218,9 @@ func TestInPlaceLocal(t *testing.T) {
 // notification line: a watcher that reads the in-place bytes when the
 // notification appears finds them all there.
 func TestInPlaceBatch(t *testing.T) {
-	for _, sameHost := range []bool{true, false} {
-		t.Run(map[bool]string{true: "ipc", false: "tcp"}[sameHost], func(t *testing.T) {
-			a, b := inPlacePair(t, sameHost)
+	for _, p := range copyPaths(true) {
+		t.Run(p.name, func(t *testing.T) {
+			a, b := pairOn(t, p)
 			const block = 256
 			src := fill(1000*block, 1)
 			writeTensor(t, a.path("blocks"), src)
@@ -323,7 +290,7 @@ func TestInPlaceBatch(t *testing.T) {
 			}
 			requireContent(t, b.path("kv", "ready"), []byte("request 7"))
 			st := a.stats()
-			require.EqualValues(t, 1, st.Copies.IPC+st.Copies.TCP, "one transfer: %+v", st.Copies)
+			require.EqualValues(t, 1, ofPath(st.Copies.Paths, p.path), "one transfer: %+v", st.Copies)
 			require.EqualValues(t, 1000, st.Copies.Descriptors, "%+v", st.Copies)
 			for _, m := range maps {
 				m.close()
@@ -337,7 +304,10 @@ func TestInPlaceBatch(t *testing.T) {
 // mismatch, a malformed range: EINVAL or ENOENT, and not one byte written
 // anywhere.
 func TestInPlaceRefusals(t *testing.T) {
-	a, b := inPlacePair(t, false)
+	onPaths(t, false, func(t *testing.T, a, b *daemon, _ string) { inPlaceRefusals(t, a, b) })
+}
+
+func inPlaceRefusals(t *testing.T, a, b *daemon) {
 	writeTensor(t, a.path("src"), fill(4096, 2))
 	zeros(t, b.path("dst"), 8192)
 	require.NoError(t, os.Mkdir(a.path("tree"), 0o755))
@@ -437,7 +407,10 @@ func bigSource(t *testing.T, a *daemon, n int64) {
 // waits for the copy (its memory and size stay until the bytes have
 // landed); an unlink takes the name at once and the memory goes after.
 func TestInPlaceTruncateWaits(t *testing.T) {
-	a, b := inPlacePair(t, false)
+	onPaths(t, false, func(t *testing.T, a, b *daemon, _ string) { inPlaceTruncateWaits(t, a, b) })
+}
+
+func inPlaceTruncateWaits(t *testing.T, a, b *daemon) {
 	const n = 128 << 20
 	bigSource(t, a, n)
 	zeros(t, b.path("dst"), n)
@@ -466,7 +439,13 @@ func TestInPlaceTruncateWaits(t *testing.T) {
 // the sender killed during one: the receiver's pin on its destination ends
 // within its --timeout, and the destination keeps its registration.
 func TestInPlacePeerKilled(t *testing.T) {
-	a, b := inPlacePair(t, false)
+	for _, p := range copyPaths(false) {
+		t.Run(p.name, func(t *testing.T) { inPlacePeerKilled(t, p) })
+	}
+}
+
+func inPlacePeerKilled(t *testing.T, p copyPath) {
+	a, b := pairOn(t, p)
 	const n = 256 << 20
 	bigSource(t, a, n)
 	zeros(t, b.path("dst"), n)
@@ -487,7 +466,7 @@ func TestInPlacePeerKilled(t *testing.T) {
 	a.requireClean()
 
 	// The other way: a pushes into c, and a dies.
-	ds := cluster(t, []string{"a2", "c"})
+	ds := cluster(t, []string{"a2", "c"}, p.flags(t)...)
 	a2, c := ds["a2"], ds["c"]
 	bigSource(t, a2, n)
 	zeros(t, c.path("dst"), n)

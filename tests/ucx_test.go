@@ -32,7 +32,7 @@ func ucxPair(t *testing.T, aFlags, bFlags []string) (a, b *daemon, restartB func
 // TestUCXEndpoints: two daemons built with UCX exchange worker addresses
 // in their handshake and each makes an endpoint to the other, whose
 // transports stats shows under the peer (UCX_TLS=tcp: "tcp/lo"); the copy
-// that connected them still moves on tensorfs's TCP streams. A peer that
+// that connected them moves its bytes on it (path "ucx"). A peer that
 // restarts without UCX has its old endpoint closed at its new handshake.
 // A daemon with --transport tcp offers no address and makes no endpoint,
 // so neither side has one.
@@ -49,7 +49,9 @@ func TestUCXEndpoints(t *testing.T) {
 			return slices.Contains(a.stats().Peers["b"].UCX, "tcp/lo") && slices.Contains(b.stats().Peers["a"].UCX, "tcp/lo")
 		}, 5*time.Second, 20*time.Millisecond, "a: %+v, b: %+v", a.stats().Peers, b.stats().Peers)
 		st := a.stats()
-		require.Equal(t, "tcp", st.Transfers.Recent[len(st.Transfers.Recent)-1].Path, "the bytes still on tensorfs's TCP")
+		last := st.Transfers.Recent[len(st.Transfers.Recent)-1]
+		require.Equal(t, "ucx", last.Path, "the first copy's handshake made the endpoint its bytes moved on: %+v", last)
+		require.Equal(t, []string{"tcp/lo"}, last.Transports, "%+v", last)
 
 		// b restarts without UCX: a's endpoint to the old b goes at the
 		// new b's first handshake.

@@ -71,10 +71,43 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 			end(err) // the peer cannot reach this daemon's memory: TCP then
 		}
 	}
+	p, err := s.rmaFor(peer, c)
+	if err != nil {
+		_, end := s.TrackCtx(ctx, src, dst, "ucx", metas)
+		end(err)
+		return 0, err
+	}
+	if p != nil && total > 0 {
+		rec, end := s.TrackCtx(ctx, src, dst, "ucx", metas)
+		trackVia(rec, p)
+		n, ok, err := s.rmaPush(ctx, peer, c, p, remotePath, srcs, metas, isDir, rec)
+		if !errors.Is(err, errNoRMA) {
+			end(err)
+			return n, err
+		}
+		end(err) // a peer that took no one-sided put: its TCP reply stands
+		rec, end = s.TrackCtx(ctx, src, dst, "tcp", metas)
+		n, err = s.pushData(ctx, peer, c, *ok, srcs, s.chunkFor(total), rec)
+		end(err)
+		return n, err
+	}
 	rec, end := s.TrackCtx(ctx, src, dst, "tcp", metas)
 	n, err = s.send(ctx, peer, c, remotePath, srcs, metas, isDir, rec)
 	end(err)
 	return n, err
+}
+
+// rmaFor is the endpoint a copy with the peer of c moves its bytes on,
+// nil for TCP: the peer's RMA endpoint, when this node has an RMA
+// transport and the peer offered one at its handshake. Errors:
+// EPROTONOSUPPORT when this node must use RMA (Config.RMARequired) and the
+// peer offers none.
+func (s *Service) rmaFor(peer string, c *conn) (*rmaPeer, error) {
+	p := s.rmaTo(peer, c.instance)
+	if p == nil && s.cfg.RMARequired {
+		return nil, &Error{Errno: syscall.EPROTONOSUPPORT, Msg: fmt.Sprintf("%s offers no UCX endpoint, and this daemon runs with --transport ucx (auto would use TCP)", peer)}
+	}
+	return p, nil
 }
 
 // sameHost reports whether the peer of c runs on this host: it says so (its
@@ -114,6 +147,13 @@ func (s *Service) send(ctx context.Context, peer string, c *conn, remotePath str
 			return 0, err
 		}
 	}
+	return s.pushData(ctx, peer, c, ok, srcs, chunk, rec)
+}
+
+// pushData sends a put's data, after its request and the destination's
+// answer ok (zero for an eager put), over c and the extra streams ok
+// takes, then reads the reply the destination sends once it committed.
+func (s *Service) pushData(ctx context.Context, peer string, c *conn, ok reply, srcs []Source, chunk int, rec *Record) (int, error) {
 	want := 0
 	var joins <-chan joined
 	if ok.Streams > 1 {
@@ -384,7 +424,14 @@ func (s *Service) Receive(ctx context.Context, p Pull, prepare func(isDir bool, 
 // receive runs one get on c; retry says the IPC copy could not start (err
 // says why) and the request should be made again without it.
 func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(bool, []Meta) (Dest, error), ipcOK bool) (n int, retry bool, err error) {
-	req := request{Op: "get", Path: p.Path, IPCOK: ipcOK, Streams: s.cfg.Streams, InPlace: p.DstRange.Set || p.Lists != nil}
+	rp, err := s.rmaFor(p.Peer, c)
+	if err != nil && !ipcOK {
+		_, end := s.TrackCtx(ctx, p.SrcText(), p.DstText(), "ucx", nil)
+		end(err)
+		return 0, false, err
+	}
+	err = nil // same host: the IPC copy needs no endpoint
+	req := request{Op: "get", Path: p.Path, IPCOK: ipcOK, Streams: s.cfg.Streams, InPlace: p.DstRange.Set || p.Lists != nil, RMA: rp != nil}
 	if p.Range.Set {
 		req.Range = &p.Range
 	}
@@ -405,8 +452,13 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 		return 0, false, err
 	}
 	path := "tcp"
-	if len(r.IPC) > 0 {
+	switch {
+	case len(r.IPC) > 0:
 		path = "ipc"
+	case len(r.RMAAt) > 0 && rp != nil:
+		path = "ucx"
+	case len(r.RMAAt) > 0:
+		return 0, false, &Error{Errno: syscall.EPROTO, Msg: "a one-sided answer to a get that asked for none"}
 	}
 	peer := p.Peer
 	var descs []Meta
@@ -418,6 +470,9 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 	}
 	rec, end := s.TrackCtx(ctx, p.SrcText(), p.DstText(), path, descs)
 	defer func() { end(err) }()
+	if path == "ucx" {
+		trackVia(rec, rp)
+	}
 	if p.Lists != nil {
 		if derr != nil {
 			// The peer's answer is not what was asked (spanDescs checks
@@ -429,7 +484,7 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 	}
 	if derr != nil {
 		// The peer holds its pins until it hears from us.
-		if path == "ipc" {
+		if path != "tcp" {
 			c.sendError(derr)
 		} else {
 			c.c.Close()
@@ -459,16 +514,19 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 		if path == "tcp" {
 			return dest, prep()
 		}
-		// The peer waits for our done: it must hear from us while we
-		// allocate (a large tensor's pages are mapped now, seconds for
+		// The peer (ipc, ucx) waits for our done: it must hear from us
+		// while we allocate (a large tensor's pages are mapped now, seconds for
 		// GiBs on a loaded machine).
 		if err = c.whileSilent(prep); err != nil {
 			c.sendError(err)
 		}
 		return dest, err
 	}, func(dest Dest, _ func()) error {
-		if path == "tcp" {
+		switch path {
+		case "tcp":
 			return s.receiveTCP(c, peer, r, dest, rec)
+		case "ucx":
+			return s.rmaPullData(c, rp, r, descs, dest, rec)
 		}
 		err := c.whileSilent(func() error { return copyExports(entries, r.IPC, descs, dest, s.cfg.ChunkSize, rec) })
 		if err != nil {
@@ -519,9 +577,27 @@ func (s *Service) servePut(c *conn, req request) error {
 	if len(req.IPC) > 0 {
 		return s.servePutIPC(c, req)
 	}
+	if req.RMA && s.cfg.RMA != nil {
+		return s.servePutRMA(c, req, total)
+	}
 	rec, end := s.Track(c.peer, req.Path, "tcp", req.Tensors)
 	eager := eagerPut(total, req.Streams, req.Chunk)
-	n, err := Deliver(rec, req.Tensors, func(descs []Meta) (dest Dest, err error) {
+	n, err := Deliver(rec, req.Tensors, s.putPrepare(c, req, eager), func(dest Dest, abort func()) error {
+		return s.recvPut(c, req, total, dest, abort, rec)
+	}, s.putCommit(c))
+	end(err)
+	if err != nil {
+		return err
+	}
+	return c.sendJSON(frameOK, reply{Copied: n})
+}
+
+// putPrepare is a served put's prepare step (Deliver): the destination's
+// temporaries and pins, with keepalives to the sender meanwhile, and the
+// sender told of a failure. eager: its data is already coming, so a
+// failure leaves the connection out of step.
+func (s *Service) putPrepare(c *conn, req request, eager bool) func(descs []Meta) (Dest, error) {
+	return func(descs []Meta) (dest Dest, err error) {
 		err = c.whileSilent(func() (err error) {
 			dest, err = s.local.Put(req.Path, req.Dir, descs)
 			return err
@@ -535,9 +611,13 @@ func (s *Service) servePut(c *conn, req request) error {
 			}
 		}
 		return dest, err
-	}, func(dest Dest, abort func()) error {
-		return s.recvPut(c, req, total, dest, abort, rec)
-	}, func(dest Dest) (n int, err error) {
+	}
+}
+
+// putCommit is a served put's commit step (Deliver), the sender told of a
+// failure.
+func (s *Service) putCommit(c *conn) func(dest Dest) (int, error) {
+	return func(dest Dest) (n int, err error) {
 		err = c.whileSilent(func() (err error) {
 			n, err = dest.Commit()
 			return err
@@ -546,12 +626,7 @@ func (s *Service) servePut(c *conn, req request) error {
 			c.sendError(&Error{Errno: Errno(err), Msg: err.Error(), Copied: n})
 		}
 		return n, err
-	})
-	end(err)
-	if err != nil {
-		return err
 	}
-	return c.sendJSON(frameOK, reply{Copied: n})
 }
 
 // recvPut takes a TCP put's bytes into dest: it tells the sender how many
@@ -679,6 +754,9 @@ func (s *Service) serveGet(c *conn, req request) error {
 			}
 			return err
 		}
+	}
+	if req.RMA && s.cfg.RMA != nil {
+		return s.serveGetRMA(c, srcs, metas, recMetas, isDir, label)
 	}
 	rec, end := s.Track(label, c.peer, "tcp", recMetas)
 	chunk := s.chunkFor(total)

@@ -19,6 +19,14 @@ type copyLog struct {
 	quiet int // in-place copies not logged since last
 }
 
+// viaAttrs is a "ucx" record's transports, as log attributes.
+func (rec *Record) viaAttrs() []any {
+	if t := rec.transports(); t != nil {
+		return []any{"transports", t}
+	}
+	return nil
+}
+
 // logEnd writes a finished record's one line: where the copy went (src,
 // dst), the path it took (local, ipc, tcp), its mode (whole, in_place,
 // mixed), its descriptors, bytes and streams, and how long it took. A
@@ -35,7 +43,7 @@ func (s *Service) logEnd(rec *Record, took time.Duration, err error) {
 	attrs := func(more ...any) []any {
 		return append([]any{"id", rec.ID, "src", rec.Src, "dst", rec.Dst, "path", rec.Path, "mode", mode,
 			"tensors", rec.Tensors.Load(), "bytes", rec.BytesTotal.Load(), "streams", rec.Streams.Load(),
-			"seconds", took.Seconds()}, more...)
+			"seconds", took.Seconds()}, append(rec.viaAttrs(), more...)...)
 	}
 	debug := l.Enabled(context.Background(), slog.LevelDebug)
 	switch {

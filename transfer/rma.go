@@ -10,12 +10,18 @@ import (
 // nil otherwise (Config.RMA). Its worker address travels in the handshake
 // (hello and challenge carry it), and each side makes an endpoint to a
 // peer that offers one, once per peer run (DESIGN.md, "Between hosts";
-// issue 17). Copies do not move bytes on it yet.
+// issue 17). A copy to or from a peer of another host moves its bytes on
+// the endpoint, one-sided (rmaPush, rmaPull); names, authentication,
+// commit and notification stay on the tensorfs connection.
 type RMA interface {
 	// Address is this node's worker address (opaque bytes).
 	Address() []byte
 	// Connect makes an endpoint to the worker at a peer's address.
 	Connect(addr []byte) (RMAEndpoint, error)
+	// Map maps n bytes of this process's host memory at addr (a staging
+	// buffer) for peers' one-sided access, returning its packed rkey;
+	// unmap it before the memory goes.
+	Map(addr uintptr, n int) (rkey []byte, unmap func() error, err error)
 }
 
 // RMAEndpoint is this node's endpoint to one peer's worker.
@@ -26,6 +32,64 @@ type RMAEndpoint interface {
 	// Close closes it, flushing first unless force, waiting at most until
 	// deadline.
 	Close(force bool, deadline time.Time) error
+	// Unpack unpacks a peer region's packed rkey for this endpoint: n
+	// bytes at base in the peer, which every descriptor is checked
+	// against.
+	Unpack(rkey []byte, base uint64, n int) (RMAKey, error)
+}
+
+// RMAKey is a peer region's rkey unpacked on an endpoint. tensorfs holds
+// one only for a transfer, while the region's owner holds the region
+// pinned for it (its temporary, an in-place destination's pin, a source's
+// freeze), and destroys it before saying the transfer is done: no peer
+// holds a key to memory that can go, so a region's free needs no
+// revocation round (the IPC imports' leases exist because an import is
+// kept across copies; a key is not).
+type RMAKey interface {
+	// Put writes each descriptor's N bytes at Local into the region at
+	// Off, completing all of them (one flush) before it returns nil.
+	Put(descs []RMADesc, deadline time.Time) error
+	// Get reads each descriptor's N bytes at Off of the region into
+	// Local, as Put writes them.
+	Get(descs []RMADesc, deadline time.Time) error
+	// Destroy releases the key.
+	Destroy() error
+}
+
+// RMADesc is one one-sided operation: N bytes between Local, an address of
+// this process's host memory, and byte Off of the peer's region.
+type RMADesc struct {
+	Local uintptr
+	Off   uint64
+	N     uint64
+}
+
+// RMAMemory is a tensor's host memory as a one-sided transport sees it:
+// Size bytes at Addr in this process, its region's packed rkey (nil: not
+// mapped for the transport, so a peer cannot reach it), and Off, where a
+// descriptor without spans has its byte 0 in the tensor (a source's
+// range, an in-place destination's Off; 0 for a whole tensor).
+type RMAMemory struct {
+	Addr uintptr
+	Size int64
+	Rkey []byte
+	Off  int64
+}
+
+// RMASource is implemented by a Source whose tensor is host memory the
+// transport may read while the source is open (namespace's frozen
+// sources). ok false: GPU memory, staged through host memory.
+type RMASource interface {
+	RMAMemory() (m RMAMemory, ok bool)
+}
+
+// RMADest is implemented by a Dest whose descriptor i's tensor is host
+// memory the transport may write until Commit or Abort. ok false: GPU
+// memory, or a range that overlaps another of the copy (posted puts keep
+// no order among themselves, the lines' order decides what an overlap
+// holds): staged through host memory and written with WriteAt.
+type RMADest interface {
+	RMAMemory(i int) (m RMAMemory, ok bool)
 }
 
 // rmaCloseWait bounds an endpoint's close: a flush to a dead peer over a

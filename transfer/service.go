@@ -123,9 +123,15 @@ type Config struct {
 	// copy's goroutine, before the setxattr returns: it must be cheap.
 	CopyDone func(path, mode string, bytes int64, took time.Duration)
 	// RMA, when set, is this node's one-sided transport (transfer/ucx in
-	// a build with UCX): its address goes in the handshake and an endpoint
-	// is made to each peer that offers one (see RMA).
+	// a build with UCX): its address goes in the handshake, an endpoint is
+	// made to each peer that offers one (see RMA), and copies with such a
+	// peer of another host move their bytes on it (path "ucx"), with the
+	// others on TCP.
 	RMA RMA
+	// RMARequired (--transport ucx) makes a copy with a peer of another
+	// host that offers no RMA endpoint an error (EPROTONOSUPPORT) instead
+	// of a TCP copy.
+	RMARequired bool
 }
 
 // Service is a node's peer service: a listener for peers and the client side
@@ -174,8 +180,8 @@ type Service struct {
 	// (ModeWhole, ...): their number and bytes; and their descriptors.
 	// Stats and CopyCounts both read these, so the stats document and the
 	// metrics never disagree.
-	copies      [3][3]atomic.Int64
-	bytes       [3][3]atomic.Int64
+	copies      [numPaths][3]atomic.Int64
+	bytes       [numPaths][3]atomic.Int64
 	descriptors atomic.Int64
 	active      atomic.Int64
 	recentMu    sync.Mutex

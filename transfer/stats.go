@@ -12,6 +12,10 @@ const (
 	PathLocal = iota
 	PathIPC
 	PathTCP
+	// PathUCX: the bytes moved one-sided on the UCX endpoint to a peer of
+	// another host (issue 17); the record's Transports say on what.
+	PathUCX
+	numPaths
 )
 
 // Record is one transfer, for stats: progress while it runs, the outcome
@@ -24,7 +28,10 @@ type Record struct {
 	// yet known (WithCallerLookup).
 	pid atomic.Int64
 	// Streams is how many TCP streams carry the data.
-	Streams    atomic.Int64
+	Streams atomic.Int64
+	// via, on a "ucx" record, is what UCX's lanes to the peer run on
+	// ("tcp/lo", "rc_mlx5/mlx5_0:1"): the path's own transports.
+	via        atomic.Pointer[[]string]
 	BytesDone  atomic.Int64
 	BytesTotal atomic.Int64
 	Tensors    atomic.Int64
@@ -49,6 +56,14 @@ const (
 	phaseData                 // the bytes moved (received, or copied from an import)
 	phaseCommit               // the temporaries renamed into place
 )
+
+// transports is rec.via's transports, nil for a transfer of another path.
+func (rec *Record) transports() []string {
+	if p := rec.via.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
 
 // timed runs fn and adds its duration to phase p of rec (nil: just runs).
 func (rec *Record) timed(p phase, fn func() error) error {
@@ -108,7 +123,7 @@ func setCaller(ctx context.Context, rec *Record) (wait func()) {
 }
 
 // Track records a transfer (for stats and logs) of the descriptors descs
-// along path ("local", "ipc" or "tcp"); call end with its outcome.
+// along path ("local", "ipc", "tcp" or "ucx"); call end with its outcome.
 // Completed ones count in the copies of their path (and mode), with their
 // bytes and descriptors.
 func (s *Service) Track(src, dst, path string, descs []Meta) (rec *Record, end func(error)) {
@@ -157,7 +172,7 @@ func (s *Service) TrackCtx(ctx context.Context, src, dst, path string, descs []M
 }
 
 // pathIndex maps a record's path to its index in the counters.
-var pathIndex = map[string]int{"local": PathLocal, "ipc": PathIPC, "tcp": PathTCP}
+var pathIndex = map[string]int{"local": PathLocal, "ipc": PathIPC, "tcp": PathTCP, "ucx": PathUCX}
 
 // Modes of a record (Record.mode).
 const (
@@ -176,7 +191,7 @@ const (
 // PathNames and ModeNames name the indexes of CopyCounts' arrays, as the
 // stats document and the metrics' labels spell them.
 var (
-	PathNames = [3]string{PathLocal: "local", PathIPC: "ipc", PathTCP: "tcp"}
+	PathNames = [numPaths]string{PathLocal: "local", PathIPC: "ipc", PathTCP: "tcp", PathUCX: "ucx"}
 	ModeNames = [3]string{ModeWhole: modeWhole, ModeInPlace: modeInPlace, ModeMixed: modeMixed}
 )
 
@@ -196,7 +211,7 @@ func modeIndex(mode string) int {
 // (Copies[PathTCP][ModeInPlace]: in-place copies over TCP), and their
 // bytes; the counters behind the stats document's "copies".
 type CopyCounts struct {
-	Copies, Bytes [3][3]int64
+	Copies, Bytes [numPaths][3]int64
 }
 
 // CopyCounts returns the completed copies' counters now; zeros for a nil
@@ -217,14 +232,14 @@ func (s *Service) CopyCounts() CopyCounts {
 
 // byPath sums a [path][mode] table over modes (indexes of ModeNames),
 // per path.
-func byPath(t *[3][3]int64, modes ...int) PathCounts {
-	var sum [3]int64
+func byPath(t *[numPaths][3]int64, modes ...int) PathCounts {
+	var sum [numPaths]int64
 	for p := range t {
 		for _, m := range modes {
 			sum[p] += t[p][m]
 		}
 	}
-	return PathCounts{Local: sum[PathLocal], IPC: sum[PathIPC], TCP: sum[PathTCP]}
+	return PathCounts{Local: sum[PathLocal], IPC: sum[PathIPC], TCP: sum[PathTCP], UCX: sum[PathUCX]}
 }
 
 // setDescs records a transfer's descriptors: their bytes, count and mode.
@@ -256,11 +271,13 @@ func (rec *Record) setDescs(descs []Meta) {
 }
 
 // PathCounts counts by path: local (inside one daemon), ipc (another
-// daemon of this host) and tcp.
+// daemon of this host), tcp (tensorfs's streams) and ucx (one-sided on a
+// UCX endpoint; absent from a build without UCX, where it stays 0).
 type PathCounts struct {
 	Local int64 `json:"local"`
 	IPC   int64 `json:"ipc"`
 	TCP   int64 `json:"tcp"`
+	UCX   int64 `json:"ucx"`
 }
 
 // Stats is the peer part of the stats document.
@@ -308,12 +325,15 @@ type RecordReport struct {
 	ID uint64 `json:"id"`
 	// PID is the process that asked for the copy (through the mount), 0
 	// for a transfer a peer asked for.
-	PID        int    `json:"pid,omitempty"`
-	Src        string `json:"src"`
-	Dst        string `json:"dst"`
-	Path       string `json:"path"`
-	BytesDone  int64  `json:"bytes_done"`
-	BytesTotal int64  `json:"bytes_total"`
+	PID  int    `json:"pid,omitempty"`
+	Src  string `json:"src"`
+	Dst  string `json:"dst"`
+	Path string `json:"path"`
+	// Transports, on a "ucx" transfer, are what UCX's lanes to the peer
+	// run on ("tcp/lo", "posix/memory", "rc_mlx5/mlx5_0:1").
+	Transports []string `json:"transports,omitempty"`
+	BytesDone  int64    `json:"bytes_done"`
+	BytesTotal int64    `json:"bytes_total"`
 	// Tensors is the transfer's descriptors (tensors, or in-place ranges).
 	Tensors int64 `json:"tensors"`
 	// Mode is "whole", "in_place" or "mixed" (see Record).
@@ -389,7 +409,7 @@ func (s *Service) Stats() Stats {
 		st.Transfers.Recent = append(st.Transfers.Recent, RecordReport{
 			ID: r.ID, PID: int(r.pid.Load()), Src: r.Src, Dst: r.Dst, Path: r.Path, BytesDone: r.BytesDone.Load(),
 			BytesTotal: r.BytesTotal.Load(), Tensors: r.Tensors.Load(), Mode: r.mode.Load().(string), Error: r.err.Load().(string),
-			Streams: r.Streams.Load(), PhaseUS: r.phaseReport(), TookUS: r.took.Load(),
+			Streams: r.Streams.Load(), PhaseUS: r.phaseReport(), TookUS: r.took.Load(), Transports: r.transports(),
 		})
 	}
 	s.recentMu.Unlock()

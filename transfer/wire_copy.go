@@ -69,6 +69,11 @@ type request struct {
 	// the puller writes what it gets in place (for the sender's records).
 	Range   *Range `json:"range,omitempty"`
 	InPlace bool   `json:"in_place,omitempty"`
+	// RMA: the client has an endpoint to the server's RMA worker and moves
+	// the bytes one-sided on it (a put into the server's memory, a get from
+	// it) when the server answers with reply.RMA; a server without RMA
+	// ignores it and answers as for TCP.
+	RMA bool `json:"rma,omitempty"`
 }
 
 // IPCDesc is where a tensor's bytes are in another process of this host.
@@ -105,6 +110,12 @@ type reply struct {
 	Streams int    `json:"streams,omitempty"`
 	Token   []byte `json:"token,omitempty"`
 	Chunk   int    `json:"chunk,omitempty"`
+	// RMA and RMAAt answer a request's RMA: the regions of the server's
+	// memory that the transfer's bytes are in (a put's destinations, a
+	// get's sources, or staging buffers), and where each descriptor is in
+	// them. The client moves the bytes and says frameDone.
+	RMA   []rmaRegion `json:"rma,omitempty"`
+	RMAAt []rmaTarget `json:"rma_at,omitempty"`
 }
 
 // doneMsg ends a data stream.

@@ -129,8 +129,12 @@ type Paths struct {
 	// IPC counts copies between daemons of one host, through an IPC
 	// import of the source's allocation.
 	IPC int64 `json:"ipc"`
-	// TCP counts copies over the network to or from a peer.
+	// TCP counts copies over the network to or from a peer, on
+	// tensorfs's TCP streams.
 	TCP int64 `json:"tcp"`
+	// UCX counts copies to or from a peer of another host whose bytes
+	// moved one-sided on its UCX endpoint (a build with UCX).
+	UCX int64 `json:"ucx"`
 }
 
 // Transfers is the "transfers" object of Stats.
@@ -155,8 +159,11 @@ type Record struct {
 	// names them: a path in this mount, or a peer path "NAME:/path".
 	Src string `json:"src"`
 	Dst string `json:"dst"`
-	// Path is the way the copy took: "local", "ipc" or "tcp".
+	// Path is the way the copy took: "local", "ipc", "tcp" or "ucx".
 	Path string `json:"path"`
+	// Transports, on a "ucx" copy, are what UCX's lanes to the peer run
+	// on ("tcp/lo", "posix/memory", "rc_mlx5/mlx5_0:1").
+	Transports []string `json:"transports,omitempty"`
 	// BytesDone is how many bytes have moved so far.
 	BytesDone int64 `json:"bytes_done"`
 	// BytesTotal is the bytes the transfer moves in all, 0 while unknown

@@ -22,15 +22,16 @@ import (
 // xattrs.Stats and encodes back to the same JSON.
 func TestStatsMatchesProducers(t *testing.T) {
 	var peer transfer.Stats
-	peer.Copies.Local, peer.Copies.IPC, peer.Copies.TCP = 1, 2, 3
-	peer.Copies.InPlace = transfer.PathCounts{Local: 21, IPC: 22, TCP: 23}
-	peer.Copies.Bytes = transfer.PathCounts{Local: 24, IPC: 25, TCP: 26}
+	peer.Copies.Local, peer.Copies.IPC, peer.Copies.TCP, peer.Copies.UCX = 1, 2, 3, 31
+	peer.Copies.InPlace = transfer.PathCounts{Local: 21, IPC: 22, TCP: 23, UCX: 32}
+	peer.Copies.Bytes = transfer.PathCounts{Local: 24, IPC: 25, TCP: 26, UCX: 33}
 	peer.Copies.Descriptors = 27
 	peer.Transfers.Active = 4
 	peer.Transfers.Recent = []transfer.RecordReport{
 		{ID: 5, PID: 6, Src: "/a", Dst: "b:/a", Path: "tcp", BytesDone: 7, BytesTotal: 8, Tensors: 9, Mode: "in_place", Error: "e",
 			Streams: 10, PhaseUS: &transfer.PhaseReport{Prepare: 11, Data: 12, Commit: 13}, TookUS: 14},
 		{ID: 15, Src: "/c", Dst: "/d", Path: "local"},
+		{ID: 16, Src: "/e", Dst: "b:/e", Path: "ucx", Transports: []string{"tcp/lo"}},
 	}
 	peer.Peers = map[string]transfer.PeerReport{"b": {Addr: "10.0.0.2:7000"}, "c": {Addr: "10.0.0.3:7000", Source: "etcd", Self: true,
 		HostID: "h", SameHost: true, Instance: "i", Transports: []string{"tcp"}, Since: "2026-12-02T00:00:00Z", Stale: true}}

@@ -273,6 +273,7 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	}
 	defer closeUCX()
 	peerCfg.RMA = rma
+	peerCfg.RMARequired = rma != nil && transport == "ucx"
 	peerCfg.Importers = namespace.Importers(store)
 	peerCfg.ImportFile = namespace.ImportFile(store)
 	root, peers, err := fs.NewRoot(fs.Config{

@@ -29,3 +29,42 @@ type endpoint struct{ e *Endpoint }
 func (e endpoint) Transports() []string { return e.e.Transports() }
 
 func (e endpoint) Close(force bool, deadline time.Time) error { return e.e.Close(force, deadline) }
+
+func (r rma) Map(addr uintptr, n int) ([]byte, func() error, error) {
+	reg, err := r.c.Map(addr, n)
+	if err != nil {
+		return nil, nil, err
+	}
+	return reg.Rkey(), reg.Unmap, nil
+}
+
+func (e endpoint) Unpack(rkey []byte, base uint64, n int) (transfer.RMAKey, error) {
+	k, err := e.e.Unpack(rkey, base, n)
+	if err != nil {
+		return nil, err
+	}
+	return key{k}, nil
+}
+
+// key is a RemoteKey as a transfer.RMAKey.
+type key struct{ k *RemoteKey }
+
+func (k key) Put(descs []transfer.RMADesc, deadline time.Time) error {
+	return k.k.Put(toDescs(descs), deadline)
+}
+
+func (k key) Get(descs []transfer.RMADesc, deadline time.Time) error {
+	return k.k.Get(toDescs(descs), deadline)
+}
+
+func (k key) Destroy() error { return k.k.Destroy() }
+
+// toDescs converts a list: the two types have one layout, but the
+// binding keeps its own (it does not depend on transfer's).
+func toDescs(ds []transfer.RMADesc) []Desc {
+	out := make([]Desc, len(ds))
+	for i, d := range ds {
+		out[i] = Desc{Local: d.Local, Off: d.Off, N: d.N}
+	}
+	return out
+}

@@ -404,9 +404,10 @@ func (r *Region) Base() uint64 { return uint64(r.base) }
 func (r *Region) Len() int { return r.n }
 
 // Unmap ends the mapping (ucp_mem_unmap): a peer's later operation with
-// the old rkey fails or, on transports that do not check, must not
-// happen; tensorfs revokes the rkeys peers hold before it unmaps (the
-// lease rules of IPC imports). Errors: ErrClosed (twice), *Error.
+// the old rkey fails or, on transports that do not check (tcp, sm), must
+// not happen; tensorfs's peers hold a region's rkey only during a
+// transfer that holds the region pinned (transfer.RMAKey), so none is
+// left when it is unmapped. Errors: ErrClosed (twice), *Error.
 func (r *Region) Unmap() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()

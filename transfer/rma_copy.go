@@ -1,0 +1,544 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+// The one-sided path (issue 17). Between daemons of different hosts that
+// both have an RMA transport, a copy's request and reply travel on the
+// tensorfs connection as for TCP; the reply of the node whose memory is
+// reached (a put's destination, a get's source) names that memory as
+// regions (address, length, packed rkey) and where each descriptor is in
+// them; the other node, which has an endpoint to it, unpacks the keys,
+// posts one put or get per contiguous run and flushes, destroys the keys,
+// and says frameDone. The destination commits after that, as for TCP.
+// Memory a transport cannot reach (GPU memory without CUDA-aware UCX, an
+// in-place range overlapping another of the call) is staged through host
+// memory on its own node: read into the staging buffer before the reply
+// (a source), or written from it after the done (a destination).
+
+// rmaRegion is memory of a node that its peer reaches one-sided: Len bytes
+// at Addr there, with its packed rkey.
+type rmaRegion struct {
+	Addr uint64 `json:"addr"`
+	Len  int64  `json:"len"`
+	Rkey []byte `json:"rkey"`
+}
+
+// rmaTarget is where a descriptor's bytes are in region R of a reply:
+// Linear (a staging buffer), laid end to end from Off; else at the
+// tensor's own offsets, a range list's spans at their Dst (a put) or Src
+// (a get), one range from Off.
+type rmaTarget struct {
+	R      int   `json:"r"`
+	Off    int64 `json:"off"`
+	Linear bool  `json:"linear,omitempty"`
+}
+
+// rmaRun is n bytes of a descriptor from its byte pos, at at: an address
+// in this process, or an offset in a peer's region.
+type rmaRun struct{ pos, at, n int64 }
+
+// runsAt appends where descriptor m's bytes are, from base: its spans'
+// own offsets (Src when src, else Dst) when spans and it has them; else
+// laid end to end from off.
+func runsAt(rs []rmaRun, m Meta, base, off int64, spans, src bool) []rmaRun {
+	if !spans || m.Spans == nil {
+		return append(rs, rmaRun{0, base + off, m.NBytes})
+	}
+	for _, sp := range m.Spans {
+		at := sp.Dst
+		if src {
+			at = sp.Src
+		}
+		rs = append(rs, rmaRun{sp.Pos, base + at, sp.N})
+	}
+	return rs
+}
+
+// zipRuns appends to ops one operation per piece where a descriptor's
+// local and remote runs meet: both cover its bytes in order. Errors:
+// EPROTO when they do not cover the same bytes.
+func zipRuns(ops []RMADesc, local, remote []rmaRun) ([]RMADesc, error) {
+	i, j := 0, 0
+	var li, rj int64
+	for i < len(local) && j < len(remote) {
+		l, r := local[i], remote[j]
+		if l.n == 0 {
+			i++
+			continue
+		}
+		if r.n == 0 {
+			j++
+			continue
+		}
+		if l.pos+li != r.pos+rj {
+			return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("runs at byte %d and %d of a descriptor", l.pos+li, r.pos+rj)}
+		}
+		n := min(l.n-li, r.n-rj)
+		ops = append(ops, RMADesc{Local: uintptr(l.at + li), Off: uint64(r.at + rj), N: uint64(n)})
+		if li += n; li == l.n {
+			i, li = i+1, 0
+		}
+		if rj += n; rj == r.n {
+			j, rj = j+1, 0
+		}
+	}
+	for ; i < len(local); i++ {
+		if local[i].n-li != 0 {
+			return nil, &Error{Errno: syscall.EPROTO, Msg: "a descriptor's runs here and at the peer differ in length"}
+		}
+		li = 0
+	}
+	for ; j < len(remote); j++ {
+		if remote[j].n-rj != 0 {
+			return nil, &Error{Errno: syscall.EPROTO, Msg: "a descriptor's runs here and at the peer differ in length"}
+		}
+		rj = 0
+	}
+	return ops, nil
+}
+
+// rmaStage is host memory of this process for the bytes of descriptors
+// whose tensors the transport cannot reach: mapped anonymous memory outside
+// Go's heap (UCX holds its address while operations run), mapped for the
+// transport too when the peer reaches it (remote). It holds every staged
+// byte of the transfer at once.
+type rmaStage struct {
+	mem   []byte
+	rkey  []byte
+	unmap func() error
+}
+
+// newStage maps n bytes (nil for 0). Errors: ENOMEM, or the transport's
+// mapping error (EIO).
+func (s *Service) newStage(n int64, remote bool) (*rmaStage, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	mem, err := syscall.Mmap(-1, 0, int(n), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS|syscall.MAP_NORESERVE)
+	if err != nil {
+		return nil, &Error{Errno: syscall.ENOMEM, Msg: fmt.Sprintf("staging %d bytes for a one-sided copy: %v", n, err)}
+	}
+	st := &rmaStage{mem: mem}
+	if remote {
+		if st.rkey, st.unmap, err = s.cfg.RMA.Map(st.addr(), len(mem)); err != nil {
+			syscall.Munmap(mem)
+			return nil, &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("mapping a %d-byte staging buffer: %v", n, err)}
+		}
+	}
+	return st, nil
+}
+
+func (st *rmaStage) addr() uintptr { return uintptr(unsafe.Pointer(&st.mem[0])) }
+
+// free unmaps the stage; nil does nothing.
+func (st *rmaStage) free() {
+	if st == nil {
+		return
+	}
+	if st.unmap != nil {
+		if err := st.unmap(); err != nil {
+			slog.Error("ucx: unmapping a staging buffer", "err", err)
+		}
+	}
+	syscall.Munmap(st.mem)
+}
+
+// rmaOffer is the memory of one side of a transfer that the peer reaches:
+// the regions and targets of the reply, and the stage behind the staged
+// descriptors (at stageAt[i], -1 for one in a tensor).
+type rmaOffer struct {
+	regions []rmaRegion
+	targets []rmaTarget
+	stage   *rmaStage
+	stageAt []int64
+}
+
+// offer builds the memory this node offers for metas: each descriptor's
+// tensor when mem(i) gives it mapped (one region per tensor), else a
+// place in one staging buffer (remote-mapped). fill, when set, writes the
+// staged descriptors' bytes into it (a get's sources). Errors: newStage's,
+// fill's.
+func (s *Service) offer(metas []Meta, mem func(i int) (RMAMemory, bool), fill func(i int, p []byte) error) (*rmaOffer, error) {
+	o := &rmaOffer{targets: make([]rmaTarget, len(metas)), stageAt: make([]int64, len(metas))}
+	byAddr := map[uintptr]int{}
+	var staged int64
+	for i, m := range metas {
+		o.stageAt[i] = -1
+		if mm, ok := mem(i); ok && mm.Rkey != nil && mm.Size > 0 {
+			r, seen := byAddr[mm.Addr]
+			if !seen {
+				r = len(o.regions)
+				byAddr[mm.Addr] = r
+				o.regions = append(o.regions, rmaRegion{Addr: uint64(mm.Addr), Len: mm.Size, Rkey: mm.Rkey})
+			}
+			o.targets[i] = rmaTarget{R: r, Off: mm.Off}
+			continue
+		}
+		o.stageAt[i] = staged
+		staged += m.NBytes
+	}
+	if staged == 0 {
+		return o, nil
+	}
+	st, err := s.newStage(staged, true)
+	if err != nil {
+		return nil, err
+	}
+	o.stage = st
+	r := len(o.regions)
+	o.regions = append(o.regions, rmaRegion{Addr: uint64(st.addr()), Len: staged, Rkey: st.rkey})
+	for i, at := range o.stageAt {
+		if at < 0 {
+			continue
+		}
+		o.targets[i] = rmaTarget{R: r, Off: at, Linear: true}
+		if fill != nil {
+			if err := fill(i, st.mem[at:at+metas[i].NBytes]); err != nil {
+				st.free()
+				return nil, err
+			}
+		}
+	}
+	return o, nil
+}
+
+// rmaOps is the operations of a transfer on the peer's memory, by region.
+type rmaOps struct {
+	regions []rmaRegion
+	ops     [][]RMADesc
+	stage   *rmaStage // local staging of descriptors in GPU memory here
+	stageAt []int64
+	bytes   int64
+}
+
+// plan builds the operations between this node's side of metas (local)
+// and the peer's answer r, which describes the peer's side (remote: r's
+// regions and targets, over r's own descriptors theirs, in the same
+// order). mem(i) is descriptor i's tensor here when the transport reaches
+// it; the others stage here (a local stage: the operations use its
+// addresses). src says this node reads local (a put). Errors: EPROTO for
+// an answer that does not match metas; newStage's.
+func (s *Service) plan(metas, theirs []Meta, r reply, mem func(i int) (RMAMemory, bool), src bool) (*rmaOps, error) {
+	if len(r.RMAAt) != len(metas) || len(theirs) != len(metas) {
+		return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("the peer's one-sided answer names %d descriptors of %d", len(r.RMAAt), len(metas))}
+	}
+	for k, rg := range r.RMA {
+		if rg.Len <= 0 || len(rg.Rkey) == 0 {
+			return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("the peer's region %d: %d bytes, a %d-byte rkey", k, rg.Len, len(rg.Rkey))}
+		}
+	}
+	p := &rmaOps{regions: r.RMA, ops: make([][]RMADesc, len(r.RMA)), stageAt: make([]int64, len(metas))}
+	var staged int64
+	mems := make([]RMAMemory, len(metas))
+	for i, m := range metas {
+		if t := r.RMAAt[i]; t.R < 0 || t.R >= len(r.RMA) {
+			return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("descriptor %d in the peer's region %d of %d", i, t.R, len(r.RMA))}
+		}
+		p.stageAt[i] = -1
+		if mm, ok := mem(i); ok {
+			mems[i] = mm
+			continue
+		}
+		p.stageAt[i] = staged
+		staged += m.NBytes
+	}
+	st, err := s.newStage(staged, false)
+	if err != nil {
+		return nil, err
+	}
+	p.stage = st
+	var local, remote []rmaRun
+	for i, m := range metas {
+		local, remote = local[:0], remote[:0]
+		if at := p.stageAt[i]; at >= 0 {
+			local = append(local, rmaRun{0, int64(st.addr()) + at, m.NBytes})
+		} else {
+			local = runsAt(local, m, int64(mems[i].Addr), mems[i].Off, true, src)
+		}
+		t := r.RMAAt[i]
+		remote = runsAt(remote, theirs[i], 0, t.Off, !t.Linear, !src)
+		if p.ops[t.R], err = zipRuns(p.ops[t.R], local, remote); err != nil {
+			st.free()
+			return nil, fmt.Errorf("descriptor %d: %w", i, err)
+		}
+		p.bytes += m.NBytes
+	}
+	return p, nil
+}
+
+// run posts every operation (puts when put, else gets), one region's at a
+// time, each region's rkey unpacked on ep for the call and destroyed
+// after it, and waits until deadline. Errors: the transport's, wrapped
+// with EIO (ETIMEDOUT past the deadline).
+func (p *rmaOps) run(ep RMAEndpoint, put bool, deadline time.Time) error {
+	for k, ops := range p.ops {
+		if len(ops) == 0 {
+			continue
+		}
+		rg := p.regions[k]
+		key, err := ep.Unpack(rg.Rkey, rg.Addr, int(rg.Len))
+		if err != nil {
+			return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("the peer's rkey of region %d: %v", k, err)}
+		}
+		if put {
+			err = key.Put(ops, deadline)
+		} else {
+			err = key.Get(ops, deadline)
+		}
+		if derr := key.Destroy(); err == nil && derr != nil {
+			err = derr
+		}
+		if err != nil {
+			errno := syscall.EIO
+			if time.Now().After(deadline) {
+				errno = syscall.ETIMEDOUT
+			}
+			return &Error{Errno: errno, Msg: fmt.Sprintf("one-sided %s of %d runs: %v", map[bool]string{true: "put", false: "get"}[put], len(ops), err)}
+		}
+	}
+	return nil
+}
+
+// rmaRate is the slowest rate a one-sided transfer is given time for
+// (10 MB/s), on top of the timeout: a put's flush reports no progress, so
+// its deadline is set by its size.
+const rmaRate = 10e6
+
+// rmaDeadline bounds a one-sided transfer of n bytes.
+func (s *Service) rmaDeadline(n int64) time.Time {
+	return time.Now().Add(s.cfg.Timeout + time.Duration(float64(n)/rmaRate*float64(time.Second)))
+}
+
+// rmaTo is the endpoint to the run instance of peer, or nil.
+func (s *Service) rmaTo(peer, instance string) *rmaPeer {
+	if s.cfg.RMA == nil {
+		return nil
+	}
+	s.rmaMu.Lock()
+	defer s.rmaMu.Unlock()
+	if p := s.rma[peer]; p != nil && p.instance == instance {
+		return p
+	}
+	return nil
+}
+
+// dropRMA forgets the endpoint p to peer after an operation on it failed
+// and closes it forcibly, which cancels what it still has in flight
+// before the peer unpins the memory: the next handshake with the peer
+// makes a new one.
+func (s *Service) dropRMA(peer string, p *rmaPeer) {
+	s.rmaMu.Lock()
+	if s.rma[peer] == p {
+		delete(s.rma, peer)
+	}
+	s.rmaMu.Unlock()
+	if err := p.ep.Close(true, time.Now().Add(rmaCloseWait)); err != nil {
+		slog.Warn("ucx: closing the endpoint after a failed copy", "peer", peer, "err", err)
+	}
+}
+
+// trackVia marks rec as moved on p's transports.
+func trackVia(rec *Record, p *rmaPeer) {
+	if p != nil {
+		t := p.transports
+		rec.via.Store(&t)
+	}
+}
+
+// errNoRMA: the peer answered a one-sided request as a TCP one (it has no
+// RMA transport after all); the copy goes on TCP.
+var errNoRMA = errors.New("the peer took no one-sided transfer")
+
+// rmaPush runs a put on c whose bytes go one-sided on p's endpoint: the
+// request, the peer's regions, the puts, frameDone, the peer's reply once
+// it committed. tcp, with errNoRMA, is a TCP reply to the request (a peer
+// that ignored its RMA): the caller moves the data on the streams.
+func (s *Service) rmaPush(ctx context.Context, peer string, c *conn, p *rmaPeer, remotePath string, srcs []Source, metas []Meta, isDir bool, rec *Record) (n int, tcp *reply, err error) {
+	chunk := s.chunkFor(rec.BytesTotal.Load())
+	req := request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, Streams: s.cfg.Streams, Chunk: chunk, RMA: true}
+	if err := c.sendJSON(frameRequest, req); err != nil {
+		return 0, nil, netErr(err)
+	}
+	var r reply
+	if err := c.recvJSON(frameOK, &r); err != nil {
+		return 0, nil, err
+	}
+	if len(r.RMAAt) == 0 && len(metas) > 0 {
+		return 0, &r, errNoRMA
+	}
+	mem := func(i int) (RMAMemory, bool) {
+		if rs, ok := srcs[i].(RMASource); ok {
+			return rs.RMAMemory()
+		}
+		return RMAMemory{}, false
+	}
+	ops, err := s.plan(metas, metas, r, mem, true)
+	if err == nil {
+		defer ops.stage.free()
+		for i, at := range ops.stageAt {
+			if at < 0 {
+				continue
+			}
+			// GPU memory: into host memory, the put goes from there.
+			buf := ops.stage.mem[at : at+metas[i].NBytes]
+			if _, rerr := srcs[i].ReadAt(buf, 0); rerr != nil {
+				err = rerr
+				break
+			}
+		}
+	}
+	if err == nil {
+		err = c.whileSilent(func() error { return ops.run(p.ep, true, s.rmaDeadline(ops.bytes)) })
+		if err != nil {
+			s.dropRMA(peer, p)
+		}
+	}
+	if err != nil {
+		// The peer waits for our done: it hears why instead, aborts and
+		// unpins. Nothing of ours is in flight (the endpoint is closed).
+		c.sendError(err)
+		return 0, nil, err
+	}
+	rec.BytesDone.Store(rec.BytesTotal.Load())
+	if err := c.sendJSON(frameDone, doneMsg{}); err != nil {
+		return 0, nil, netErr(err)
+	}
+	var fin reply
+	if err := c.recvJSON(frameOK, &fin); err != nil {
+		return 0, nil, err
+	}
+	return fin.Copied, nil, nil
+}
+
+// servePutRMA receives a put whose bytes the peer puts one-sided: the
+// destination prepared, its memory offered (staged for GPU memory), the
+// peer's done awaited, the staged bytes written, the commit.
+func (s *Service) servePutRMA(c *conn, req request, total int64) error {
+	rec, end := s.Track(c.peer, req.Path, "ucx", req.Tensors)
+	trackVia(rec, s.rmaTo(c.peer, c.instance))
+	n, err := Deliver(rec, req.Tensors, s.putPrepare(c, req, false), func(dest Dest, _ func()) error {
+		mem := func(i int) (RMAMemory, bool) {
+			if rd, ok := dest.(RMADest); ok {
+				return rd.RMAMemory(i)
+			}
+			return RMAMemory{}, false
+		}
+		o, err := s.offer(req.Tensors, mem, nil)
+		if err != nil {
+			c.sendError(err)
+			return err
+		}
+		defer o.stage.free()
+		if err := c.sendJSON(frameOK, reply{RMA: o.regions, RMAAt: o.targets}); err != nil {
+			return netErr(err)
+		}
+		// The peer's own failure comes as its error frame: told already.
+		if err := c.recvJSON(frameDone, nil); err != nil {
+			return err
+		}
+		for i, at := range o.stageAt {
+			if at < 0 {
+				continue
+			}
+			if err := dest.WriteAt(i, o.stage.mem[at:at+req.Tensors[i].NBytes], 0); err != nil {
+				c.sendError(err)
+				return err
+			}
+		}
+		rec.BytesDone.Store(total)
+		return nil
+	}, s.putCommit(c))
+	end(err)
+	if err != nil {
+		return err
+	}
+	return c.sendJSON(frameOK, reply{Copied: n})
+}
+
+// rmaPullData moves a get's bytes one-sided on p's endpoint from the
+// peer's memory r names into dest (descs: this node's descriptors, r's
+// Tensors the peer's, in the same order), then says frameDone; descriptors
+// in GPU memory here land in a stage first and are written after it.
+func (s *Service) rmaPullData(c *conn, p *rmaPeer, r reply, descs []Meta, dest Dest, rec *Record) error {
+	mem := func(i int) (RMAMemory, bool) {
+		if rd, ok := dest.(RMADest); ok {
+			return rd.RMAMemory(i)
+		}
+		return RMAMemory{}, false
+	}
+	ops, err := s.plan(descs, r.Tensors, r, mem, false)
+	if err != nil {
+		c.sendError(err)
+		return err
+	}
+	defer ops.stage.free()
+	if err := c.whileSilent(func() error { return ops.run(p.ep, false, s.rmaDeadline(ops.bytes)) }); err != nil {
+		s.dropRMA(c.peer, p)
+		c.sendError(err)
+		return err
+	}
+	// The peer may let go of its memory now.
+	if err := c.sendJSON(frameDone, doneMsg{}); err != nil {
+		return netErr(err)
+	}
+	for i, at := range ops.stageAt {
+		if at < 0 {
+			continue
+		}
+		if err := dest.WriteAt(i, ops.stage.mem[at:at+descs[i].NBytes], 0); err != nil {
+			return err
+		}
+	}
+	rec.BytesDone.Store(ops.bytes)
+	return nil
+}
+
+// serveGetRMA answers a get one-sided: the sources' memory offered
+// (GPU memory read into a stage first), then the puller's done awaited
+// while the sources stay open.
+func (s *Service) serveGetRMA(c *conn, srcs []Source, metas, recMetas []Meta, isDir bool, label string) error {
+	rec, end := s.Track(label, c.peer, "ucx", recMetas)
+	trackVia(rec, s.rmaTo(c.peer, c.instance))
+	mem := func(i int) (RMAMemory, bool) {
+		if rs, ok := srcs[i].(RMASource); ok {
+			return rs.RMAMemory()
+		}
+		return RMAMemory{}, false
+	}
+	var o *rmaOffer
+	err := c.whileSilent(func() (err error) {
+		o, err = s.offer(metas, mem, func(i int, p []byte) error {
+			_, err := srcs[i].ReadAt(p, 0)
+			return err
+		})
+		return err
+	})
+	if err != nil {
+		c.sendError(err)
+		end(err)
+		return err
+	}
+	defer o.stage.free()
+	if err := c.sendJSON(frameOK, reply{Dir: isDir, Tensors: metas, RMA: o.regions, RMAAt: o.targets}); err != nil {
+		end(err)
+		return netErr(err)
+	}
+	err = c.recvJSON(frameDone, nil)
+	if err == nil {
+		rec.BytesDone.Store(rec.BytesTotal.Load())
+	}
+	end(err)
+	var te *Error
+	if errors.As(err, &te) && !te.broken {
+		return nil // the puller's own failure; the connection is fine
+	}
+	return err
+}
