@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -341,6 +342,15 @@ func (d *daemon) requireLeases(n int, msgAndArgs ...any) xattrs.Stats {
 	return s
 }
 
+// ucxEndpointFDs is the most fds UCX holds for an endpoint to one peer
+// (over tcp: the socket it connected, the one it accepted, an eventfd).
+const ucxEndpointFDs = 3
+
+// hasUCX reports whether d runs with UCX (--transport ucx).
+func (d *daemon) hasUCX() bool {
+	return ucxBuild && slices.Contains(d.flags, "ucx")
+}
+
 // requireClean waits (FUSE RELEASE is asynchronous to close) until everything
 // under live is zero, statfs shows 0 bytes used, and the daemon's fd count is
 // back at its baseline.
@@ -361,6 +371,15 @@ func (d *daemon) requireClean() {
 		// (this daemon's idle ones, and its peers' it serves) are no leak
 		// either: stats counts them.
 		conns := int(s.Connections.Idle + s.Connections.Waiting)
+		// So are the UCX endpoints kept to each peer (over UCX_TLS=tcp
+		// a socket each way and their events), shown under the peer; and
+		// the socket UCX's worker accepted from a peer that died, which
+		// it closes when it next hears of it.
+		for _, p := range s.Peers {
+			if len(p.UCX) > 0 || d.hasUCX() {
+				conns += ucxEndpointFDs
+			}
+		}
 		if s.Live == (xattrs.Live{}) && used == 0 && fds <= d.fds+conns {
 			ok = true
 			break

@@ -47,11 +47,14 @@ type RMAEndpoint interface {
 // kept across copies; a key is not).
 type RMAKey interface {
 	// Put writes each descriptor's N bytes at Local into the region at
-	// Off, completing all of them (one flush) before it returns nil.
-	Put(descs []RMADesc, deadline time.Time) error
+	// Off, completing all of them (one flush) before it returns nil; it
+	// gives up at deadline or when stop closes (the peer's tensorfs
+	// connection broke), after which operations may still be in flight
+	// until the endpoint is closed.
+	Put(descs []RMADesc, deadline time.Time, stop <-chan struct{}) error
 	// Get reads each descriptor's N bytes at Off of the region into
 	// Local, as Put writes them.
-	Get(descs []RMADesc, deadline time.Time) error
+	Get(descs []RMADesc, deadline time.Time, stop <-chan struct{}) error
 	// Destroy releases the key.
 	Destroy() error
 }

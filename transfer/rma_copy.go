@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"syscall"
 	"time"
 	"unsafe"
@@ -278,7 +279,7 @@ func (s *Service) plan(metas, theirs []Meta, r reply, mem func(i int) (RMAMemory
 // time, each region's rkey unpacked on ep for the call and destroyed
 // after it, and waits until deadline. Errors: the transport's, wrapped
 // with EIO (ETIMEDOUT past the deadline).
-func (p *rmaOps) run(ep RMAEndpoint, put bool, deadline time.Time) error {
+func (p *rmaOps) run(ep RMAEndpoint, put bool, deadline time.Time, stop <-chan struct{}) error {
 	for k, ops := range p.ops {
 		if len(ops) == 0 {
 			continue
@@ -289,22 +290,50 @@ func (p *rmaOps) run(ep RMAEndpoint, put bool, deadline time.Time) error {
 			return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("the peer's rkey of region %d: %v", k, err)}
 		}
 		if put {
-			err = key.Put(ops, deadline)
+			err = key.Put(ops, deadline, stop)
 		} else {
-			err = key.Get(ops, deadline)
+			err = key.Get(ops, deadline, stop)
 		}
 		if derr := key.Destroy(); err == nil && derr != nil {
 			err = derr
 		}
 		if err != nil {
 			errno := syscall.EIO
-			if time.Now().After(deadline) {
-				errno = syscall.ETIMEDOUT
+			select {
+			case <-stop:
+				errno = syscall.ECONNRESET
+			default:
+				if time.Now().After(deadline) {
+					errno = syscall.ETIMEDOUT
+				}
 			}
 			return &Error{Errno: errno, Msg: fmt.Sprintf("one-sided %s of %d runs: %v", map[bool]string{true: "put", false: "get"}[put], len(ops), err)}
 		}
 	}
 	return nil
+}
+
+// whileOneSided runs fn, this node's one-sided operations on the memory
+// of c's peer, which waits on c for their end, saying nothing: keepalives
+// go out meanwhile (whileSilent), and stop closes if the peer hangs up or
+// says anything (it gave up: its error frame stays unread for the
+// caller), which a transport without peer failure detection (UCX's shared
+// memory) would not tell fn.
+func (c *conn) whileOneSided(fn func(stop <-chan struct{}) error) error {
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	c.c.idle.Store(true) // the watch sleeps in the poller, not spinning
+	c.c.SetReadDeadline(time.Time{})
+	go func() {
+		defer close(watched)
+		if _, err := c.r.Peek(1); err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+			close(stop)
+		}
+	}()
+	err := c.whileSilent(func() error { return fn(stop) })
+	c.c.SetReadDeadline(time.Now()) // ends the watch
+	<-watched
+	return err
 }
 
 // rmaRate is the slowest rate a one-sided transfer is given time for
@@ -396,7 +425,7 @@ func (s *Service) rmaPush(ctx context.Context, peer string, c *conn, p *rmaPeer,
 		}
 	}
 	if err == nil {
-		err = c.whileSilent(func() error { return ops.run(p.ep, true, s.rmaDeadline(ops.bytes)) })
+		err = c.whileOneSided(func(stop <-chan struct{}) error { return ops.run(p.ep, true, s.rmaDeadline(ops.bytes), stop) })
 		if err != nil {
 			s.dropRMA(peer, p)
 		}
@@ -480,7 +509,7 @@ func (s *Service) rmaPullData(c *conn, p *rmaPeer, r reply, descs []Meta, dest D
 		return err
 	}
 	defer ops.stage.free()
-	if err := c.whileSilent(func() error { return ops.run(p.ep, false, s.rmaDeadline(ops.bytes)) }); err != nil {
+	if err := c.whileOneSided(func(stop <-chan struct{}) error { return ops.run(p.ep, false, s.rmaDeadline(ops.bytes), stop) }); err != nil {
 		s.dropRMA(c.peer, p)
 		c.sendError(err)
 		return err

@@ -378,10 +378,15 @@ func logMounted(mountpoint, asked string, def gpu.Device, limit int64, pc transf
 	}
 	sort.Strings(peers)
 	// local always; tcp to any peer; ipc to a peer on this host whose
-	// memory it can map (chosen per copy, falling back to tcp).
+	// memory it can map (chosen per copy, falling back to tcp); ucx with
+	// a UCX context.
 	transports := []string{"local"}
 	if listen != "" || len(pc.Peers) > 0 || pc.Resolver != nil {
 		transports = append(transports, "tcp", "ipc")
+		if pc.RMA != nil {
+			// ucx to a peer of another host that offers it.
+			transports = append(transports, "ucx")
+		}
 	}
 	if listen == "" {
 		listen = "none"

@@ -60,7 +60,7 @@ func BenchmarkPut(b *testing.B) {
 					lat := make([]time.Duration, 0, b.N)
 					for b.Loop() {
 						t0 := time.Now()
-						if err := key.Put(descs, time.Now().Add(30*time.Second)); err != nil {
+						if err := key.Put(descs, time.Now().Add(30*time.Second), nil); err != nil {
 							b.Fatal(err)
 						}
 						lat = append(lat, time.Since(t0))

@@ -162,6 +162,11 @@ func (e *Error) Error() string { return fmt.Sprintf("%s: %s (UCX status %d)", e.
 // passes first (the endpoint is then unusable: close it with force).
 var ErrTimeout = errors.New("ucx: request timed out")
 
+// ErrStopped is what a wait for a request returns when its caller's stop
+// channel closes first (its peer is gone, by another sign than UCX's): the
+// endpoint is then unusable, as after ErrTimeout.
+var ErrStopped = errors.New("ucx: request stopped")
+
 // ErrRange is a descriptor outside its region: the remote range is not
 // inside the rkey's [Base, Base+Len), or a length is negative. Nothing of
 // the list is posted.
@@ -324,9 +329,10 @@ func (c *Context) Close() error {
 }
 
 // wait progresses the worker until request r (a ucs_status_ptr_t from a
-// non-blocking call) completes or deadline passes, then frees it.
-// Errors: *Error for the request's failure, ErrTimeout.
-func (c *Context) wait(op string, r C.ucs_status_ptr_t, deadline time.Time) error {
+// non-blocking call) completes, deadline passes or stop (nil: never) is
+// closed, then frees it. Errors: *Error for the request's failure,
+// ErrTimeout, ErrStopped.
+func (c *Context) wait(op string, r C.ucs_status_ptr_t, deadline time.Time, stop <-chan struct{}) error {
 	switch st := C.tfs_status(r); st {
 	case C.UCS_OK:
 		return nil
@@ -343,6 +349,11 @@ func (c *Context) wait(op string, r C.ucs_status_ptr_t, deadline time.Time) erro
 		if i%64 == 63 {
 			if time.Now().After(deadline) {
 				return fmt.Errorf("%s: %w", op, ErrTimeout)
+			}
+			select {
+			case <-stop:
+				return fmt.Errorf("%s: %w", op, ErrStopped)
+			default:
 			}
 			runtime.Gosched()
 		}
@@ -565,7 +576,7 @@ func (e *Endpoint) Close(force bool, deadline time.Time) error {
 	if force && e.peerErrors {
 		f = 1
 	}
-	return e.c.wait("ucp_ep_close_nbx", C.tfs_close(e.ep, f), deadline)
+	return e.c.wait("ucp_ep_close_nbx", C.tfs_close(e.ep, f), deadline, nil)
 }
 
 // RemoteKey is a peer region's rkey unpacked for one endpoint, with the
@@ -639,26 +650,29 @@ type Desc struct {
 // Put writes each descriptor's N bytes at Local into the remote region at
 // Off, as one posted operation each (ucp_put_nbx) and one flush
 // (ucp_ep_flush_nbx): when Put returns nil every byte is in the peer's
-// memory. It waits at most until deadline. Errors: ErrRange (nothing
-// posted), ErrClosed, *Error (the peer gone: UCS_ERR_ENDPOINT_TIMEOUT,
-// UCS_ERR_CONNECTION_RESET...), ErrTimeout; after an error some bytes
-// may have landed, and after ErrTimeout operations may still be running:
-// Local must stay valid until the endpoint is closed.
-func (k *RemoteKey) Put(descs []Desc, deadline time.Time) error {
-	return k.post(false, descs, deadline)
+// memory. It waits at most until deadline, or until stop (nil: never) is
+// closed: what tells a caller that the peer is gone when the transport
+// cannot (shared memory). Errors: ErrRange (nothing posted), ErrClosed,
+// *Error (the peer gone: UCS_ERR_ENDPOINT_TIMEOUT,
+// UCS_ERR_CONNECTION_RESET...), ErrTimeout, ErrStopped; after an error
+// some bytes may have landed, and after ErrTimeout or ErrStopped
+// operations may still be running: Local must stay valid until the
+// endpoint is closed.
+func (k *RemoteKey) Put(descs []Desc, deadline time.Time, stop <-chan struct{}) error {
+	return k.post(false, descs, deadline, stop)
 }
 
 // Get reads each descriptor's N bytes at Off of the remote region into
 // Local, as Put writes them (ucp_get_nbx, one flush). Errors: as Put's
 // (after ErrTimeout a get may still write into Local until the endpoint
 // is closed).
-func (k *RemoteKey) Get(descs []Desc, deadline time.Time) error {
-	return k.post(true, descs, deadline)
+func (k *RemoteKey) Get(descs []Desc, deadline time.Time, stop <-chan struct{}) error {
+	return k.post(true, descs, deadline, stop)
 }
 
 // post checks every descriptor against the region, posts them all and
 // flushes the endpoint, holding the endpoint (and so the key) open.
-func (k *RemoteKey) post(get bool, descs []Desc, deadline time.Time) error {
+func (k *RemoteKey) post(get bool, descs []Desc, deadline time.Time, stop <-chan struct{}) error {
 	op := "ucp_put_nbx"
 	if get {
 		op = "ucp_get_nbx"
@@ -696,9 +710,9 @@ func (k *RemoteKey) post(get bool, descs []Desc, deadline time.Time) error {
 		if err := check(op, C.tfs_post(e.ep, g, &arr[0], C.size_t(len(descs)), k.rkey, &posted)); err != nil {
 			// Those posted may be in flight: the flush waits for them (and
 			// likely fails the same way) before the error is returned.
-			e.c.wait("ucp_ep_flush_nbx", C.tfs_flush(e.ep), deadline)
+			e.c.wait("ucp_ep_flush_nbx", C.tfs_flush(e.ep), deadline, stop)
 			return fmt.Errorf("descriptor %d of %d: %w", int(posted), len(descs), err)
 		}
-		return e.c.wait("ucp_ep_flush_nbx", C.tfs_flush(e.ep), deadline)
+		return e.c.wait("ucp_ep_flush_nbx", C.tfs_flush(e.ep), deadline, stop)
 	})
 }

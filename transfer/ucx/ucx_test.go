@@ -109,14 +109,14 @@ func TestPutGetDescriptorList(t *testing.T) {
 				descs[i] = Desc{Local: addr(src) + uintptr(i*blk), Off: uint64(j * blk), N: blk}
 				copy(want[j*blk:], src[i*blk:(i+1)*blk])
 			}
-			require.NoError(t, key.Put(descs, time.Now().Add(10*time.Second)))
+			require.NoError(t, key.Put(descs, time.Now().Add(10*time.Second), nil))
 			require.True(t, bytes.Equal(want, dst), "every put in place, nothing else touched")
 
 			back := mapped(t, n*blk)
 			for i := range descs[:n/2] {
 				descs[i].Local = addr(back) + uintptr(i*blk)
 			}
-			require.NoError(t, key.Get(descs[:n/2], time.Now().Add(10*time.Second)))
+			require.NoError(t, key.Get(descs[:n/2], time.Now().Add(10*time.Second), nil))
 			require.True(t, bytes.Equal(src[:n/2*blk], back[:n/2*blk]), "gets read the bytes back")
 
 			tl := ab.Transports()
@@ -156,7 +156,7 @@ func TestBadInput(t *testing.T) {
 		{{Local: addr(src), Off: 1 << 63, N: 1 << 63}},
 		{{Local: addr(src), Off: 64<<10 + 1, N: 1}},
 	} {
-		err := key.Put(bad, deadline)
+		err := key.Put(bad, deadline, nil)
 		require.ErrorIs(t, err, ErrRange, "%+v", bad)
 		require.Equal(t, make([]byte, len(dst)), dst, "not one byte moved for %+v", bad)
 	}
@@ -175,7 +175,7 @@ func TestBadInput(t *testing.T) {
 
 	require.NoError(t, key.Destroy())
 	require.ErrorIs(t, key.Destroy(), ErrClosed)
-	require.ErrorIs(t, key.Put([]Desc{{Local: addr(src), N: 1}}, deadline), ErrClosed)
+	require.ErrorIs(t, key.Put([]Desc{{Local: addr(src), N: 1}}, deadline, nil), ErrClosed)
 	require.NoError(t, reg.Unmap())
 	require.ErrorIs(t, reg.Unmap(), ErrClosed)
 }
@@ -225,7 +225,7 @@ func TestPeerKilled(t *testing.T) {
 			require.NoError(t, err)
 			src := mapped(t, n)
 			descs := []Desc{{Local: addr(src), Off: 0, N: uint64(n)}}
-			require.NoError(t, key.Put(descs, time.Now().Add(10*time.Second)), "a put while the peer lives")
+			require.NoError(t, key.Put(descs, time.Now().Add(10*time.Second), nil), "a put while the peer lives")
 
 			require.NoError(t, cmd.Process.Kill())
 			cmd.Wait()
@@ -236,7 +236,7 @@ func TestPeerKilled(t *testing.T) {
 				wait = 2 * time.Second
 			}
 			for range 50 { // the first puts after the kill may still be buffered by the transport
-				if perr = key.Put(descs, time.Now().Add(wait)); perr != nil {
+				if perr = key.Put(descs, time.Now().Add(wait), nil); perr != nil {
 					break
 				}
 			}
@@ -330,7 +330,7 @@ func TestMapperRegistry(t *testing.T) {
 	for i := range src {
 		src[i] = 0x5a
 	}
-	require.NoError(t, key.Put([]Desc{{Local: addr(src), Off: 8192, N: 4096}}, time.Now().Add(5*time.Second)))
+	require.NoError(t, key.Put([]Desc{{Local: addr(src), Off: 8192, N: 4096}}, time.Now().Add(5*time.Second), nil))
 	require.Equal(t, src, mem[8192:8192+4096])
 	require.NoError(t, key.Destroy())
 	released := false
@@ -369,7 +369,7 @@ func TestCloseRaces(t *testing.T) {
 	for range 4 {
 		go func() {
 			for {
-				if err := key.Put(descs, time.Now().Add(5*time.Second)); err != nil {
+				if err := key.Put(descs, time.Now().Add(5*time.Second), nil); err != nil {
 					errs <- err
 					return
 				}
