@@ -46,6 +46,30 @@ import (
 // host id (the IPC path) or two (TCP).
 func inPlaceBenchPair(b *testing.B, sameHost bool) (a, d *daemon) {
 	b.Helper()
+	if sameHost {
+		return inPlaceBenchPairOn(b, copyPath{name: "ipc", path: "ipc"})
+	}
+	return inPlaceBenchPairOn(b, copyPath{name: "tcp", path: "tcp"})
+}
+
+// benchPaths are the paths the in-place benchmarks run on: copyPaths
+// (ucx-tcp and ucx-sm in a build with UCX).
+func benchPaths() []copyPath { return copyPaths(true) }
+
+// inPlaceBenchPairOn is inPlaceBenchPair on path p (copyPath: its UCX_TLS
+// and --transport).
+func inPlaceBenchPairOn(b *testing.B, p copyPath) (a, d *daemon) {
+	b.Helper()
+	sameHost := p.path == "ipc"
+	var extra []string
+	switch {
+	case p.tls != "":
+		b.Setenv("UCX_TLS", p.tls)
+		b.Setenv("UCX_NET_DEVICES", "lo")
+		extra = []string{"--transport", "ucx"}
+	case ucxBuild:
+		extra = []string{"--transport", "tcp"}
+	}
 	secret := filepath.Join(b.TempDir(), "secret")
 	mustNo(b, os.WriteFile(secret, []byte("a shared secret of enough bytes\n"), 0o600))
 	ports := map[string]int{}
@@ -73,9 +97,9 @@ func inPlaceBenchPair(b *testing.B, sameHost bool) (a, d *daemon) {
 			host += "-" + n
 		}
 		o := map[string]string{"a": "b", "b": "a"}[n]
-		ds[n] = peerBenchStart(b, append(dev, "--name", n, "--listen", fmt.Sprintf("127.0.0.1:%d", ports[n]), "--secret-file", secret,
+		ds[n] = peerBenchStart(b, append(append(dev, "--name", n, "--listen", fmt.Sprintf("127.0.0.1:%d", ports[n]), "--secret-file", secret,
 			"--host-id", host, "--timeout", "30s", "--streams", strconv.Itoa(peerBenchStreams(b)),
-			"--peer", fmt.Sprintf("%s=127.0.0.1:%d", o, ports[o]))...)
+			"--peer", fmt.Sprintf("%s=127.0.0.1:%d", o, ports[o])), extra...)...)
 	}
 	// Before b's clean-up (clean-ups run last in, first out): a's tensors
 	// go first, so that b drops its imports of them (the IPC path) before
@@ -265,9 +289,10 @@ func crossProcessFloor(b *testing.B, mnt string, n int) float64 {
 // "xfloor-us", "x-xfloor"), which shows what waking the processes costs on
 // the machine of the run.
 func BenchmarkInPlace4K(b *testing.B) {
-	for _, path := range []string{"ipc", "tcp"} {
-		b.Run(path, func(b *testing.B) {
-			a, d := inPlaceBenchPair(b, path == "ipc")
+	for _, cp := range benchPaths() {
+		path := cp.path
+		b.Run(cp.name, func(b *testing.B) {
+			a, d := inPlaceBenchPairOn(b, cp)
 			data := make([]byte, 4096)
 			rand.NewChaCha8([32]byte{4}).Read(data)
 			mustNo(b, os.WriteFile(a.path("small"), data, 0o644))
@@ -292,7 +317,7 @@ func BenchmarkInPlace4K(b *testing.B) {
 				b.Fatal("the destination range differs from the source")
 			}
 			st := a.stats()
-			if st.Copies.InPlace.IPC+st.Copies.InPlace.TCP != int64(len(lat)+1) {
+			if ofPath(st.Copies.InPlace, path) != int64(len(lat)+1) {
 				b.Fatalf("copies %+v, want %d in place", st.Copies, len(lat)+1)
 			}
 			reportPhases(b, d.mnt, 16)
@@ -332,9 +357,10 @@ func BenchmarkInPlaceScatter1000x8K(b *testing.B) {
 		}
 		blk = k
 	}
-	for _, path := range []string{"ipc", "tcp"} {
-		b.Run(path, func(b *testing.B) {
-			a, d := inPlaceBenchPair(b, path == "ipc")
+	for _, cp := range benchPaths() {
+		path := cp.path
+		b.Run(cp.name, func(b *testing.B) {
+			a, d := inPlaceBenchPairOn(b, cp)
 			data := make([]byte, n*blk)
 			rand.NewChaCha8([32]byte{5}).Read(data)
 			mustNo(b, os.WriteFile(a.path("blocks"), data, 0o644))
@@ -369,7 +395,7 @@ func BenchmarkInPlaceScatter1000x8K(b *testing.B) {
 			tf := p50(lat)
 			b.ReportMetric(tf, "p50-us")
 			b.ReportMetric(tf/n, "us/desc")
-			if path == "tcp" {
+			if path != "ipc" {
 				r := rawP50(b, data, make([]byte, n*blk), max(len(lat), 20))
 				b.ReportMetric(r, "raw-p50-us")
 				b.ReportMetric(r/tf, "x-raw")
@@ -394,9 +420,10 @@ func BenchmarkInPlaceBig(b *testing.B) {
 		}
 		size = mb << 20
 	}
-	for _, path := range []string{"ipc", "tcp"} {
-		b.Run(path, func(b *testing.B) {
-			a, d := inPlaceBenchPair(b, path == "ipc")
+	for _, cp := range benchPaths() {
+		path := cp.path
+		b.Run(cp.name, func(b *testing.B) {
+			a, d := inPlaceBenchPairOn(b, cp)
 			data := peerBenchBigData()[:size]
 			peerBenchWriteFile(b, a.path("big"), data)
 			mustNo(b, os.WriteFile(d.path("dst"), nil, 0o644))
@@ -431,7 +458,7 @@ func BenchmarkInPlaceBig(b *testing.B) {
 					b.ReportMetric(r/tf, "x-raw")
 				}
 			}
-			if path == "tcp" {
+			if path != "ipc" {
 				buf := make([]byte, size)
 				for i := 0; i < size; i += 4096 {
 					buf[i] = 1

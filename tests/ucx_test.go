@@ -4,9 +4,14 @@ package tests
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/stretchr/testify/require"
 
@@ -73,4 +78,82 @@ func TestUCXEndpoints(t *testing.T) {
 		require.Empty(t, a.stats().Peers["b"].UCX)
 		require.Empty(t, b.stats().Peers["a"].UCX)
 	})
+}
+
+// TestUCXWholeCopies: whole tensors and directory trees between two hosts
+// move one-sided on UCX (over UCX_TLS=tcp and sm,self): a push of a new
+// tensor and over an existing one (into the temporary, then renamed), a
+// pull of a tensor and of a range, a directory tree both ways; every byte
+// arrives, stats count the copies as ucx with the endpoint's transports,
+// and no pin or temporary is left on either side.
+func TestUCXWholeCopies(t *testing.T) {
+	for _, p := range copyPaths(false) {
+		if p.path != "ucx" {
+			continue
+		}
+		t.Run(p.name, func(t *testing.T) {
+			a, b := pairOn(t, p)
+			x := fill(3<<20+17, 1)
+			writeTensor(t, a.path("x"), x)
+			setx(t, a.path("x"), xattrs.CopyTo, "b:/x")
+			requireContent(t, b.path("x"), x)
+			y := fill(5000, 2)
+			writeTensor(t, a.path("x"), y)
+			setx(t, a.path("x"), xattrs.CopyTo, "b:/x")
+			requireContent(t, b.path("x"), y)
+
+			writeTensor(t, b.path("w"), x)
+			writeTensor(t, a.path("w"), nil)
+			setx(t, a.path("w"), xattrs.CopyFrom, "b:/w")
+			requireContent(t, a.path("w"), x)
+			writeTensor(t, a.path("part"), nil)
+			setx(t, a.path("part"), xattrs.CopyFrom, "b:/w@4096+8192")
+			requireContent(t, a.path("part"), x[4096:4096+8192])
+
+			require.NoError(t, os.MkdirAll(a.path("tree/sub"), 0o755))
+			for i := range 20 {
+				writeTensor(t, a.path(fmt.Sprintf("tree/t%d", i)), fill(1000*(i+1), byte(i)))
+			}
+			writeTensor(t, a.path("tree/sub/z"), fill(70000, 9))
+			setx(t, a.path("tree"), xattrs.CopyTo, "b:/tree")
+			require.NoError(t, os.Mkdir(a.path("back"), 0o755))
+			setx(t, a.path("back"), xattrs.CopyFrom, "b:/tree")
+			for _, d := range []string{b.path("tree"), a.path("back")} {
+				for i := range 20 {
+					requireContent(t, filepath.Join(d, fmt.Sprintf("t%d", i)), fill(1000*(i+1), byte(i)))
+				}
+				requireContent(t, filepath.Join(d, "sub/z"), fill(70000, 9))
+			}
+			st := a.stats()
+			require.EqualValues(t, 6, st.Copies.UCX, "every copy one-sided: %+v", st.Copies)
+			require.Zero(t, st.Copies.TCP, "%+v", st.Copies)
+			for _, r := range st.Transfers.Recent {
+				require.Equal(t, "ucx", r.Path, "%+v", r)
+				require.NotEmpty(t, r.Transports, "%+v", r)
+			}
+			for _, d := range []*daemon{a, b} {
+				require.Zero(t, d.stats().Live.Pins)
+			}
+		})
+	}
+}
+
+// TestUCXRequired: with --transport ucx, a copy with a peer of another
+// host that offers no UCX is refused (EPROTONOSUPPORT) and moves nothing;
+// with auto it goes on TCP.
+func TestUCXRequired(t *testing.T) {
+	t.Setenv("UCX_TLS", "tcp")
+	t.Setenv("UCX_NET_DEVICES", "lo")
+	a, b, _ := ucxPair(t, []string{"--transport", "ucx"}, []string{"--transport", "tcp"})
+	data := fill(4096, 5)
+	writeTensor(t, a.path("x"), data)
+	err := unix.Setxattr(a.path("x"), xattrs.CopyTo, []byte("b:/x"), 0)
+	require.ErrorIs(t, err, syscall.EPROTONOSUPPORT)
+	_, err = os.Stat(b.path("x"))
+	require.ErrorIs(t, err, os.ErrNotExist, "nothing moved")
+	// b, on auto... is on tcp: its copy to a goes on TCP.
+	writeTensor(t, b.path("y"), data)
+	setx(t, b.path("y"), xattrs.CopyTo, "a:/y")
+	requireContent(t, a.path("y"), data)
+	require.EqualValues(t, 1, b.stats().Copies.TCP)
 }
