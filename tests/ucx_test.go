@@ -131,6 +131,19 @@ func TestUCXWholeCopies(t *testing.T) {
 				require.Equal(t, "ucx", r.Path, "%+v", r)
 				require.NotEmpty(t, r.Transports, "%+v", r)
 			}
+
+			// No bytes to move: an empty tensor and an empty tree, both
+			// ways (on TCP: there is no memory to reach).
+			writeTensor(t, b.path("empty"), nil)
+			writeTensor(t, a.path("e2"), fill(10, 1))
+			setx(t, a.path("e2"), xattrs.CopyFrom, "b:/empty")
+			requireContent(t, a.path("e2"), nil)
+			setx(t, a.path("e2"), xattrs.CopyTo, "b:/e3")
+			requireContent(t, b.path("e3"), nil)
+			require.NoError(t, os.Mkdir(b.path("none"), 0o755))
+			require.NoError(t, os.Mkdir(a.path("none2"), 0o755))
+			setx(t, a.path("none2"), xattrs.CopyFrom, "b:/none")
+			setx(t, a.path("none2"), xattrs.CopyTo, "b:/none3")
 			for _, d := range []*daemon{a, b} {
 				require.Zero(t, d.stats().Live.Pins)
 			}

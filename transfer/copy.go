@@ -755,7 +755,9 @@ func (s *Service) serveGet(c *conn, req request) error {
 			return err
 		}
 	}
-	if req.RMA && s.cfg.RMA != nil {
+	if req.RMA && s.cfg.RMA != nil && total > 0 {
+		// No bytes (an empty tensor or tree): nothing to reach, the
+		// TCP answer says it all.
 		return s.serveGetRMA(c, srcs, metas, recMetas, isDir, label)
 	}
 	rec, end := s.Track(label, c.peer, "tcp", recMetas)

@@ -240,6 +240,10 @@ func (s *Service) plan(metas, theirs []Meta, r reply, mem func(i int) (RMAMemory
 	var staged int64
 	mems := make([]RMAMemory, len(metas))
 	for i, m := range metas {
+		if m.NBytes == 0 {
+			p.stageAt[i] = -1 // nothing to move, nowhere to point
+			continue
+		}
 		if t := r.RMAAt[i]; t.R < 0 || t.R >= len(r.RMA) {
 			return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("descriptor %d in the peer's region %d of %d", i, t.R, len(r.RMA))}
 		}
@@ -258,6 +262,9 @@ func (s *Service) plan(metas, theirs []Meta, r reply, mem func(i int) (RMAMemory
 	p.stage = st
 	var local, remote []rmaRun
 	for i, m := range metas {
+		if m.NBytes == 0 {
+			continue
+		}
 		local, remote = local[:0], remote[:0]
 		if at := p.stageAt[i]; at >= 0 {
 			local = append(local, rmaRun{0, int64(st.addr()) + at, m.NBytes})
