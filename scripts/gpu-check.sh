@@ -2,6 +2,9 @@
 # gpu-check.sh: check tensorfs's CUDA backend on a GPU host that has no Go.
 #
 #   scripts/gpu-check.sh build        here (with Go): build gpubin/ with CGO_ENABLED=0
+#   scripts/gpu-check.sh builducx     here: gpubin/ucx/, the UCX build (-tags ucx,
+#                                     cgo) of tensorfs and ./tests, gzipped, with
+#                                     the UCX libraries and ucx_perftest it needs
 #   scripts/gpu-check.sh run [STEP..] there (repo root, with gpubin/): run the checks
 #
 # gpubin/ holds the tensorfs binary and `go test -c` binaries of ./tests and
@@ -37,6 +40,12 @@
 #          prof.tgz (read them here with go tool pprof); a few seconds
 #          of each, so that a profile has thousands of samples, not the
 #          daemons' start-up; not in the default steps
+#   ucx    with gpubin/ucx only (builducx): the UCX copy tests on     -> ucx.txt
+#          cuda:0 and host memory (TestGPUUCX, TestUCX*, the in-place
+#          suite's ucx-tcp/ucx-sm subtests), the in-place benchmarks on
+#          tcp, ucx-tcp and ucx-sm (cuda:0 and host), and ucx_perftest's
+#          put latency (4 KiB) and bandwidth (8 KiB, 1 GiB) on the same
+#          UCX_TLS as their floors; not in the default steps
 #   report scripts/bench.sh with these binaries: every benchmark with its   -> report/
 #          floor, the GPU rows included, as result.json, table.md and
 #          sweep.png (REPORT_ARGS: its flags, default --rounds 1); copy
@@ -62,6 +71,55 @@ build() {
 	git describe --always --dirty >gpubin/COMMIT
 	ls -l gpubin
 }
+
+# builducx: gpubin/ucx/ with the tagged tensorfs and tests binaries
+# (gzipped: the carry is 64 MiB), libucp/libucs/libuct/libucm/libnuma and
+# UCX's modules from this machine (the device has no UCX), ucx_perftest.
+builducx() {
+	set -e
+	rm -rf gpubin/ucx
+	mkdir -p gpubin/ucx/lib/ucx
+	export CGO_ENABLED=1
+	go build -tags ucx -trimpath -ldflags='-s -w' -o gpubin/ucx/tensorfs ./cmd/tensorfs
+	go test -c -tags ucx -trimpath -ldflags='-s -w' -o gpubin/ucx/tests.test ./tests
+	gzip -9 gpubin/ucx/tensorfs gpubin/ucx/tests.test
+	for l in libucp.so.0 libucs.so.0 libuct.so.0 libucm.so.0 libnuma.so.1 libgomp.so.1; do
+		cp -L "/usr/lib/x86_64-linux-gnu/$l" gpubin/ucx/lib/
+	done
+	cp -L /usr/lib/x86_64-linux-gnu/ucx/libuct_cma.so.0 gpubin/ucx/lib/ucx/
+	cp /usr/bin/ucx_perftest gpubin/ucx/
+	git describe --always --dirty >gpubin/ucx/COMMIT
+	du -sh gpubin/ucx
+}
+
+# ucx_run: the ucx step (see the header), in a subshell (it changes
+# directory and environment).
+ucx_run() (
+	local u=$root/gpubin/ucx
+	gunzip -kf "$u/tensorfs.gz" "$u/tests.test.gz"
+	export LD_LIBRARY_PATH=$u/lib UCX_MODULE_DIR=$u/lib/ucx TENSORFS_BIN=$u/tensorfs
+	cd tests
+	local rc=0
+	echo "== tests, cuda:0 and host"
+	TENSORFS_REQUIRE_GPU=1 timeout "$TIMEOUT" "$u/tests.test" -test.v -test.count=1 -test.run='TestGPUUCX|TestUCX|TestInPlaceCopies|TestInPlacePullList|TestInPlaceBatch' || rc=1
+	for dev in cuda:0 host; do
+		echo "== in-place benchmarks, $dev"
+		TENSORFS_TEST_DEVICE=$([ "$dev" = host ] || echo "$dev") timeout "$TIMEOUT" "$u/tests.test" -test.run='^$' -test.bench='BenchmarkInPlace(4K|Scatter1000x8K)/(tcp|ucx)' -test.benchtime="${INPLACE_BENCHTIME:-20x}" -test.count=1 || rc=1
+		TENSORFS_TEST_DEVICE=$([ "$dev" = host ] || echo "$dev") INPLACE_BIG_MB=1024 timeout "$TIMEOUT" "$u/tests.test" -test.run='^$' -test.bench='BenchmarkInPlaceBig/(tcp|ucx)' -test.benchtime=5x -test.count=1 || rc=1
+	done
+	for tls in tcp sm,self; do
+		for t in "ucp_put_lat 4096" "ucp_put_bw 8192" "ucp_put_bw 1073741824"; do
+			set -- $t
+			echo "== ucx_perftest UCX_TLS=$tls -t $1 -s $2"
+			UCX_TLS=$tls UCX_NET_DEVICES=lo "$u/ucx_perftest" -t "$1" -s "$2" -n "$([ "$2" -gt 1000000 ] && echo 20 || echo 20000)" >/tmp/perf-server.txt 2>&1 &
+			local srv=$!
+			sleep 1
+			UCX_TLS=$tls UCX_NET_DEVICES=lo timeout 120 "$u/ucx_perftest" 127.0.0.1 -t "$1" -s "$2" -n "$([ "$2" -gt 1000000 ] && echo 20 || echo 20000)" 2>&1 | tail -4 || rc=1
+			wait "$srv"
+		done
+	done
+	return $rc
+)
 
 OUT=${OUT:-$root/gpu-out}
 BENCHTIME=${BENCHTIME:-1s}
@@ -98,9 +156,13 @@ env_info() {
 run() {
 	mkdir -p "$OUT"
 	: >"$OUT/summary.txt"
-	for f in tensorfs tests.test cuda.test; do
-		[ -x "gpubin/$f" ] || { echo "gpu-check.sh: gpubin/$f missing: run 'scripts/gpu-check.sh build' where Go is" >&2; exit 64; }
-	done
+	if [ "$*" = ucx ]; then
+		[ -e gpubin/ucx/tests.test.gz ] || { echo "gpu-check.sh: gpubin/ucx missing: run 'scripts/gpu-check.sh builducx' where Go is" >&2; exit 64; }
+	else
+		for f in tensorfs tests.test cuda.test; do
+			[ -x "gpubin/$f" ] || { echo "gpu-check.sh: gpubin/$f missing: run 'scripts/gpu-check.sh build' where Go is" >&2; exit 64; }
+		done
+	fi
 	export TENSORFS_BIN=$root/gpubin/tensorfs
 	export TENSORFS_PY_CLIENT=$root/examples/python/open_tensor.py
 	export PYTHONUNBUFFERED=1
@@ -116,9 +178,10 @@ run() {
 		profile) mkdir -p "$OUT/prof"; step profile profile.txt bash -c "cd tests && export TENSORFS_TEST_DEVICE=cuda:0 && TENSORFS_CPUPROFILE=$OUT/prof/scatter-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceScatter1000x8K/ipc' -test.benchtime=6000x && INPLACE_BIG_MB=1024 TENSORFS_CPUPROFILE=$OUT/prof/big-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/ipc' -test.benchtime=2000x && TENSORFS_CPUPROFILE=$OUT/prof/small-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace4K/ipc' -test.benchtime=8x && TENSORFS_CPUPROFILE=$OUT/prof/small-tcp-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace4K/tcp' -test.benchtime=8x && unset TENSORFS_TEST_DEVICE && TENSORFS_CPUPROFILE=$OUT/prof/scatter-tcp-host.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceScatter1000x8K/tcp' -test.benchtime=2000x && INPLACE_BIG_MB=8 TENSORFS_CPUPROFILE=$OUT/prof/8m-tcp-host.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/tcp' -test.benchtime=2000x"; tar czf "$OUT/prof.tgz" -C "$OUT" prof && rm -rf "$OUT/prof" ;;
 		spin) step spin spin.txt bash -c "cd tests && for sp in ${SPINS:-0 1ms}; do echo \"== --spin \$sp, cuda:0\" && INPLACE_SPIN=\$sp TENSORFS_TEST_DEVICE=cuda:0 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace4K' -test.benchtime=3x && INPLACE_SPIN=\$sp TENSORFS_TEST_DEVICE=cuda:0 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceScatter1000x8K/ipc' -test.benchtime=400x && INPLACE_SPIN=\$sp TENSORFS_TEST_DEVICE=cuda:0 INPLACE_BIG_MB=1024 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/ipc' -test.benchtime=200x && echo \"== --spin \$sp, host\" && INPLACE_SPIN=\$sp timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace4K' -test.benchtime=3x && INPLACE_SPIN=\$sp timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceScatter1000x8K/tcp' -test.benchtime=200x && INPLACE_SPIN=\$sp INPLACE_BIG_MB=8 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/tcp' -test.benchtime=300x || exit 1; done" ;;
 		trace) mkdir -p "$OUT/trace"; step trace trace.txt bash -c "cd tests && export TENSORFS_TEST_DEVICE=cuda:0 && INPLACE_BIG_MB=1024 TENSORFS_TRACE=$OUT/trace/big-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/ipc' -test.benchtime=20x && TENSORFS_TRACE=$OUT/trace/scatter-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceScatter1000x8K/ipc' -test.benchtime=50x && TENSORFS_TRACE=$OUT/trace/small-ipc-cuda.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlace4K/ipc' -test.benchtime=1x && unset TENSORFS_TEST_DEVICE && INPLACE_BIG_MB=8 TENSORFS_TRACE=$OUT/trace/8m-tcp-host.%p timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench='BenchmarkInPlaceBig/tcp' -test.benchtime=50x"; tar czf "$OUT/trace.tgz" -C "$OUT" trace && rm -rf "$OUT/trace" ;;
+		ucx) step ucx ucx.txt ucx_run ;;
 		report) step report report.txt env BENCH_BIN_DIR="$root/gpubin" BENCH_COMMIT="$(cat gpubin/COMMIT 2>/dev/null || echo unknown)" scripts/bench.sh --out "$OUT/report" ${REPORT_ARGS:---rounds 1} ;;
 		bench) step bench gpu-bench.txt bash -c "cd tests && TENSORFS_REQUIRE_GPU=1 timeout $TIMEOUT ../gpubin/tests.test -test.run='^\$' -test.bench=GPU -test.benchtime=$BENCHTIME -test.count=1 -test.benchmem=false" ;;
-		*) echo "gpu-check.sh: unknown step $s (env unit gpu core bench inplace spin trace profile report)" >&2; exit 64 ;;
+		*) echo "gpu-check.sh: unknown step $s (env unit gpu core bench inplace spin trace profile ucx report)" >&2; exit 64 ;;
 		esac
 	done
 	left=$(grep -E '^tensorfs[^ ]* [^ ]+ fuse' /proc/mounts | awk '{print $2}')
@@ -132,6 +195,7 @@ run() {
 
 case ${1:-} in
 build) build ;;
+builducx) builducx ;;
 run) shift; run "$@" ;;
 *)
 	awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2
