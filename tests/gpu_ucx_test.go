@@ -15,7 +15,9 @@ import (
 )
 
 // TestGPUUCX: GPU memory on cuda:0 between two daemons of different host
-// ids whose bytes move on UCX over its tcp transport (issue 17, item 5).
+// ids whose bytes move on UCX over shared memory (UCX_TLS=sm,self: its
+// tcp transport has no one-sided lanes, so tensorfs keeps copies on its
+// own TCP there; issue 17, item 5).
 // Debian's UCX has no CUDA support, so each side stages its GPU memory
 // through host memory (the log says so): a whole-tensor push, an in-place
 // range, a 1000-line scatter into the peer's GPU tensor (one range-list
@@ -24,8 +26,7 @@ import (
 // are path ucx, and no pin is left. Skips without a GPU.
 func TestGPUUCX(t *testing.T) {
 	requireGPU(t)
-	t.Setenv("UCX_TLS", "tcp")
-	t.Setenv("UCX_NET_DEVICES", "lo")
+	t.Setenv("UCX_TLS", "sm,self")
 	ds := cluster(t, []string{"a", "b"}, "--device", "cuda:0", "--transport", "ucx", "--timeout", "10s")
 	a, b := ds["a"], ds["b"]
 	const n, blk = 1000, 8 << 10

@@ -66,7 +66,7 @@ func inPlaceBenchPairOn(b *testing.B, p copyPath) (a, d *daemon) {
 	case p.tls != "":
 		b.Setenv("UCX_TLS", p.tls)
 		b.Setenv("UCX_NET_DEVICES", "lo")
-		extra = []string{"--transport", "ucx"}
+		extra = []string{"--transport", map[bool]string{true: "ucx", false: "auto"}[p.path == "ucx"]}
 	case ucxBuild:
 		extra = []string{"--transport", "tcp"}
 	}

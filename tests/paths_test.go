@@ -16,9 +16,11 @@ type copyPath struct {
 }
 
 // copyPaths are the paths of the copy suite: "ipc" (one host id), "tcp"
-// (two: tensorfs's streams) and, in a build with UCX, "ucx-tcp" and
-// "ucx-sm" (two host ids, --transport ucx, the bytes one-sided over
-// UCX_TLS=tcp or sm,self). withIPC false leaves out "ipc".
+// (two: tensorfs's streams) and, in a build with UCX, "ucx-sm" (two host
+// ids, --transport ucx, the bytes one-sided over UCX_TLS=sm,self) and
+// "ucx-tcp" (--transport auto over UCX_TLS=tcp, whose endpoints have no
+// one-sided lanes: the copies stay on tensorfs's TCP, path "tcp", beside
+// the UCX endpoints). withIPC false leaves out "ipc".
 func copyPaths(withIPC bool) []copyPath {
 	var ps []copyPath
 	if withIPC {
@@ -26,7 +28,7 @@ func copyPaths(withIPC bool) []copyPath {
 	}
 	ps = append(ps, copyPath{name: "tcp", path: "tcp"})
 	if ucxBuild {
-		ps = append(ps, copyPath{name: "ucx-tcp", path: "ucx", tls: "tcp"}, copyPath{name: "ucx-sm", path: "ucx", tls: "sm,self"})
+		ps = append(ps, copyPath{name: "ucx-tcp", path: "tcp", tls: "tcp"}, copyPath{name: "ucx-sm", path: "ucx", tls: "sm,self"})
 	}
 	return ps
 }
@@ -38,6 +40,9 @@ func (p copyPath) flags(t *testing.T) []string {
 	case p.tls != "":
 		t.Setenv("UCX_TLS", p.tls)
 		t.Setenv("UCX_NET_DEVICES", "lo")
+		if p.path != "ucx" {
+			return []string{"--transport", "auto"}
+		}
 		return []string{"--transport", "ucx"}
 	case ucxBuild:
 		return []string{"--transport", "tcp"}

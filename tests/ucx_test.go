@@ -36,8 +36,9 @@ func ucxPair(t *testing.T, aFlags, bFlags []string) (a, b *daemon, restartB func
 
 // TestUCXEndpoints: two daemons built with UCX exchange worker addresses
 // in their handshake and each makes an endpoint to the other, whose
-// transports stats shows under the peer (UCX_TLS=tcp: "tcp/lo"); the copy
-// that connected them moves its bytes on it (path "ucx"). A peer that
+// transports stats shows under the peer (UCX_TLS=tcp: "tcp/lo"); over
+// tcp UCX has no one-sided lanes, so the copies stay on tensorfs's TCP
+// (path "tcp") and the log says why. A peer that
 // restarts without UCX has its old endpoint closed at its new handshake.
 // A daemon with --transport tcp offers no address and makes no endpoint,
 // so neither side has one.
@@ -55,8 +56,8 @@ func TestUCXEndpoints(t *testing.T) {
 		}, 5*time.Second, 20*time.Millisecond, "a: %+v, b: %+v", a.stats().Peers, b.stats().Peers)
 		st := a.stats()
 		last := st.Transfers.Recent[len(st.Transfers.Recent)-1]
-		require.Equal(t, "ucx", last.Path, "the first copy's handshake made the endpoint its bytes moved on: %+v", last)
-		require.Equal(t, []string{"tcp/lo"}, last.Transports, "%+v", last)
+		require.Equal(t, "tcp", last.Path, "an endpoint without one-sided lanes carries no bytes: %+v", last)
+		require.Contains(t, a.log.String(), "no one-sided lanes; copies with it stay on TCP")
 
 		// b restarts without UCX: a's endpoint to the old b goes at the
 		// new b's first handshake.
@@ -152,8 +153,9 @@ func TestUCXWholeCopies(t *testing.T) {
 }
 
 // TestUCXRequired: with --transport ucx, a copy with a peer of another
-// host that offers no UCX is refused (EPROTONOSUPPORT) and moves nothing;
-// with auto it goes on TCP.
+// host that offers no UCX, or whose endpoint has no one-sided lanes
+// (UCX_TLS=tcp), is refused (EPROTONOSUPPORT) and moves nothing; with
+// auto it goes on TCP.
 func TestUCXRequired(t *testing.T) {
 	t.Setenv("UCX_TLS", "tcp")
 	t.Setenv("UCX_NET_DEVICES", "lo")
@@ -169,4 +171,13 @@ func TestUCXRequired(t *testing.T) {
 	setx(t, b.path("y"), xattrs.CopyTo, "a:/y")
 	requireContent(t, a.path("y"), data)
 	require.EqualValues(t, 1, b.stats().Copies.TCP)
+
+	// Both with UCX, over UCX_TLS=tcp: an endpoint, but no one-sided
+	// lanes; ucx refuses to copy on it.
+	c, d, _ := ucxPair(t, []string{"--transport", "ucx"}, []string{"--transport", "ucx"})
+	writeTensor(t, c.path("x"), data)
+	err = unix.Setxattr(c.path("x"), xattrs.CopyTo, []byte("b:/x"), 0)
+	require.ErrorIs(t, err, syscall.EPROTONOSUPPORT)
+	_, err = os.Stat(d.path("x"))
+	require.ErrorIs(t, err, os.ErrNotExist, "nothing moved")
 }

@@ -99,15 +99,21 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 
 // rmaFor is the endpoint a copy with the peer of c moves its bytes on,
 // nil for TCP: the peer's RMA endpoint, when this node has an RMA
-// transport and the peer offered one at its handshake. Errors:
-// EPROTONOSUPPORT when this node must use RMA (Config.RMARequired) and the
-// peer offers none.
+// transport, the peer offered one at its handshake and the endpoint is
+// one-sided (RMAEndpoint.OneSided). Errors: EPROTONOSUPPORT when this node
+// must use RMA (Config.RMARequired) and the peer offers none, or no
+// one-sided endpoint.
 func (s *Service) rmaFor(peer string, c *conn) (*rmaPeer, error) {
 	p := s.rmaTo(peer, c.instance)
-	if p == nil && s.cfg.RMARequired {
-		return nil, &Error{Errno: syscall.EPROTONOSUPPORT, Msg: fmt.Sprintf("%s offers no UCX endpoint, and this daemon runs with --transport ucx (auto would use TCP)", peer)}
+	switch {
+	case p != nil && p.oneSided:
+		return p, nil
+	case !s.cfg.RMARequired:
+		return nil, nil
+	case p != nil:
+		return nil, &Error{Errno: syscall.EPROTONOSUPPORT, Msg: fmt.Sprintf("the UCX endpoint to %s has no one-sided lanes (%s), and this daemon runs with --transport ucx (auto would use TCP)", peer, strings.Join(p.transports, ", "))}
 	}
-	return p, nil
+	return nil, &Error{Errno: syscall.EPROTONOSUPPORT, Msg: fmt.Sprintf("%s offers no UCX endpoint, and this daemon runs with --transport ucx (auto would use TCP)", peer)}
 }
 
 // sameHost reports whether the peer of c runs on this host: it says so (its

@@ -29,6 +29,13 @@ type RMAEndpoint interface {
 	// Transports names what the endpoint's lanes run on ("tcp/lo",
 	// "rc_mlx5/mlx5_0:1"), for the log and stats.
 	Transports() []string
+	// OneSided reports whether the endpoint reaches the peer's memory by
+	// itself (an RMA lane: RDMA verbs, shared memory): copies move their
+	// bytes only on such an endpoint. Without one, UCX emulates puts with
+	// messages the peer's worker serves, slower than tensorfs's streams
+	// and fatal to that peer when this node dies mid-transfer (see
+	// transfer/ucx's Endpoint.OneSided).
+	OneSided() bool
 	// Close closes it, flushing first unless force, waiting at most until
 	// deadline.
 	Close(force bool, deadline time.Time) error
@@ -105,6 +112,7 @@ type rmaPeer struct {
 	instance   string
 	ep         RMAEndpoint
 	transports []string
+	oneSided   bool // ep.OneSided: copies may move bytes on it
 }
 
 // rmaAddress is what this node's handshake messages carry: its RMA
@@ -149,12 +157,16 @@ func (s *Service) noteRMA(peer, instance string, addr []byte) {
 		slog.Warn("ucx: no endpoint to the peer; copies with it stay on TCP", "peer", peer, "err", err)
 		return
 	}
-	p := &rmaPeer{instance: instance, ep: ep, transports: ep.Transports()}
+	p := &rmaPeer{instance: instance, ep: ep, transports: ep.Transports(), oneSided: ep.OneSided()}
 	if s.rma == nil {
 		s.rma = map[string]*rmaPeer{}
 	}
 	s.rma[peer] = p
-	slog.Info("ucx: endpoint to the peer", "peer", peer, "transports", p.transports)
+	if p.oneSided {
+		slog.Info("ucx: endpoint to the peer", "peer", peer, "transports", p.transports)
+	} else {
+		slog.Warn("ucx: endpoint to the peer has no one-sided lanes; copies with it stay on TCP (UCX would emulate puts and gets with messages the peer serves: slower than tensorfs's streams, and UCX aborts a target whose initiator dies mid-transfer)", "peer", peer, "transports", p.transports)
+	}
 }
 
 // rmaTransports is the transports of the endpoint to each peer that has
@@ -169,7 +181,8 @@ func (s *Service) rmaTransports() map[string][]string {
 	return out
 }
 
-// closeRMA closes every endpoint (Service.Close).
+// closeRMA closes every endpoint and unmaps the kept staging buffers
+// (Service.Close).
 func (s *Service) closeRMA() {
 	s.rmaMu.Lock()
 	defer s.rmaMu.Unlock()
@@ -178,4 +191,5 @@ func (s *Service) closeRMA() {
 		p.ep.Close(true, time.Now().Add(rmaCloseWait))
 		delete(s.rma, name)
 	}
+	s.stages.close()
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 	"unsafe"
@@ -110,46 +111,127 @@ func zipRuns(ops []RMADesc, local, remote []rmaRun) ([]RMADesc, error) {
 // whose tensors the transport cannot reach: mapped anonymous memory outside
 // Go's heap (UCX holds its address while operations run), mapped for the
 // transport too when the peer reaches it (remote). It holds every staged
-// byte of the transfer at once.
+// byte of the transfer at once; mem is its first n bytes. Stages are
+// kept for the next transfer (stagePool): a fresh one cost its page
+// faults and its UCX mapping every copy.
 type rmaStage struct {
+	all   []byte // the mapping, a power of two of at least minStage bytes
 	mem   []byte
 	rkey  []byte
 	unmap func() error
+	pool  *stagePool
 }
 
-// newStage maps n bytes (nil for 0). Errors: ENOMEM, or the transport's
-// mapping error (EIO).
+// stagePool keeps freed stages, local and remote apart, up to
+// stagePoolBytes in all; the rest are unmapped. Close unmaps them all.
+type stagePool struct {
+	mu     sync.Mutex
+	free   [2]map[int][]*rmaStage // [remote] by len(all)
+	bytes  int64
+	closed bool
+}
+
+// stagePoolBytes bounds the staging memory kept between transfers (a
+// GiB's copy keeps its GiB for the next).
+const stagePoolBytes = 2 << 30
+
+// minStage is the smallest stage mapped (a page).
+const minStage = 4096
+
+// newStage returns a stage of n bytes (nil for 0), from the pool when it
+// has one of n's size class. Errors: ENOMEM, or the transport's mapping
+// error (EIO).
 func (s *Service) newStage(n int64, remote bool) (*rmaStage, error) {
 	if n == 0 {
 		return nil, nil
 	}
-	mem, err := syscall.Mmap(-1, 0, int(n), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS|syscall.MAP_NORESERVE)
+	size := minStage
+	for int64(size) < n {
+		size <<= 1
+	}
+	p := &s.stages
+	r := 0
+	if remote {
+		r = 1
+	}
+	p.mu.Lock()
+	if l := p.free[r][size]; len(l) > 0 {
+		st := l[len(l)-1]
+		p.free[r][size] = l[:len(l)-1]
+		p.bytes -= int64(size)
+		p.mu.Unlock()
+		st.mem = st.all[:n]
+		return st, nil
+	}
+	p.mu.Unlock()
+	all, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS|syscall.MAP_NORESERVE)
 	if err != nil {
 		return nil, &Error{Errno: syscall.ENOMEM, Msg: fmt.Sprintf("staging %d bytes for a one-sided copy: %v", n, err)}
 	}
-	st := &rmaStage{mem: mem}
+	st := &rmaStage{all: all, mem: all[:n], pool: p}
 	if remote {
-		if st.rkey, st.unmap, err = s.cfg.RMA.Map(st.addr(), len(mem)); err != nil {
-			syscall.Munmap(mem)
-			return nil, &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("mapping a %d-byte staging buffer: %v", n, err)}
+		if st.rkey, st.unmap, err = s.cfg.RMA.Map(st.addr(), len(all)); err != nil {
+			syscall.Munmap(all)
+			return nil, &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("mapping a %d-byte staging buffer: %v", size, err)}
 		}
 	}
 	return st, nil
 }
 
-func (st *rmaStage) addr() uintptr { return uintptr(unsafe.Pointer(&st.mem[0])) }
+func (st *rmaStage) addr() uintptr { return uintptr(unsafe.Pointer(&st.all[0])) }
 
-// free unmaps the stage; nil does nothing.
+// free gives the stage back to its pool, or unmaps it when the pool is
+// full or closed; nil does nothing.
 func (st *rmaStage) free() {
 	if st == nil {
 		return
 	}
+	p := st.pool
+	r := 0
+	if st.unmap != nil {
+		r = 1
+	}
+	p.mu.Lock()
+	if !p.closed && p.bytes+int64(len(st.all)) <= stagePoolBytes {
+		if p.free[r] == nil {
+			p.free[r] = map[int][]*rmaStage{}
+		}
+		p.free[r][len(st.all)] = append(p.free[r][len(st.all)], st)
+		p.bytes += int64(len(st.all))
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	st.release()
+}
+
+// release unmaps the stage for good.
+func (st *rmaStage) release() {
 	if st.unmap != nil {
 		if err := st.unmap(); err != nil {
 			slog.Error("ucx: unmapping a staging buffer", "err", err)
 		}
 	}
-	syscall.Munmap(st.mem)
+	syscall.Munmap(st.all)
+}
+
+// close unmaps every kept stage; later frees unmap theirs (Service.Close,
+// before the RMA context goes).
+func (p *stagePool) close() {
+	p.mu.Lock()
+	p.closed = true
+	var all []*rmaStage
+	for r := range p.free {
+		for _, l := range p.free[r] {
+			all = append(all, l...)
+		}
+		p.free[r] = nil
+	}
+	p.bytes = 0
+	p.mu.Unlock()
+	for _, st := range all {
+		st.release()
+	}
 }
 
 // rmaOffer is the memory of one side of a transfer that the peer reaches:
@@ -340,6 +422,9 @@ func (c *conn) whileOneSided(fn func(stop <-chan struct{}) error) error {
 	err := c.whileSilent(func() error { return fn(stop) })
 	c.c.SetReadDeadline(time.Now()) // ends the watch
 	<-watched
+	// The reply comes next, within microseconds: read it spinning
+	// (closingConn.idle), not asleep.
+	c.c.idle.Store(false)
 	return err
 }
 

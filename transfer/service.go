@@ -151,6 +151,8 @@ type Service struct {
 	rmaMu     sync.Mutex
 	rma       map[string]*rmaPeer
 	rmaClosed bool
+	// stages keeps the staging buffers of one-sided copies for the next.
+	stages stagePool
 	// idle holds authenticated connections to each peer that finished a
 	// copy in step, for the next copy: a dial and handshake cost more than a
 	// small copy itself.

@@ -517,6 +517,15 @@ var pathIndex = regexp.MustCompile(`\.\d+$`)
 // RDMA device such as "rc_mlx5/mlx5_0:1"), sorted, once each: for the log
 // and stats. Nil for a closed endpoint.
 func (e *Endpoint) Transports() []string {
+	info := e.info()
+	if info == "" {
+		return nil
+	}
+	return parseLanes(info)
+}
+
+// info is ucp_ep_print_info's text for the endpoint, "" when closed.
+func (e *Endpoint) info() string {
 	var info string
 	e.use(func() error {
 		if s := C.tfs_ep_info(e.ep); s != nil {
@@ -525,11 +534,29 @@ func (e *Endpoint) Transports() []string {
 		}
 		return nil
 	})
-	if info == "" {
-		return nil
-	}
-	return parseLanes(info)
+	return info
 }
+
+// OneSided reports whether the endpoint has a lane that does remote
+// memory access itself ("rma" or "rma_bw" in ucp_ep_print_info: RDMA
+// verbs, cma, xpmem, posix shared memory). Without one (UCX_TLS=tcp),
+// UCX emulates puts and gets with active messages that the target's
+// worker serves and acknowledges, and a target whose initiator died with
+// such messages still queued aborts the process (UCX 1.13.1 and master:
+// ucp_put_handler -> ucp_rma_sw_send_cmpl -> ucp_request_try_send ->
+// ucs_fatal "unexpected error: Endpoint timeout"): tensorfs moves no
+// bytes on such an endpoint. False for a closed endpoint.
+func (e *Endpoint) OneSided() bool { return hasRMALane(e.info()) }
+
+// rmaLane matches what ucp_ep_print_info's text shows of a lane used for
+// remote memory access: its usage ("lane[1]: ... rma_bw#0") or, as UCX
+// 1.13 prints shared memory's, the put and get protocols chosen on it
+// ("put[1]: 0..<short>..(inf)"); an endpoint whose puts are emulated
+// with active messages (tcp) has neither.
+var rmaLane = regexp.MustCompile(`(?m)lane\[\d+\]:.*\srma(_bw)?(#\d+)?(\s|$)|^#\s+(put|get)\[\d+\]:`)
+
+// hasRMALane is OneSided's parse of ucp_ep_print_info's text.
+func hasRMALane(info string) bool { return rmaLane.MatchString(info) }
 
 // parseLanes is Transports' parse of ucp_ep_print_info's text.
 func parseLanes(info string) []string {
