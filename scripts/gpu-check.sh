@@ -43,9 +43,9 @@
 #   ucx    with gpubin/ucx only (builducx): the UCX copy tests on     -> ucx.txt
 #          cuda:0 and host memory (TestGPUUCX, TestUCX*, the in-place
 #          suite's ucx-tcp/ucx-sm subtests), the in-place benchmarks on
-#          tcp, ucx-tcp and ucx-sm (cuda:0 and host), and ucx_perftest's
-#          put latency (4 KiB) and bandwidth (8 KiB, 1 GiB) on the same
-#          UCX_TLS as their floors; not in the default steps
+#          tcp and ucx-sm (cuda:0 and host), and ucx_perftest's
+#          put latency (4 KiB) and bandwidth (8 KiB, 1 MiB, 1 GiB) over
+#          sm,self as their floors; not in the default steps
 #   report scripts/bench.sh with these binaries: every benchmark with its   -> report/
 #          floor, the GPU rows included, as result.json, table.md and
 #          sweep.png (REPORT_ARGS: its flags, default --rounds 1); copy
@@ -101,14 +101,18 @@ ucx_run() (
 	cd tests
 	local rc=0
 	echo "== tests, cuda:0 and host"
-	TENSORFS_REQUIRE_GPU=1 timeout "$TIMEOUT" "$u/tests.test" -test.v -test.count=1 -test.run='TestGPUUCX|TestUCX|TestInPlaceCopies|TestInPlacePullList|TestInPlaceBatch' || rc=1
+	# The host-memory suite maps its tensors' memfds: --device host
+	# (TENSORFS_TEST_DEVICE), where auto would take the GPU.
+	TENSORFS_REQUIRE_GPU=1 timeout "$TIMEOUT" "$u/tests.test" -test.v -test.count=1 -test.run='TestGPUUCX' || rc=1
+	TENSORFS_TEST_DEVICE=host timeout "$TIMEOUT" "$u/tests.test" -test.v -test.count=1 -test.run='TestUCX|TestInPlaceCopies|TestInPlacePullList|TestInPlaceBatch|TestInPlacePeerKilled' || rc=1
 	for dev in cuda:0 host; do
 		echo "== in-place benchmarks, $dev"
-		TENSORFS_TEST_DEVICE=$([ "$dev" = host ] || echo "$dev") timeout "$TIMEOUT" "$u/tests.test" -test.run='^$' -test.bench='BenchmarkInPlace(4K|Scatter1000x8K)/(tcp|ucx)' -test.benchtime="${INPLACE_BENCHTIME:-20x}" -test.count=1 || rc=1
-		TENSORFS_TEST_DEVICE=$([ "$dev" = host ] || echo "$dev") INPLACE_BIG_MB=1024 timeout "$TIMEOUT" "$u/tests.test" -test.run='^$' -test.bench='BenchmarkInPlaceBig/(tcp|ucx)' -test.benchtime=5x -test.count=1 || rc=1
+		TENSORFS_TEST_DEVICE=$([ "$dev" = host ] || echo "$dev") timeout "$TIMEOUT" "$u/tests.test" -test.run='^$' -test.bench='BenchmarkInPlace(4K|Scatter1000x8K)/^(tcp|ucx-sm)$' -test.benchtime="${INPLACE_BENCHTIME:-20x}" -test.count=1 || rc=1
+		TENSORFS_TEST_DEVICE=$([ "$dev" = host ] || echo "$dev") INPLACE_BIG_MB=1 timeout "$TIMEOUT" "$u/tests.test" -test.run='^$' -test.bench='BenchmarkInPlaceBig/^(tcp|ucx-sm)$' -test.benchtime=200x -test.count=1 || rc=1
+		TENSORFS_TEST_DEVICE=$([ "$dev" = host ] || echo "$dev") INPLACE_BIG_MB=1024 timeout "$TIMEOUT" "$u/tests.test" -test.run='^$' -test.bench='BenchmarkInPlaceBig/^(tcp|ucx-sm)$' -test.benchtime=5x -test.count=1 || rc=1
 	done
-	for tls in tcp sm,self; do
-		for t in "ucp_put_lat 4096" "ucp_put_bw 8192" "ucp_put_bw 1073741824"; do
+	for tls in sm,self; do
+		for t in "ucp_put_lat 4096" "ucp_put_bw 8192" "ucp_put_bw 1048576" "ucp_put_bw 1073741824"; do
 			set -- $t
 			echo "== ucx_perftest UCX_TLS=$tls -t $1 -s $2"
 			UCX_TLS=$tls UCX_NET_DEVICES=lo "$u/ucx_perftest" -t "$1" -s "$2" -n "$([ "$2" -gt 1000000 ] && echo 20 || echo 20000)" >/tmp/perf-server.txt 2>&1 &
