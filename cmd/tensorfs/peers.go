@@ -34,7 +34,7 @@ func (p *peerFlags) register(f *pflag.FlagSet) {
 	f.DurationVar(&p.timeout, "timeout", 10*time.Second, "how long a copy waits on a silent peer")
 	f.DurationVar(&p.idle, "idle-timeout", transfer.DefaultIdleTimeout, "how long a connection to a peer is kept open after a copy, for the next one")
 	f.IntVar(&p.streams, "streams", transfer.DefaultStreams, fmt.Sprintf("parallel TCP streams per large copy (1 to %d)", transfer.MaxStreams))
-	f.StringVar(&p.transport, "transport", "auto", "how copies with peers on other hosts move their bytes: auto (one-sided on UCX with a peer that offers it, else tensorfs's TCP streams), tcp (no UCX) or ucx (UCX only: a peer without it is an error, EPROTONOSUPPORT); with UCX every host-memory region is mapped and its rkey is user.tensorfs.rkey; GPU memory stages through host memory")
+	f.StringVar(&p.transport, "transport", "auto", "how copies with peers on other hosts move their bytes: auto (one-sided on UCX with a peer that offers it on one-sided lanes: RDMA, shared memory; else tensorfs's TCP streams), tcp (no UCX) or ucx (UCX only: a peer without it, or without one-sided lanes, is an error, EPROTONOSUPPORT); with UCX every host-memory region is mapped and its rkey is user.tensorfs.rkey; GPU memory stages through host memory")
 	f.DurationVar(&p.spin, "spin", transfer.DefaultSpin, "how long a peer connection polls for its next frame before it sleeps (0: never; default 0 on hosts of fewer than 4 CPUs)")
 	p.flags = f
 }
