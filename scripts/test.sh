@@ -41,5 +41,5 @@ CGO_ENABLED=1 go vet -tags ucx ./transfer/ucx/ ./cmd/tensorfs/ ./tests/
 CGO_ENABLED=1 go test -race -count=1 -timeout 10m -tags ucx ./transfer/ucx/
 # The daemon built with UCX: its regions mapped, their rkeys as xattrs, an
 # endpoint to each peer from the addresses in the handshake.
-CGO_ENABLED=1 go test -race -count=1 -timeout 10m -tags ucx -run 'TestRKeyXattr|TestUCX|TestInPlace' ./tests/
+CGO_ENABLED=1 go test -race -count=1 -timeout 10m -tags ucx -run 'TestRKeyXattr|TestUCX|TestInPlace|TestEtcdCluster$' ./tests/
 scripts/bench.sh --quick --out "$run_tmp/bench"

@@ -58,6 +58,8 @@ func TestUCXEndpoints(t *testing.T) {
 		last := st.Transfers.Recent[len(st.Transfers.Recent)-1]
 		require.Equal(t, "tcp", last.Path, "an endpoint without one-sided lanes carries no bytes: %+v", last)
 		require.Contains(t, a.log.String(), "no one-sided lanes; copies with it stay on TCP")
+		require.False(t, st.Peers["b"].UCXOneSided)
+		require.Contains(t, cliOK(t, "status", a.mnt), "tcp/lo (copies on tcp)", "status shows the endpoint and that it carries no bytes")
 
 		// b restarts without UCX: a's endpoint to the old b goes at the
 		// new b's first handshake.
@@ -148,6 +150,8 @@ func TestUCXWholeCopies(t *testing.T) {
 			for _, d := range []*daemon{a, b} {
 				require.Zero(t, d.stats().Live.Pins)
 			}
+			require.True(t, a.stats().Peers["b"].UCXOneSided)
+			require.Regexp(t, `(?m)^\s+b\s.*memory\S*\s*$`, cliOK(t, "status", a.mnt), "status shows the shared-memory endpoint")
 		})
 	}
 }

@@ -98,9 +98,9 @@ func (s *Service) peerReports() (map[string]PeerReport, *ClusterReport) {
 		}
 		peers[name] = p
 	}
-	for name, tl := range s.rmaTransports() {
+	for name, ep := range s.rmaEndpoints() {
 		if p, ok := peers[name]; ok {
-			p.UCX = tl
+			p.UCX, p.UCXOneSided = ep.transports, ep.oneSided
 			peers[name] = p
 		}
 	}

@@ -169,14 +169,13 @@ func (s *Service) noteRMA(peer, instance string, addr []byte) {
 	}
 }
 
-// rmaTransports is the transports of the endpoint to each peer that has
-// one, for stats.
-func (s *Service) rmaTransports() map[string][]string {
+// rmaEndpoints is the endpoint to each peer that has one, for stats.
+func (s *Service) rmaEndpoints() map[string]*rmaPeer {
 	s.rmaMu.Lock()
 	defer s.rmaMu.Unlock()
-	out := make(map[string][]string, len(s.rma))
+	out := make(map[string]*rmaPeer, len(s.rma))
 	for name, p := range s.rma {
-		out[name] = p.transports
+		out[name] = p
 	}
 	return out
 }

@@ -223,6 +223,10 @@ type Peer struct {
 	// ("tcp/lo", "rc_mlx5/mlx5_0:1"), once a handshake with the peer has
 	// made one (a build with UCX on both sides); absent without.
 	UCX []string `json:"ucx,omitempty"`
+	// UCXOneSided says that endpoint has one-sided lanes (RDMA verbs,
+	// shared memory), so copies with the peer move their bytes on it;
+	// false with UCX's tcp, whose copies stay on TCP.
+	UCXOneSided bool `json:"ucx_one_sided,omitempty"`
 	// Since is when the node's current run started (RFC 3339, UTC).
 	Since string `json:"since,omitempty"`
 	// Stale: etcd is unreachable and this entry is from the last view.

@@ -34,7 +34,7 @@ func TestStatsMatchesProducers(t *testing.T) {
 		{ID: 16, Src: "/e", Dst: "b:/e", Path: "ucx", Transports: []string{"tcp/lo"}},
 	}
 	peer.Peers = map[string]transfer.PeerReport{"b": {Addr: "10.0.0.2:7000"}, "c": {Addr: "10.0.0.3:7000", Source: "etcd", Self: true,
-		HostID: "h", SameHost: true, Instance: "i", Transports: []string{"tcp"}, Since: "2026-12-02T00:00:00Z", Stale: true}}
+		HostID: "h", SameHost: true, Instance: "i", Transports: []string{"tcp"}, UCX: []string{"posix/memory"}, UCXOneSided: true, Since: "2026-12-02T00:00:00Z", Stale: true}}
 	peer.Cluster = &transfer.ClusterReport{Backend: "etcd", Endpoints: []string{"http://127.0.0.1:2379"}, Cluster: "default", State: "lost",
 		Since: "2026-12-02T00:00:00Z", Error: "e", Registered: true, Nodes: 3, Revision: 18}
 	peer.Imports.Hits, peer.Imports.Misses = 16, 17

@@ -291,7 +291,7 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 	}
 	// Registered before the mount appears: a mounted node is findable.
 	if member != nil {
-		if advertise, err = register(member, peers, devs, advertise); err != nil {
+		if advertise, err = register(member, peers, devs, advertise, rma != nil); err != nil {
 			peers.Close()
 			store.Close()
 			return err
@@ -585,9 +585,10 @@ func writeProfile(name, path string) error {
 }
 
 // register writes this node's record in the cluster: its advertised
-// address, host, instance, protocol, transports, devices and start time.
-// It returns the address registered.
-func register(m *cluster.Member, peers *transfer.Service, devs []gpu.Device, advertise string) (string, error) {
+// address, host, instance, protocol, transports ("tcp", and "ucx" with a
+// UCX context), devices and start time. It returns the address
+// registered.
+func register(m *cluster.Member, peers *transfer.Service, devs []gpu.Device, advertise string, withUCX bool) (string, error) {
 	addr, err := advertised(advertise, peers.Addr())
 	if err != nil {
 		return "", err
@@ -596,6 +597,10 @@ func register(m *cluster.Member, peers *transfer.Service, devs []gpu.Device, adv
 	for i, d := range devs {
 		names[i] = d.Name()
 	}
+	transports := []string{"tcp"}
+	if withUCX {
+		transports = append(transports, "ucx")
+	}
 	return addr, m.Register(cluster.Record{Name: peers.Name(), Addr: addr, HostID: peers.HostID(), Instance: peers.Instance(),
-		Protocol: transfer.ProtocolVersion, Transports: []string{"tcp"}, Devices: names, Started: time.Now().UTC()})
+		Protocol: transfer.ProtocolVersion, Transports: transports, Devices: names, Started: time.Now().UTC()})
 }

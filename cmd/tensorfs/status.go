@@ -70,6 +70,10 @@ type peerState struct {
 	State    string `json:"state"`
 	SameHost bool   `json:"same_host,omitempty"`
 	Since    string `json:"since,omitempty"`
+	// UCX is the transports of this node's UCX endpoint to the peer, and
+	// UCXOneSided whether copies move their bytes on it (stats' peers).
+	UCX         []string `json:"ucx,omitempty"`
+	UCXOneSided bool     `json:"ucx_one_sided,omitempty"`
 }
 
 // transferProgress is a running transfer in status.
@@ -88,13 +92,14 @@ func newStatusCmd() *cobra.Command {
 names it): its node name; the default device's capacity, use and free space
 (statfs, as df shows them) and the tensors and bytes live on all its devices;
 its peers and their state (configured by --peer, live or stale in the etcd
-view) and the cluster's; the transfers running now with their progress; and
+view, and the transports of its UCX endpoint to each, "(copies on tcp)" when
+that endpoint has no one-sided lanes) and the cluster's; the transfers running now with their progress; and
 the daemon's recent errors, when its stats document records them.
 
 Everything is read through the mount (statfs and the root's
 user.tensorfs.stats xattr), so any user who can see the mount can run it.
 --json prints {mount, node, device: {capacity, used, free}, live, peers:
-[{name, addr, source, state, same_host, since}], cluster, transfers: [the
+[{name, addr, source, state, same_host, since, ucx, ucx_one_sided}], cluster, transfers: [the
 running records of stats, each with percent], errors}.`,
 		Args: positional(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -148,7 +153,7 @@ func readStatus(arg string) (statusReport, error) {
 	}
 	rep.Live, rep.Cluster, rep.Devices = st.Live, st.Cluster, st.Devices
 	for name, p := range st.Peers {
-		ps := peerState{Name: name, Addr: p.Addr, Source: p.Source, SameHost: p.SameHost, Since: p.Since}
+		ps := peerState{Name: name, Addr: p.Addr, Source: p.Source, SameHost: p.SameHost, Since: p.Since, UCX: p.UCX, UCXOneSided: p.UCXOneSided}
 		switch {
 		case ps.Source == "":
 			ps.Source, ps.State = "peer", "configured"
@@ -235,7 +240,7 @@ func writeStatus(w io.Writer, r statusReport) {
 	fmt.Fprintf(w, "\npeers: %d\n", len(r.Peers))
 	if len(r.Peers) > 0 {
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "  NAME\tADDRESS\tSOURCE\tSTATE\tSAME HOST\tUP SINCE")
+		fmt.Fprintln(tw, "  NAME\tADDRESS\tSOURCE\tSTATE\tSAME HOST\tUP SINCE\tUCX")
 		for _, p := range r.Peers {
 			same := "no"
 			if p.SameHost {
@@ -244,7 +249,7 @@ func writeStatus(w io.Writer, r statusReport) {
 			if p.Source == "peer" && p.Since == "" {
 				same = "-"
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", p.Name, p.Addr, p.Source, p.State, same, orDash(p.Since))
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, p.Addr, p.Source, p.State, same, orDash(p.Since), ucxText(p.UCX, p.UCXOneSided))
 		}
 		tw.Flush()
 	}
@@ -275,4 +280,17 @@ func writeStatus(w io.Writer, r statusReport) {
 		}
 		tw.Flush()
 	}
+}
+
+// ucxText is a peer's UCX column: "-" without an endpoint, its transports,
+// and "(copies on tcp)" when the endpoint has no one-sided lanes.
+func ucxText(transports []string, oneSided bool) string {
+	if len(transports) == 0 {
+		return "-"
+	}
+	t := strings.Join(transports, ",")
+	if !oneSided {
+		t += " (copies on tcp)"
+	}
+	return t
 }

@@ -32,7 +32,9 @@ func openUCX(transport string, regs *mr.Registry, spin time.Duration) (rma trans
 		return nil, func() {}, nil
 	}
 	regs.SetMapper(c.Mapper())
-	slog.Info("ucx: context open; host-memory regions are mapped with rkeys (user.tensorfs.rkey); copies with peers of other hosts that offer UCX move their bytes one-sided on it", "address_bytes", len(c.Address()), "required", transport == "ucx")
+	// Said in the mounted line (transports: ucx), not in a line of its own:
+	// a start refused later (a name taken) prints that one line only.
+	slog.Debug("ucx: context open; host-memory regions are mapped with rkeys (user.tensorfs.rkey)", "address_bytes", len(c.Address()), "required", transport == "ucx")
 	return c.RMA(), func() {
 		// A region registered after this (a write to a detached mount
 		// still served) is not mapped: the context is going.
