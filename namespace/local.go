@@ -361,7 +361,7 @@ func (s *fileSource) RMAMemory() (transfer.RMAMemory, bool) {
 // RMAMemory implements transfer.RMADest: descriptor i's tensor's host
 // memory (its temporary, or its in-place tensor, pinned), until Commit or
 // Abort. Ranges that overlap others of the copy are declined (findShared):
-// their order is the lines' order, which posted puts do not keep.
+// their order is the lines' order, which posted gets do not keep.
 func (d *dest) RMAMemory(i int) (transfer.RMAMemory, bool) {
 	d.sharedOnce.Do(d.findShared)
 	if d.shared[i] {

@@ -565,3 +565,56 @@ func TestInPlacePullManyTensors(t *testing.T) {
 		}
 	})
 }
+
+// TestInPlacePullPeerKilled: the source killed during an in-place pull:
+// the puller's error comes within its --timeout and its pin on the
+// destination is back to 0, the destination keeping its registration;
+// the puller killed during one: the source's tensor is released (a
+// truncate of it, which waits for the copies reading it, returns within
+// the source's --timeout).
+func TestInPlacePullPeerKilled(t *testing.T) {
+	for _, p := range copyPaths(false) {
+		t.Run(p.name, func(t *testing.T) {
+			const n = 256 << 20
+			a, b := pairOn(t, p)
+			bigSource(t, b, n)
+			zeros(t, a.path("dst"), n)
+			reg := ids(t, a.path("dst"))
+			done := make(chan error, 1)
+			go func() { done <- unix.Setxattr(a.path("dst"), xattrs.CopyFrom, []byte("b:/big @0"), 0) }()
+			require.Eventually(t, func() bool { return a.stats().Live.Pins > 0 || len(done) > 0 }, 10*time.Second, time.Millisecond)
+			b.kill()
+			select {
+			case err := <-done:
+				if err == nil {
+					t.Log("the pull ended before the kill")
+				}
+			case <-time.After(3*time.Second + 5*time.Second):
+				t.Fatal("no error within the timeout")
+			}
+			require.Eventually(t, func() bool { return a.stats().Live.Pins == 0 }, 5*time.Second, 10*time.Millisecond)
+			require.Equal(t, reg, ids(t, a.path("dst")))
+
+			// The other way: a2 pulls from c, and a2 dies.
+			ds := cluster(t, []string{"a2", "c"}, p.flags(t)...)
+			a2, c := ds["a2"], ds["c"]
+			bigSource(t, c, n)
+			zeros(t, a2.path("dst"), n)
+			done = make(chan error, 1)
+			go func() { done <- unix.Setxattr(a2.path("dst"), xattrs.CopyFrom, []byte("c:/big @0"), 0) }()
+			require.Eventually(t, func() bool { return a2.stats().Live.Pins > 0 || len(done) > 0 }, 10*time.Second, time.Millisecond)
+			a2.kill()
+			<-done
+			truncated := make(chan error, 1)
+			go func() { truncated <- os.Truncate(c.path("big"), 4096) }()
+			select {
+			case err := <-truncated:
+				require.NoError(t, err)
+			case <-time.After(3*time.Second + 5*time.Second):
+				t.Fatal("the source stayed frozen past its timeout after the puller died")
+			}
+			require.NoError(t, os.Remove(c.path("big")))
+			c.requireClean()
+		})
+	}
+}

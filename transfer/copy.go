@@ -80,14 +80,16 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 	if p != nil && total > 0 {
 		rec, end := s.TrackCtx(ctx, src, dst, "ucx", metas)
 		trackVia(rec, p)
-		n, ok, err := s.rmaPush(ctx, peer, c, p, remotePath, srcs, metas, isDir, rec)
+		chunk := s.chunkFor(total)
+		req := request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, Streams: s.cfg.Streams, Chunk: chunk}
+		n, ok, err := s.rmaPush(c, srcs, metas, req, rec)
 		if !errors.Is(err, errNoRMA) {
 			end(err)
 			return n, err
 		}
-		end(err) // a peer that took no one-sided put: its TCP reply stands
+		end(err) // a peer that read nothing one-sided: its go-ahead stands
 		rec, end = s.TrackCtx(ctx, src, dst, "tcp", metas)
-		n, err = s.pushData(ctx, peer, c, *ok, srcs, s.chunkFor(total), rec)
+		n, err = s.pushData(ctx, peer, c, *ok, srcs, chunk, rec)
 		end(err)
 		return n, err
 	}
@@ -583,13 +585,17 @@ func (s *Service) servePut(c *conn, req request) error {
 	if len(req.IPC) > 0 {
 		return s.servePutIPC(c, req)
 	}
-	if req.RMA && s.cfg.RMA != nil {
-		return s.servePutRMA(c, req, total)
+	if req.RMA {
+		if p := s.rmaTo(c.peer, c.instance); p != nil && p.oneSided && len(req.RMASrcAt) == len(req.Tensors) {
+			return s.servePutRMA(c, req, p)
+		}
+		// No one-sided endpoint to the sender: a TCP put, whose data
+		// waits for our go-ahead however small.
 	}
 	rec, end := s.Track(c.peer, req.Path, "tcp", req.Tensors)
-	eager := eagerPut(total, req.Streams, req.Chunk)
+	eager := !req.RMA && eagerPut(total, req.Streams, req.Chunk)
 	n, err := Deliver(rec, req.Tensors, s.putPrepare(c, req, eager), func(dest Dest, abort func()) error {
-		return s.recvPut(c, req, total, dest, abort, rec)
+		return s.recvPut(c, req, total, eager, dest, abort, rec)
 	}, s.putCommit(c))
 	end(err)
 	if err != nil {
@@ -641,7 +647,7 @@ func (s *Service) putCommit(c *conn) func(dest Dest) (int, error) {
 // them. At a failure recvChunks aborts dest, then the sender hears why on
 // c; recvChunks then reads on until the sender stops, so c stays in step
 // for the next request.
-func (s *Service) recvPut(c *conn, req request, total int64, dest Dest, abort func(), rec *Record) error {
+func (s *Service) recvPut(c *conn, req request, total int64, eager bool, dest Dest, abort func(), rec *Record) error {
 	k := streamsFor(total, req.Streams, req.Chunk)
 	var pend *pending
 	ok := reply{}
@@ -652,7 +658,7 @@ func (s *Service) recvPut(c *conn, req request, total int64, dest Dest, abort fu
 		ok.Streams, ok.Token = k, []byte(pend.token)
 		joins, chunk = pend.joins, int64(req.Chunk)
 	}
-	if !eagerPut(total, req.Streams, req.Chunk) { // else the data is on its way
+	if !eager { // else the data is on its way
 		if err := c.sendJSON(frameOK, ok); err != nil {
 			pend.close(nil)
 			return netErr(err)

@@ -53,14 +53,11 @@ type RMAEndpoint interface {
 // revocation round (the IPC imports' leases exist because an import is
 // kept across copies; a key is not).
 type RMAKey interface {
-	// Put writes each descriptor's N bytes at Local into the region at
-	// Off, completing all of them (one flush) before it returns nil; it
+	// Get reads each descriptor's N bytes at Off of the region into
+	// Local, completing all of them (one flush) before it returns nil; it
 	// gives up at deadline or when stop closes (the peer's tensorfs
 	// connection broke), after which operations may still be in flight
 	// until the endpoint is closed.
-	Put(descs []RMADesc, deadline time.Time, stop <-chan struct{}) error
-	// Get reads each descriptor's N bytes at Off of the region into
-	// Local, as Put writes them.
 	Get(descs []RMADesc, deadline time.Time, stop <-chan struct{}) error
 	// Destroy releases the key.
 	Destroy() error
@@ -74,7 +71,9 @@ type RMADesc struct {
 	N     uint64
 }
 
-// RMAMemory is a tensor's host memory as a one-sided transport sees it:
+// RMAMemory is a tensor's host memory as a one-sided transport sees it
+// (a source's, which the peer reads; a destination's, which the gets land
+// in):
 // Size bytes at Addr in this process, its region's packed rkey (nil: not
 // mapped for the transport, so a peer cannot reach it), and Off, where a
 // descriptor without spans has its byte 0 in the tensor (a source's
@@ -94,10 +93,10 @@ type RMASource interface {
 }
 
 // RMADest is implemented by a Dest whose descriptor i's tensor is host
-// memory the transport may write until Commit or Abort. ok false: GPU
-// memory, or a range that overlaps another of the copy (posted puts keep
-// no order among themselves, the lines' order decides what an overlap
-// holds): staged through host memory and written with WriteAt.
+// memory the transport's gets may write until Commit or Abort. ok false:
+// GPU memory, or a range that overlaps another of the copy (posted gets
+// keep no order among themselves, the lines' order decides what an
+// overlap holds): staged through host memory and written with WriteAt.
 type RMADest interface {
 	RMAMemory(i int) (m RMAMemory, ok bool)
 }

@@ -1,7 +1,6 @@
 package transfer
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,18 +11,20 @@ import (
 	"unsafe"
 )
 
-// The one-sided path (issue 17). Between daemons of different hosts that
-// both have an RMA transport, a copy's request and reply travel on the
-// tensorfs connection as for TCP; the reply of the node whose memory is
-// reached (a put's destination, a get's source) names that memory as
-// regions (address, length, packed rkey) and where each descriptor is in
-// them; the other node, which has an endpoint to it, unpacks the keys,
-// posts one put or get per contiguous run and flushes, destroys the keys,
-// and says frameDone. The destination commits after that, as for TCP.
-// Memory a transport cannot reach (GPU memory without CUDA-aware UCX, an
-// in-place range overlapping another of the call) is staged through host
-// memory on its own node: read into the staging buffer before the reply
-// (a source), or written from it after the done (a destination).
+// The one-sided path (issue 17). Between daemons of different hosts whose
+// UCX endpoints have one-sided lanes, a copy's request and reply travel on
+// the tensorfs connection as for TCP, and the destination reads the bytes
+// from the source's memory: the source names that memory as regions
+// (address, length, packed rkey: each tensor's own MR, or a staging
+// buffer) and where each descriptor is in them, in a put's request or a
+// get's reply; the destination unpacks the keys, posts one get per
+// contiguous run and flushes, destroys the keys, and commits (a put: then
+// replies; a get: says frameDone first, so the source lets go). Only
+// sources are reached from outside; memory UCX cannot reach (GPU memory
+// without CUDA-aware UCX, an in-place range overlapping another of the
+// call) is staged through host memory on its own node: read into a stage
+// before the offer (a source), written from one after the gets (a
+// destination).
 
 // rmaRegion is memory of a node that its peer reaches one-sided: Len bytes
 // at Addr there, with its packed rkey.
@@ -302,14 +303,13 @@ type rmaOps struct {
 	bytes   int64
 }
 
-// plan builds the operations between this node's side of metas (local)
-// and the peer's answer r, which describes the peer's side (remote: r's
-// regions and targets, over r's own descriptors theirs, in the same
-// order). mem(i) is descriptor i's tensor here when the transport reaches
-// it; the others stage here (a local stage: the operations use its
-// addresses). src says this node reads local (a put). Errors: EPROTO for
-// an answer that does not match metas; newStage's.
-func (s *Service) plan(metas, theirs []Meta, r reply, mem func(i int) (RMAMemory, bool), src bool) (*rmaOps, error) {
+// plan builds the gets from the peer's memory into this node's: metas
+// are this node's descriptors (the destination's), theirs the peer's (the
+// source's) in the same order, r the peer's regions and targets over
+// theirs. mem(i) is descriptor i's tensor here when the transport reaches
+// it; the others stage here (a local stage: the gets land in it). Errors:
+// EPROTO for regions or targets that do not match metas; newStage's.
+func (s *Service) plan(metas, theirs []Meta, r reply, mem func(i int) (RMAMemory, bool)) (*rmaOps, error) {
 	if len(r.RMAAt) != len(metas) || len(theirs) != len(metas) {
 		return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("the peer's one-sided answer names %d descriptors of %d", len(r.RMAAt), len(metas))}
 	}
@@ -351,10 +351,10 @@ func (s *Service) plan(metas, theirs []Meta, r reply, mem func(i int) (RMAMemory
 		if at := p.stageAt[i]; at >= 0 {
 			local = append(local, rmaRun{0, int64(st.addr()) + at, m.NBytes})
 		} else {
-			local = runsAt(local, m, int64(mems[i].Addr), mems[i].Off, true, src)
+			local = runsAt(local, m, int64(mems[i].Addr), mems[i].Off, true, false)
 		}
 		t := r.RMAAt[i]
-		remote = runsAt(remote, theirs[i], 0, t.Off, !t.Linear, !src)
+		remote = runsAt(remote, theirs[i], 0, t.Off, !t.Linear, true)
 		if p.ops[t.R], err = zipRuns(p.ops[t.R], local, remote); err != nil {
 			st.free()
 			return nil, fmt.Errorf("descriptor %d: %w", i, err)
@@ -364,11 +364,11 @@ func (s *Service) plan(metas, theirs []Meta, r reply, mem func(i int) (RMAMemory
 	return p, nil
 }
 
-// run posts every operation (puts when put, else gets), one region's at a
-// time, each region's rkey unpacked on ep for the call and destroyed
-// after it, and waits until deadline. Errors: the transport's, wrapped
-// with EIO (ETIMEDOUT past the deadline).
-func (p *rmaOps) run(ep RMAEndpoint, put bool, deadline time.Time, stop <-chan struct{}) error {
+// run posts every get, one region's at a time, each region's rkey
+// unpacked on ep for the call and destroyed after it, and waits until
+// deadline or stop. Errors: the transport's, wrapped with EIO (ECONNRESET
+// after stop, ETIMEDOUT past the deadline).
+func (p *rmaOps) run(ep RMAEndpoint, deadline time.Time, stop <-chan struct{}) error {
 	for k, ops := range p.ops {
 		if len(ops) == 0 {
 			continue
@@ -378,11 +378,7 @@ func (p *rmaOps) run(ep RMAEndpoint, put bool, deadline time.Time, stop <-chan s
 		if err != nil {
 			return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("the peer's rkey of region %d: %v", k, err)}
 		}
-		if put {
-			err = key.Put(ops, deadline, stop)
-		} else {
-			err = key.Get(ops, deadline, stop)
-		}
+		err = key.Get(ops, deadline, stop)
 		if derr := key.Destroy(); err == nil && derr != nil {
 			err = derr
 		}
@@ -396,7 +392,7 @@ func (p *rmaOps) run(ep RMAEndpoint, put bool, deadline time.Time, stop <-chan s
 					errno = syscall.ETIMEDOUT
 				}
 			}
-			return &Error{Errno: errno, Msg: fmt.Sprintf("one-sided %s of %d runs: %v", map[bool]string{true: "put", false: "get"}[put], len(ops), err)}
+			return &Error{Errno: errno, Msg: fmt.Sprintf("one-sided get of %d runs: %v", len(ops), err)}
 		}
 	}
 	return nil
@@ -478,13 +474,28 @@ func trackVia(rec *Record, p *rmaPeer) {
 // RMA transport after all); the copy goes on TCP.
 var errNoRMA = errors.New("the peer took no one-sided transfer")
 
-// rmaPush runs a put on c whose bytes go one-sided on p's endpoint: the
-// request, the peer's regions, the puts, frameDone, the peer's reply once
-// it committed. tcp, with errNoRMA, is a TCP reply to the request (a peer
-// that ignored its RMA): the caller moves the data on the streams.
-func (s *Service) rmaPush(ctx context.Context, peer string, c *conn, p *rmaPeer, remotePath string, srcs []Source, metas []Meta, isDir bool, rec *Record) (n int, tcp *reply, err error) {
-	chunk := s.chunkFor(rec.BytesTotal.Load())
-	req := request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, Streams: s.cfg.Streams, Chunk: chunk, RMA: true}
+// rmaPush runs a put on c whose bytes the destination reads one-sided:
+// the sources' memory offered in the request req (GPU memory read into a
+// stage first), then the destination's reply once it has read every byte
+// and committed; the sources stay open (pinned) until then. tcp, with
+// errNoRMA, is a TCP go-ahead (a destination without a one-sided endpoint
+// to this node): the caller moves the data on the streams.
+//
+// The destination reads rather than this node writing: one round trip
+// fewer than regions-then-puts, and no write of ours can land in its
+// memory after it has given up on the copy (a read that outlives this
+// node's own give-up reads stale bytes into the destination's range, which
+// the aborted copy leaves as undefined as a failed RDMA WRITE would).
+func (s *Service) rmaPush(c *conn, srcs []Source, metas []Meta, req request, rec *Record) (n int, tcp *reply, err error) {
+	o, err := s.offer(metas, sourceMemory(srcs), func(i int, p []byte) error {
+		_, err := srcs[i].ReadAt(p, 0)
+		return err
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	defer o.stage.free()
+	req.RMA, req.RMASrc, req.RMASrcAt = true, o.regions, o.targets
 	if err := c.sendJSON(frameRequest, req); err != nil {
 		return 0, nil, netErr(err)
 	}
@@ -492,134 +503,94 @@ func (s *Service) rmaPush(ctx context.Context, peer string, c *conn, p *rmaPeer,
 	if err := c.recvJSON(frameOK, &r); err != nil {
 		return 0, nil, err
 	}
-	if len(r.RMAAt) == 0 && len(metas) > 0 {
+	if !r.RMADone {
 		return 0, &r, errNoRMA
 	}
-	mem := func(i int) (RMAMemory, bool) {
+	rec.BytesDone.Store(rec.BytesTotal.Load())
+	return r.Copied, nil, nil
+}
+
+// sourceMemory is the RMAMemory of each of srcs that has it.
+func sourceMemory(srcs []Source) func(i int) (RMAMemory, bool) {
+	return func(i int) (RMAMemory, bool) {
 		if rs, ok := srcs[i].(RMASource); ok {
 			return rs.RMAMemory()
 		}
 		return RMAMemory{}, false
 	}
-	ops, err := s.plan(metas, metas, r, mem, true)
-	if err == nil {
-		defer ops.stage.free()
-		for i, at := range ops.stageAt {
-			if at < 0 {
-				continue
-			}
-			// GPU memory: into host memory, the put goes from there.
-			buf := ops.stage.mem[at : at+metas[i].NBytes]
-			if _, rerr := srcs[i].ReadAt(buf, 0); rerr != nil {
-				err = rerr
-				break
-			}
-		}
-	}
-	if err == nil {
-		err = c.whileOneSided(func(stop <-chan struct{}) error { return ops.run(p.ep, true, s.rmaDeadline(ops.bytes), stop) })
-		if err != nil {
-			s.dropRMA(peer, p)
-		}
-	}
-	if err != nil {
-		// The peer waits for our done: it hears why instead, aborts and
-		// unpins. Nothing of ours is in flight (the endpoint is closed).
-		c.sendError(err)
-		return 0, nil, err
-	}
-	rec.BytesDone.Store(rec.BytesTotal.Load())
-	if err := c.sendJSON(frameDone, doneMsg{}); err != nil {
-		return 0, nil, netErr(err)
-	}
-	var fin reply
-	if err := c.recvJSON(frameOK, &fin); err != nil {
-		return 0, nil, err
-	}
-	return fin.Copied, nil, nil
 }
 
-// servePutRMA receives a put whose bytes the peer puts one-sided: the
-// destination prepared, its memory offered (staged for GPU memory), the
-// peer's done awaited, the staged bytes written, the commit.
-func (s *Service) servePutRMA(c *conn, req request, total int64) error {
+// servePutRMA receives a put by reading the sender's memory one-sided on
+// p, the endpoint to it: the destination prepared, the bytes read (GPU
+// memory here staged), the commit, the reply.
+func (s *Service) servePutRMA(c *conn, req request, p *rmaPeer) error {
 	rec, end := s.Track(c.peer, req.Path, "ucx", req.Tensors)
-	trackVia(rec, s.rmaTo(c.peer, c.instance))
+	trackVia(rec, p)
+	src := reply{Tensors: req.Tensors, RMA: req.RMASrc, RMAAt: req.RMASrcAt}
 	n, err := Deliver(rec, req.Tensors, s.putPrepare(c, req, false), func(dest Dest, _ func()) error {
-		mem := func(i int) (RMAMemory, bool) {
-			if rd, ok := dest.(RMADest); ok {
-				return rd.RMAMemory(i)
-			}
-			return RMAMemory{}, false
-		}
-		o, err := s.offer(req.Tensors, mem, nil)
-		if err != nil {
-			c.sendError(err)
-			return err
-		}
-		defer o.stage.free()
-		if err := c.sendJSON(frameOK, reply{RMA: o.regions, RMAAt: o.targets}); err != nil {
-			return netErr(err)
-		}
-		// The peer's own failure comes as its error frame: told already.
-		if err := c.recvJSON(frameDone, nil); err != nil {
-			return err
-		}
-		for i, at := range o.stageAt {
-			if at < 0 {
-				continue
-			}
-			if err := dest.WriteAt(i, o.stage.mem[at:at+req.Tensors[i].NBytes], 0); err != nil {
-				c.sendError(err)
-				return err
-			}
-		}
-		rec.BytesDone.Store(total)
-		return nil
+		return s.rmaRead(c, p, src, req.Tensors, dest, rec, nil)
 	}, s.putCommit(c))
 	end(err)
 	if err != nil {
 		return err
 	}
-	return c.sendJSON(frameOK, reply{Copied: n})
+	return c.sendJSON(frameOK, reply{Copied: n, RMADone: true})
 }
 
-// rmaPullData moves a get's bytes one-sided on p's endpoint from the
-// peer's memory r names into dest (descs: this node's descriptors, r's
-// Tensors the peer's, in the same order), then says frameDone; descriptors
-// in GPU memory here land in a stage first and are written after it.
-func (s *Service) rmaPullData(c *conn, p *rmaPeer, r reply, descs []Meta, dest Dest, rec *Record) error {
+// rmaRead reads a transfer's bytes one-sided on p's endpoint from the
+// peer's memory r names (its regions and targets over r.Tensors, the
+// peer's descriptors) into dest (descs: this node's descriptors, in the
+// same order); then, before the bytes staged here (GPU memory) are
+// written, runs got (a pull's done to the source; nil for a push). A
+// failure is told to the peer too, which waits on c.
+func (s *Service) rmaRead(c *conn, p *rmaPeer, r reply, descs []Meta, dest Dest, rec *Record, got func() error) error {
 	mem := func(i int) (RMAMemory, bool) {
 		if rd, ok := dest.(RMADest); ok {
 			return rd.RMAMemory(i)
 		}
 		return RMAMemory{}, false
 	}
-	ops, err := s.plan(descs, r.Tensors, r, mem, false)
+	ops, err := s.plan(descs, r.Tensors, r, mem)
 	if err != nil {
 		c.sendError(err)
 		return err
 	}
 	defer ops.stage.free()
-	if err := c.whileOneSided(func(stop <-chan struct{}) error { return ops.run(p.ep, false, s.rmaDeadline(ops.bytes), stop) }); err != nil {
+	if err := c.whileOneSided(func(stop <-chan struct{}) error { return ops.run(p.ep, s.rmaDeadline(ops.bytes), stop) }); err != nil {
 		s.dropRMA(c.peer, p)
 		c.sendError(err)
 		return err
 	}
-	// The peer may let go of its memory now.
-	if err := c.sendJSON(frameDone, doneMsg{}); err != nil {
-		return netErr(err)
+	if got != nil {
+		if err := got(); err != nil {
+			return err
+		}
 	}
 	for i, at := range ops.stageAt {
 		if at < 0 {
 			continue
 		}
 		if err := dest.WriteAt(i, ops.stage.mem[at:at+descs[i].NBytes], 0); err != nil {
+			if got == nil {
+				c.sendError(err)
+			}
 			return err
 		}
 	}
 	rec.BytesDone.Store(ops.bytes)
 	return nil
+}
+
+// rmaPullData moves a get's bytes one-sided on p's endpoint from the
+// peer's memory r names into dest (rmaRead), telling the peer it may let
+// go of its memory (frameDone) as soon as they are here.
+func (s *Service) rmaPullData(c *conn, p *rmaPeer, r reply, descs []Meta, dest Dest, rec *Record) error {
+	return s.rmaRead(c, p, r, descs, dest, rec, func() error {
+		if err := c.sendJSON(frameDone, doneMsg{}); err != nil {
+			return netErr(err)
+		}
+		return nil
+	})
 }
 
 // serveGetRMA answers a get one-sided: the sources' memory offered
@@ -628,15 +599,9 @@ func (s *Service) rmaPullData(c *conn, p *rmaPeer, r reply, descs []Meta, dest D
 func (s *Service) serveGetRMA(c *conn, srcs []Source, metas, recMetas []Meta, isDir bool, label string) error {
 	rec, end := s.Track(label, c.peer, "ucx", recMetas)
 	trackVia(rec, s.rmaTo(c.peer, c.instance))
-	mem := func(i int) (RMAMemory, bool) {
-		if rs, ok := srcs[i].(RMASource); ok {
-			return rs.RMAMemory()
-		}
-		return RMAMemory{}, false
-	}
 	var o *rmaOffer
 	err := c.whileSilent(func() (err error) {
-		o, err = s.offer(metas, mem, func(i int, p []byte) error {
+		o, err = s.offer(metas, sourceMemory(srcs), func(i int, p []byte) error {
 			_, err := srcs[i].ReadAt(p, 0)
 			return err
 		})

@@ -69,11 +69,17 @@ type request struct {
 	// the puller writes what it gets in place (for the sender's records).
 	Range   *Range `json:"range,omitempty"`
 	InPlace bool   `json:"in_place,omitempty"`
-	// RMA: the client has an endpoint to the server's RMA worker and moves
-	// the bytes one-sided on it (a put into the server's memory, a get from
-	// it) when the server answers with reply.RMA; a server without RMA
-	// ignores it and answers as for TCP.
-	RMA bool `json:"rma,omitempty"`
+	// RMA: the bytes may move one-sided on UCX. On a get, the client
+	// reads them from the server's memory when the server answers with
+	// reply.RMA. On a put, RMASrc and RMASrcAt name the client's memory
+	// the sources are in (as reply.RMA and reply.RMAAt do a get's), and
+	// the server reads them with its one-sided endpoint to the client and
+	// answers once it has committed (reply.RMADone); a server without one
+	// answers as for a TCP put that is not eager (a go-ahead), and one
+	// without RMA ignores them alike.
+	RMA      bool        `json:"rma,omitempty"`
+	RMASrc   []rmaRegion `json:"rma_src,omitempty"`
+	RMASrcAt []rmaTarget `json:"rma_src_at,omitempty"`
 }
 
 // IPCDesc is where a tensor's bytes are in another process of this host.
@@ -110,12 +116,15 @@ type reply struct {
 	Streams int    `json:"streams,omitempty"`
 	Token   []byte `json:"token,omitempty"`
 	Chunk   int    `json:"chunk,omitempty"`
-	// RMA and RMAAt answer a request's RMA: the regions of the server's
-	// memory that the transfer's bytes are in (a put's destinations, a
-	// get's sources, or staging buffers), and where each descriptor is in
-	// them. The client moves the bytes and says frameDone.
+	// RMA and RMAAt answer a get's RMA: the regions of the server's
+	// memory that the sources' bytes are in (their tensors, or a staging
+	// buffer), and where each descriptor is in them. The client reads the
+	// bytes and says frameDone.
 	RMA   []rmaRegion `json:"rma,omitempty"`
 	RMAAt []rmaTarget `json:"rma_at,omitempty"`
+	// RMADone ends a put whose bytes the server read one-sided (request
+	// RMASrc): it has them all and committed.
+	RMADone bool `json:"rma_done,omitempty"`
 }
 
 // doneMsg ends a data stream.

@@ -51,10 +51,6 @@ func (e endpoint) Unpack(rkey []byte, base uint64, n int) (transfer.RMAKey, erro
 // key is a RemoteKey as a transfer.RMAKey.
 type key struct{ k *RemoteKey }
 
-func (k key) Put(descs []transfer.RMADesc, deadline time.Time, stop <-chan struct{}) error {
-	return k.k.Put(toDescs(descs), deadline, stop)
-}
-
 func (k key) Get(descs []transfer.RMADesc, deadline time.Time, stop <-chan struct{}) error {
 	return k.k.Get(toDescs(descs), deadline, stop)
 }
