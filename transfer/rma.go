@@ -45,13 +45,12 @@ type RMAEndpoint interface {
 	Unpack(rkey []byte, base uint64, n int) (RMAKey, error)
 }
 
-// RMAKey is a peer region's rkey unpacked on an endpoint. tensorfs holds
-// one only for a transfer, while the region's owner holds the region
-// pinned for it (its temporary, an in-place destination's pin, a source's
-// freeze), and destroys it before saying the transfer is done: no peer
-// holds a key to memory that can go, so a region's free needs no
-// revocation round (the IPC imports' leases exist because an import is
-// kept across copies; a key is not).
+// RMAKey is a peer region's rkey unpacked on an endpoint. tensorfs uses
+// one only in a transfer whose source offers that region (the same packed
+// bytes, address and length) and holds it frozen for the transfer, so a
+// key is never used on memory that can go, and a region's free needs no
+// revocation round; unpacked keys are kept for the next transfer
+// (rmaKeys) and destroyed when evicted or with their endpoint.
 type RMAKey interface {
 	// Get reads each descriptor's N bytes at Off of the region into
 	// Local, completing all of them (one flush) before it returns nil; it
@@ -112,6 +111,9 @@ type rmaPeer struct {
 	ep         RMAEndpoint
 	transports []string
 	oneSided   bool // ep.OneSided: copies may move bytes on it
+	// keys are the peer's rkeys unpacked on ep, for the next transfers
+	// (rmaKeys); the endpoint's close destroys them.
+	keys rmaKeys
 }
 
 // rmaAddress is what this node's handshake messages carry: its RMA

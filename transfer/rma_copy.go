@@ -365,23 +365,21 @@ func (s *Service) plan(metas, theirs []Meta, r reply, mem func(i int) (RMAMemory
 }
 
 // run posts every get, one region's at a time, each region's rkey
-// unpacked on ep for the call and destroyed after it, and waits until
-// deadline or stop. Errors: the transport's, wrapped with EIO (ECONNRESET
-// after stop, ETIMEDOUT past the deadline).
-func (p *rmaOps) run(ep RMAEndpoint, deadline time.Time, stop <-chan struct{}) error {
-	for k, ops := range p.ops {
+// unpacked on p's endpoint (or found in its cache: rmaKeys), and waits
+// until deadline or stop. Errors: the transport's, wrapped with EIO
+// (ECONNRESET after stop, ETIMEDOUT past the deadline).
+func (o *rmaOps) run(p *rmaPeer, deadline time.Time, stop <-chan struct{}) error {
+	for k, ops := range o.ops {
 		if len(ops) == 0 {
 			continue
 		}
-		rg := p.regions[k]
-		key, err := ep.Unpack(rg.Rkey, rg.Addr, int(rg.Len))
+		rg := o.regions[k]
+		key, release, err := p.keys.get(p.ep, rg)
 		if err != nil {
 			return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("the peer's rkey of region %d: %v", k, err)}
 		}
 		err = key.Get(ops, deadline, stop)
-		if derr := key.Destroy(); err == nil && derr != nil {
-			err = derr
-		}
+		release()
 		if err != nil {
 			errno := syscall.EIO
 			select {
@@ -396,6 +394,100 @@ func (p *rmaOps) run(ep RMAEndpoint, deadline time.Time, stop <-chan struct{}) e
 		}
 	}
 	return nil
+}
+
+// rmaKeys caches the rkeys a node has unpacked on its endpoint to one
+// peer, by the region's exact description (packed key, address, length):
+// ucp_ep_rkey_unpack and ucp_rkey_destroy cost microseconds each (several
+// on the VM), a small copy's whole budget. A cached key is only used for
+// a region the peer offers again in a transfer's request or reply, with
+// the same packed bytes, while it holds that region frozen for the
+// transfer: the same bytes name the same registration (an RDMA rkey; the
+// shared-memory segment and address UCX's own attachment cache keys on),
+// so a key is never used for memory its owner no longer offers. Keys of
+// regions that are gone just sit until evicted (least recently used past
+// maxRMAKeys; never one in use) or until the endpoint closes, which
+// destroys them.
+type rmaKeys struct {
+	mu    sync.Mutex
+	m     map[rmaKeyID]*rmaKey
+	clock int64
+}
+
+type rmaKeyID struct {
+	rkey string
+	addr uint64
+	n    int64
+}
+
+type rmaKey struct {
+	id   rmaKeyID
+	key  RMAKey
+	refs int
+	used int64
+}
+
+// maxRMAKeys bounds a peer's cached keys (a KV cache of a layer per
+// tensor offers a few hundred regions).
+const maxRMAKeys = 1024
+
+// get returns region rg's key, unpacked on ep on a miss, held until
+// release is called.
+func (c *rmaKeys) get(ep RMAEndpoint, rg rmaRegion) (RMAKey, func(), error) {
+	id := rmaKeyID{string(rg.Rkey), rg.Addr, rg.Len}
+	c.mu.Lock()
+	c.clock++
+	if k := c.m[id]; k != nil {
+		k.refs++
+		k.used = c.clock
+		c.mu.Unlock()
+		return k.key, func() { c.release(k) }, nil
+	}
+	c.mu.Unlock()
+	key, err := ep.Unpack(rg.Rkey, rg.Addr, int(rg.Len))
+	if err != nil {
+		return nil, nil, err
+	}
+	k := &rmaKey{id: id, key: key, refs: 1}
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = map[rmaKeyID]*rmaKey{}
+	}
+	if old := c.m[id]; old != nil {
+		// Another transfer unpacked it meanwhile: keep one.
+		old.refs++
+		c.mu.Unlock()
+		key.Destroy()
+		return old.key, func() { c.release(old) }, nil
+	}
+	c.clock++
+	k.used = c.clock
+	c.m[id] = k
+	var evict []*rmaKey
+	for len(c.m) > maxRMAKeys {
+		var lru *rmaKey
+		for _, e := range c.m {
+			if e.refs == 0 && (lru == nil || e.used < lru.used) {
+				lru = e
+			}
+		}
+		if lru == nil {
+			break // all in use: over the bound until they are released
+		}
+		delete(c.m, lru.id)
+		evict = append(evict, lru)
+	}
+	c.mu.Unlock()
+	for _, e := range evict {
+		e.key.Destroy()
+	}
+	return key, func() { c.release(k) }, nil
+}
+
+func (c *rmaKeys) release(k *rmaKey) {
+	c.mu.Lock()
+	k.refs--
+	c.mu.Unlock()
 }
 
 // whileOneSided runs fn, this node's one-sided operations on the memory
@@ -556,7 +648,7 @@ func (s *Service) rmaRead(c *conn, p *rmaPeer, r reply, descs []Meta, dest Dest,
 		return err
 	}
 	defer ops.stage.free()
-	if err := c.whileOneSided(func(stop <-chan struct{}) error { return ops.run(p.ep, s.rmaDeadline(ops.bytes), stop) }); err != nil {
+	if err := c.whileOneSided(func(stop <-chan struct{}) error { return ops.run(p, s.rmaDeadline(ops.bytes), stop) }); err != nil {
 		s.dropRMA(c.peer, p)
 		c.sendError(err)
 		return err
