@@ -18,8 +18,8 @@ type fakeKey struct {
 	destroyed bool
 }
 
-func (e *fakeEP) Transports() []string                      { return nil }
-func (e *fakeEP) OneSided() bool                            { return true }
+func (e *fakeEP) Transports() []string                       { return nil }
+func (e *fakeEP) OneSided() bool                             { return true }
 func (e *fakeEP) Close(force bool, deadline time.Time) error { return nil }
 func (e *fakeEP) Unpack(rkey []byte, base uint64, n int) (RMAKey, error) {
 	e.mu.Lock()
