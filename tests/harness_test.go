@@ -5,12 +5,14 @@ package tests
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -345,6 +347,23 @@ func (d *daemon) requireLeases(n int, msgAndArgs ...any) xattrs.Stats {
 // ucxEndpointFDs is the most fds UCX holds for an endpoint to one peer
 // (over tcp: the socket it connected, the one it accepted, an eventfd).
 const ucxEndpointFDs = 3
+
+// cpu is the CPU time d's process uses over the next dur (user and
+// system, from /proc/PID/stat).
+func (d *daemon) cpu(dur time.Duration) time.Duration {
+	d.t.Helper()
+	ticks := func() int64 {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.cmd.Process.Pid))
+		require.NoError(d.t, err)
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		s, _ := strconv.ParseInt(f[12], 10, 64)
+		return u + s
+	}
+	t0 := ticks()
+	time.Sleep(dur)
+	return time.Duration(ticks()-t0) * 10 * time.Millisecond // USER_HZ 100
+}
 
 // hasUCX reports whether d runs with UCX (--transport ucx).
 func (d *daemon) hasUCX() bool {

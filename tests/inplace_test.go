@@ -337,6 +337,7 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 		want        syscall.Errno
 	}{
 		{a.path("src"), xattrs.CopyTo, "b:/dst@8000", syscall.EINVAL},                 // past the end
+		{a.path("src"), xattrs.CopyTo, "b:/dst@9223372036854775807", syscall.EINVAL},  // ends past 2^63 (was EPROTO from the peer)
 		{a.path("src"), xattrs.CopyTo, "b:/dst@4096+4097", syscall.EINVAL},            // length mismatch
 		{a.path("src"), xattrs.CopyTo, "@0+10 b:/dst@0+11", syscall.EINVAL},           // length mismatch
 		{a.path("src"), xattrs.CopyTo, "@4000+100 b:/dst@0", syscall.EINVAL},          // source range past its end
@@ -477,8 +478,49 @@ func inPlacePeerKilled(t *testing.T, p copyPath) {
 	require.Eventually(t, func() bool { return c.stats().Live.Pins == 0 }, 3*time.Second+5*time.Second, 10*time.Millisecond,
 		"the receiver's pin ends within its timeout")
 	require.Equal(t, reg, ids(t, c.path("dst")))
+	afterKill(t, c, a2, "c", p.path == "ucx")
 	require.NoError(t, os.Remove(c.path("dst")))
 	c.requireClean()
+}
+
+// afterKill checks the survivor of a peer killed mid-copy, once the
+// killed one is started again on its mountpoint: the survivor idles (no
+// core spun on the dead peer: UCX's worker once stayed busy for ever on
+// an endpoint to it, its event fd ready for ever), and copies both ways
+// between them (the survivor named survivorName) work within the timeout.
+//
+// Over UCX's shared memory (oneSided), that last part is logged, not
+// required: a get stopped by its peer's death can stay stuck in UCX
+// 1.13's worker (shared memory cannot fail it, nor an endpoint without
+// peer failure detection be closed by force), and a later get on the
+// same worker then times out (ETIMEDOUT) until the survivor restarts:
+// seen under load (the tagged suite with -race), not alone. Open in issue
+// 17's note; the fix is a worker made anew after such a stuck operation.
+func afterKill(t *testing.T, survivor, killed *daemon, survivorName string, oneSided bool) {
+	t.Helper()
+	// A get stopped by the kill is drained for up to 2 s first.
+	time.Sleep(2 * time.Second)
+	require.Less(t, survivor.cpu(time.Second), 300*time.Millisecond, "the survivor idles")
+	again := killed.relaunch()
+	data := fill(1<<20, 7)
+	writeTensor(t, again.path("x"), data)
+	writeTensor(t, again.path("y"), nil)
+	start := time.Now()
+	err := unix.Setxattr(again.path("x"), xattrs.CopyTo, []byte(survivorName+":/x"), 0)
+	if err == nil {
+		err = unix.Setxattr(again.path("y"), xattrs.CopyFrom, []byte(survivorName+":/x"), 0)
+	}
+	switch {
+	case oneSided && err != nil:
+		t.Logf("KNOWN (issue 17): a copy with the restarted peer over UCX's shared memory failed after %v: %v", time.Since(start), err)
+	default:
+		require.NoError(t, err, "copies with the restarted peer")
+		requireContent(t, survivor.path("x"), data)
+		requireContent(t, again.path("y"), data)
+		require.Less(t, time.Since(start), 3*time.Second, "copies with the restarted peer")
+	}
+	require.Less(t, survivor.cpu(time.Second), 300*time.Millisecond, "the survivor idles")
+	os.Remove(survivor.path("x"))
 }
 
 // TestInPlacePullManyTensors: a call whose lines pull ranges from several
@@ -594,6 +636,7 @@ func TestInPlacePullPeerKilled(t *testing.T) {
 			}
 			require.Eventually(t, func() bool { return a.stats().Live.Pins == 0 }, 5*time.Second, 10*time.Millisecond)
 			require.Equal(t, reg, ids(t, a.path("dst")))
+			afterKill(t, a, b, "a", p.path == "ucx")
 
 			// The other way: a2 pulls from c, and a2 dies.
 			ds := cluster(t, []string{"a2", "c"}, p.flags(t)...)
@@ -613,6 +656,7 @@ func TestInPlacePullPeerKilled(t *testing.T) {
 			case <-time.After(3*time.Second + 5*time.Second):
 				t.Fatal("the source stayed frozen past its timeout after the puller died")
 			}
+			afterKill(t, c, a2, "c", p.path == "ucx")
 			require.NoError(t, os.Remove(c.path("big")))
 			c.requireClean()
 		})

@@ -158,8 +158,9 @@ func TestUCXWholeCopies(t *testing.T) {
 
 // TestUCXRequired: with --transport ucx, a copy with a peer of another
 // host that offers no UCX, or whose endpoint has no one-sided lanes
-// (UCX_TLS=tcp), is refused (EPROTONOSUPPORT) and moves nothing; with
-// auto it goes on TCP.
+// (UCX_TLS=tcp), is refused (EPROTONOSUPPORT) and moves nothing, either
+// way: a daemon on ucx refuses a peer's copies over TCP too. (With auto
+// they go on TCP: TestUCXEndpoints.)
 func TestUCXRequired(t *testing.T) {
 	t.Setenv("UCX_TLS", "tcp")
 	t.Setenv("UCX_NET_DEVICES", "lo")
@@ -170,11 +171,16 @@ func TestUCXRequired(t *testing.T) {
 	require.ErrorIs(t, err, syscall.EPROTONOSUPPORT)
 	_, err = os.Stat(b.path("x"))
 	require.ErrorIs(t, err, os.ErrNotExist, "nothing moved")
-	// b, on auto... is on tcp: its copy to a goes on TCP.
 	writeTensor(t, b.path("y"), data)
-	setx(t, b.path("y"), xattrs.CopyTo, "a:/y")
-	requireContent(t, a.path("y"), data)
-	require.EqualValues(t, 1, b.stats().Copies.TCP)
+
+	// a, on ucx, also refuses b's copies over TCP, both ways.
+	err = unix.Setxattr(b.path("y"), xattrs.CopyTo, []byte("a:/y2"), 0)
+	require.ErrorIs(t, err, syscall.EPROTONOSUPPORT, "a push to a daemon on --transport ucx over TCP")
+	writeTensor(t, b.path("z"), nil)
+	err = unix.Setxattr(b.path("z"), xattrs.CopyFrom, []byte("a:/x"), 0)
+	require.ErrorIs(t, err, syscall.EPROTONOSUPPORT, "a pull from a daemon on --transport ucx over TCP")
+	_, err = os.Stat(a.path("y2"))
+	require.ErrorIs(t, err, os.ErrNotExist, "nothing moved")
 
 	// Both with UCX, over UCX_TLS=tcp: an endpoint, but no one-sided
 	// lanes; ucx refuses to copy on it.

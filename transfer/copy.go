@@ -33,6 +33,11 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 	for i, sc := range srcs {
 		metas[i] = sc.Meta()
 		total += metas[i].NBytes
+		if m := metas[i]; m.InPlace && (m.Off < 0 || m.Off > math.MaxInt64-m.NBytes) {
+			// Refused here: the peer would take it for a broken
+			// request (EPROTO).
+			return 0, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("destination range at %d of %d bytes ends past 2^63", m.Off, m.NBytes)}
+		}
 	}
 	dst := peer + ":" + remotePath
 	if len(metas) == 1 && metas[0].InPlace && metas[0].Spans == nil {
@@ -97,6 +102,34 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 	n, err = s.send(ctx, peer, c, remotePath, srcs, metas, isDir, rec)
 	end(err)
 	return n, err
+}
+
+// drainEager reads an eager put's data frames (they follow its request
+// in one write) up to its done frame. Errors: the connection's, ErrFrame
+// for another frame.
+func (c *conn) drainEager() error {
+	for {
+		typ, _, err := c.recv()
+		switch {
+		case err != nil:
+			return netErr(err)
+		case typ == frameDone:
+			return nil
+		case typ != frameData:
+			return fmt.Errorf("%s: frame %d in an eager put's data: %w", c.peer, typ, ErrFrame)
+		}
+	}
+}
+
+// refuseTCP is why a copy the peer of c asked for may not move its bytes
+// on TCP: this node runs with --transport ucx (Config.RMARequired) and
+// the peer is on another host; nil otherwise (callers let a copy of no
+// bytes pass: there is nothing to move). Errors: EPROTONOSUPPORT.
+func (s *Service) refuseTCP(c *conn) error {
+	if !s.cfg.RMARequired || s.sameHost(c) {
+		return nil
+	}
+	return &Error{Errno: syscall.EPROTONOSUPPORT, Msg: fmt.Sprintf("%s asked for a copy over TCP, and this daemon runs with --transport ucx (no one-sided UCX endpoint between them)", c.peer)}
 }
 
 // rmaFor is the endpoint a copy with the peer of c moves its bytes on,
@@ -592,8 +625,21 @@ func (s *Service) servePut(c *conn, req request) error {
 		// No one-sided endpoint to the sender: a TCP put, whose data
 		// waits for our go-ahead however small.
 	}
-	rec, end := s.Track(c.peer, req.Path, "tcp", req.Tensors)
 	eager := !req.RMA && eagerPut(total, req.Streams, req.Chunk)
+	if err := s.refuseTCP(c); err != nil && total > 0 {
+		if eager {
+			// Its data is coming behind the request: read to its
+			// done frame first, so that the refusal reaches the
+			// sender (a close with unread bytes resets the
+			// connection, and the sender saw EIO) and c stays in step.
+			if derr := c.drainEager(); derr != nil {
+				return &Error{Errno: syscall.EPROTO, Msg: derr.Error(), broken: true}
+			}
+		}
+		c.sendError(err)
+		return err
+	}
+	rec, end := s.Track(c.peer, req.Path, "tcp", req.Tensors)
 	n, err := Deliver(rec, req.Tensors, s.putPrepare(c, req, eager), func(dest Dest, abort func()) error {
 		return s.recvPut(c, req, total, eager, dest, abort, rec)
 	}, s.putCommit(c))
@@ -771,6 +817,10 @@ func (s *Service) serveGet(c *conn, req request) error {
 		// No bytes (an empty tensor or tree): nothing to reach, the
 		// TCP answer says it all.
 		return s.serveGetRMA(c, srcs, metas, recMetas, isDir, label)
+	}
+	if err := s.refuseTCP(c); err != nil && total > 0 {
+		c.sendError(err)
+		return err
 	}
 	rec, end := s.Track(label, c.peer, "tcp", recMetas)
 	chunk := s.chunkFor(total)

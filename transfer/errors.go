@@ -50,6 +50,7 @@ var errnoNames = map[string]syscall.Errno{
 	"EPERM": syscall.EPERM, "ENAMETOOLONG": syscall.ENAMETOOLONG, "ESTALE": syscall.ESTALE,
 	"ENOTEMPTY": syscall.ENOTEMPTY, "ECONNREFUSED": syscall.ECONNREFUSED,
 	"EXDEV": syscall.EXDEV, "EHOSTUNREACH": syscall.EHOSTUNREACH,
+	"EPROTONOSUPPORT": syscall.EPROTONOSUPPORT, "ECONNRESET": syscall.ECONNRESET,
 }
 
 func errnoName(e syscall.Errno) string {

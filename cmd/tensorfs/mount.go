@@ -110,7 +110,7 @@ The metrics carry counts, never names or secrets, and need no
 
 Logs go to stderr through log/slog: --log-format text (key=value, the
 default) or json (one object a line); --log-level debug, info (default), warn
-or error. Every copy logs one line at its end (path local/ipc/tcp, mode,
+or error. Every copy logs one line at its end (path local/ipc/tcp/ucx, mode,
 bytes, seconds); successful in-place copies at most one a second at info,
 each one at debug.
 

@@ -8,6 +8,7 @@ package ucx
 #include <stdlib.h>
 #include <string.h>
 #include <ucp/api/ucp.h>
+#include <ucs/config/global_opts.h>
 
 // The wrappers exist because cgo cannot take UCX's macros (UCS_PTR_*) and
 // its static inline ucp_init, and so that a Go call is one C call.
@@ -40,6 +41,21 @@ static ucs_status_t tfs_worker(ucp_context_h ctx, ucp_worker_h *w) {
 // installing it is what makes UCX report it there instead of logging
 // that nobody handles it.
 static void tfs_ep_failed(void *arg, ucp_ep_h ep, ucs_status_t status) {}
+
+// tfs_ep_quiet is tfs_ep with UCX's own log held to fatal errors: the
+// first attempt of Connect, with peer error handling, fails over shared
+// memory (which has none) with an ERROR line on stdout that is no error
+// here (Connect then makes the endpoint without it).
+static ucs_status_t tfs_ep(ucp_worker_h w, const void *addr, int peer_errors, ucp_ep_h *ep);
+static ucs_status_t tfs_ep_quiet(ucp_worker_h w, const void *addr, ucp_ep_h *ep) {
+	ucs_log_level_t was = ucs_global_opts.log_component.log_level;
+	if (was > UCS_LOG_LEVEL_FATAL) {
+		ucs_global_opts.log_component.log_level = UCS_LOG_LEVEL_FATAL;
+	}
+	ucs_status_t st = tfs_ep(w, addr, 1, ep);
+	ucs_global_opts.log_component.log_level = was;
+	return st;
+}
 
 static ucs_status_t tfs_ep(ucp_worker_h w, const void *addr, int peer_errors, ucp_ep_h *ep) {
 	ucp_ep_params_t p;
@@ -263,10 +279,34 @@ func (c *Context) release() {
 func (c *Context) progressLoop() {
 	defer close(c.done)
 	fds := []unix.PollFd{{Fd: int32(c.efd), Events: unix.POLLIN}, {Fd: int32(c.stop), Events: unix.POLLIN}}
+	awake := time.Now() // since the loop last slept in poll
+	pause := 0          // ms of the throttle's next poll
+	// throttle: past busyFor without sleeping, each round first sleeps
+	// pause ms, doubling to maxPause: an endpoint to a dead shared-memory
+	// peer (UCX 1.13 cannot fail it) keeps the worker busy or its event fd
+	// ready for ever, and spun a core (a peer killed mid-copy).
+	// tensorfs's own operations progress the worker in their waits, so
+	// only a peer's incoming traffic (a new endpoint's wireup) slows down.
+	throttle := func() bool {
+		if time.Since(awake) <= busyFor {
+			return true
+		}
+		pause = min(max(2*pause, 1), maxPause)
+		// The stop fd only: the worker's may be ready for ever.
+		stopFD := fds[1:]
+		unix.Poll(stopFD, pause)
+		return stopFD[0].Revents == 0
+	}
 	for !c.stopped() {
+		if !throttle() {
+			return
+		}
 		// Bounded by the stop check: a peer's steady traffic must not
 		// keep Close waiting.
 		for !c.stopped() && C.ucp_worker_progress(c.w) != 0 {
+			if !throttle() {
+				return
+			}
 		}
 		if c.spin > 0 {
 			// Progress on while something happens, until spin has
@@ -291,14 +331,30 @@ func (c *Context) progressLoop() {
 			time.Sleep(time.Millisecond)
 			continue
 		}
+		slept := time.Now()
 		if _, err := unix.Poll(fds, -1); err != nil && !errors.Is(err, unix.EINTR) {
 			time.Sleep(time.Millisecond)
+		}
+		// A poll that returns at once is no sleep: the worker's event
+		// fd stays ready for ever when a dead shared-memory peer's
+		// endpoint keeps it so (found spinning a core in poll and
+		// eventfd reads after a peer was killed mid-get).
+		if time.Since(slept) >= time.Millisecond {
+			awake, pause = time.Now(), 0
 		}
 		if fds[1].Revents != 0 {
 			return
 		}
 	}
 }
+
+// busyFor is how long the progress goroutine progresses without sleeping
+// before it throttles itself, with pauses doubling up to maxPause ms
+// (progressLoop).
+const (
+	busyFor  = 20 * time.Millisecond
+	maxPause = 64
+)
 
 // stopped reports whether Close has asked the progress goroutine to end.
 func (c *Context) stopped() bool { return c.closed.Load() }
@@ -329,9 +385,10 @@ func (c *Context) Close() error {
 }
 
 // wait progresses the worker until request r (a ucs_status_ptr_t from a
-// non-blocking call) completes, deadline passes or stop (nil: never) is
-// closed, then frees it. Errors: *Error for the request's failure,
-// ErrTimeout, ErrStopped.
+// non-blocking call) completes or deadline passes, then frees it; once
+// stop (nil: never) is closed, it waits stopDrain more at most, and its
+// end is ErrStopped however it ends.
+// Errors: *Error for the request's failure, ErrTimeout, ErrStopped.
 func (c *Context) wait(op string, r C.ucs_status_ptr_t, deadline time.Time, stop <-chan struct{}) error {
 	switch st := C.tfs_status(r); st {
 	case C.UCS_OK:
@@ -341,24 +398,45 @@ func (c *Context) wait(op string, r C.ucs_status_ptr_t, deadline time.Time, stop
 		return check(op, st)
 	}
 	defer C.ucp_request_free(unsafe.Pointer(r))
+	stopped := false
 	for i := 0; ; i++ {
 		if st := C.ucp_request_check_status(unsafe.Pointer(r)); st != C.UCS_INPROGRESS {
+			if stopped {
+				return fmt.Errorf("%s: %w", op, ErrStopped)
+			}
 			return check(op, st)
 		}
 		C.ucp_worker_progress(c.w)
 		if i%64 == 63 {
 			if time.Now().After(deadline) {
+				if stopped {
+					return fmt.Errorf("%s: %w", op, ErrStopped)
+				}
 				return fmt.Errorf("%s: %w", op, ErrTimeout)
 			}
-			select {
-			case <-stop:
-				return fmt.Errorf("%s: %w", op, ErrStopped)
-			default:
+			if !stopped {
+				select {
+				case <-stop:
+					// The caller's peer is gone, but the operation
+					// may still move bytes between live buffers (a
+					// stopped 256 MiB get ran on for a second after
+					// its wait returned): drained for up to
+					// stopDrain, so that in the common case no get
+					// lands in memory its owner has reused.
+					stopped = true
+					if d := time.Now().Add(stopDrain); d.Before(deadline) {
+						deadline = d
+					}
+				default:
+				}
 			}
 			runtime.Gosched()
 		}
 	}
 }
+
+// stopDrain is how long a stopped request is still waited for.
+const stopDrain = 2 * time.Second
 
 // Region is memory of this process mapped for remote access
 // (ucp_mem_map): registered with the network where the transport needs
@@ -472,7 +550,7 @@ func (c *Context) Connect(addr []byte) (*Endpoint, error) {
 	ca := C.CBytes(addr)
 	defer C.free(ca)
 	e := &Endpoint{c: c, peerErrors: true, keys: map[*RemoteKey]struct{}{}}
-	st := C.tfs_ep(c.w, ca, 1, &e.ep)
+	st := C.tfs_ep_quiet(c.w, ca, &e.ep)
 	if st == C.UCS_ERR_UNREACHABLE {
 		// No transport to the peer can report its failure (shared
 		// memory): without peer error handling, then.
@@ -576,10 +654,14 @@ func parseLanes(info string) []string {
 // gone before their endpoint) and closes it: flushing it first (force
 // false), or at once (force true: after a failure or a timeout), waiting
 // at most until deadline; operations in progress on other goroutines
-// finish first. An endpoint without peer failure detection cannot be
-// closed by force (UCX 1.13): it is flushed, and if the peer is dead that
-// ends in ErrTimeout, the endpoint abandoned to UCX. Errors: ErrClosed,
-// *Error, ErrTimeout.
+// finish first. An endpoint without peer failure detection (shared
+// memory) cannot be closed by force (UCX 1.13), and closing it with a
+// flush when its peer is dead never ends: the close's request stays in the
+// worker, which then never sleeps again (its arm says busy) and stalls the
+// operations of the other endpoints (found by killing a peer mid-copy: a
+// core spun and every later copy timed out). Closed by force, such an
+// endpoint is abandoned instead: marked closed here, left to UCX until
+// the worker is destroyed. Errors: ErrClosed, *Error, ErrTimeout.
 func (e *Endpoint) Close(force bool, deadline time.Time) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -599,8 +681,11 @@ func (e *Endpoint) Close(force bool, deadline time.Time) error {
 	if e.c.closed.Load() {
 		return ErrClosed
 	}
+	if force && !e.peerErrors {
+		return nil // abandoned (see above)
+	}
 	f := C.int(0)
-	if force && e.peerErrors {
+	if force {
 		f = 1
 	}
 	return e.c.wait("ucp_ep_close_nbx", C.tfs_close(e.ep, f), deadline, nil)
@@ -677,10 +762,11 @@ type Desc struct {
 // Put writes each descriptor's N bytes at Local into the remote region at
 // Off, as one posted operation each (ucp_put_nbx) and one flush
 // (ucp_ep_flush_nbx): when Put returns nil every byte is in the peer's
-// memory. It waits at most until deadline, or until stop (nil: never) is
-// closed: what tells a caller that the peer is gone when the transport
-// cannot (shared memory). Errors: ErrRange (nothing posted), ErrClosed,
-// *Error (the peer gone: UCS_ERR_ENDPOINT_TIMEOUT,
+// memory. It waits at most until deadline; stop (nil: never), closed,
+// tells it the peer is gone when the transport cannot (shared memory): it
+// still waits up to two seconds for the operations to end (they may move
+// bytes between live buffers), then returns ErrStopped. Errors: ErrRange (nothing posted),
+// ErrClosed, *Error (the peer gone: UCS_ERR_ENDPOINT_TIMEOUT,
 // UCS_ERR_CONNECTION_RESET...), ErrTimeout, ErrStopped; after an error
 // some bytes may have landed, and after ErrTimeout or ErrStopped
 // operations may still be running: Local must stay valid until the
