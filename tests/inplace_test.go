@@ -388,13 +388,38 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 // case is then the sequential one, and logged).
 func pushWhilePinned(t *testing.T, a, r *daemon, value string) chan error {
 	t.Helper()
+	return setWhilePinned(t, a.path("big"), xattrs.CopyTo, value, r)
+}
+
+// setWhilePinned sets attr of f to value in the background (a copy) and
+// returns once pinned (a daemon whose pins it watches) holds a pin, or the
+// copy ended; the copy's result comes on the channel.
+func setWhilePinned(t *testing.T, f, attr, value string, pinned *daemon) chan error {
+	t.Helper()
 	done := make(chan error, 1)
-	go func() { done <- unix.Setxattr(a.path("big"), xattrs.CopyTo, []byte(value), 0) }()
-	require.Eventually(t, func() bool { return r.stats().Live.Pins > 0 || len(done) > 0 }, 10*time.Second, time.Millisecond)
+	go func() { done <- unix.Setxattr(f, attr, []byte(value), 0) }()
+	require.Eventually(t, func() bool { return pinned.stats().Live.Pins > 0 || len(done) > 0 }, 10*time.Second, time.Millisecond)
 	if len(done) > 0 {
 		t.Log("the copy ended before its pin was seen")
 	}
 	return done
+}
+
+// endsWithinTimeout waits for a copy whose peer was just killed: it must
+// end (with its error, or done before the kill) within the daemons'
+// --timeout (3 s) and some slack.
+func endsWithinTimeout(t *testing.T, done chan error) {
+	t.Helper()
+	start := time.Now()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Log("the copy ended before the kill")
+		}
+	case <-time.After(3*time.Second + 5*time.Second):
+		t.Fatal("no error within the timeout")
+	}
+	t.Logf("error %v after the kill", time.Since(start))
 }
 
 // bigSource makes a's tensor big of n zero bytes.
@@ -452,16 +477,7 @@ func inPlacePeerKilled(t *testing.T, p copyPath) {
 	zeros(t, b.path("dst"), n)
 	done := pushWhilePinned(t, a, b, "b:/dst@0")
 	b.kill()
-	start := time.Now()
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Log("the copy ended before the kill")
-		}
-	case <-time.After(3*time.Second + 5*time.Second):
-		t.Fatal("no error within the timeout")
-	}
-	t.Logf("error %v after the kill", time.Since(start))
+	endsWithinTimeout(t, done)
 	require.Eventually(t, func() bool { return a.stats().Live.Pins == 0 }, 5*time.Second, 10*time.Millisecond)
 	os.Remove(a.path("big"))
 	a.requireClean()
@@ -622,18 +638,9 @@ func TestInPlacePullPeerKilled(t *testing.T) {
 			bigSource(t, b, n)
 			zeros(t, a.path("dst"), n)
 			reg := ids(t, a.path("dst"))
-			done := make(chan error, 1)
-			go func() { done <- unix.Setxattr(a.path("dst"), xattrs.CopyFrom, []byte("b:/big @0"), 0) }()
-			require.Eventually(t, func() bool { return a.stats().Live.Pins > 0 || len(done) > 0 }, 10*time.Second, time.Millisecond)
+			done := setWhilePinned(t, a.path("dst"), xattrs.CopyFrom, "b:/big @0", a)
 			b.kill()
-			select {
-			case err := <-done:
-				if err == nil {
-					t.Log("the pull ended before the kill")
-				}
-			case <-time.After(3*time.Second + 5*time.Second):
-				t.Fatal("no error within the timeout")
-			}
+			endsWithinTimeout(t, done)
 			require.Eventually(t, func() bool { return a.stats().Live.Pins == 0 }, 5*time.Second, 10*time.Millisecond)
 			require.Equal(t, reg, ids(t, a.path("dst")))
 			afterKill(t, a, b, "a", p.path == "ucx")
@@ -643,9 +650,7 @@ func TestInPlacePullPeerKilled(t *testing.T) {
 			a2, c := ds["a2"], ds["c"]
 			bigSource(t, c, n)
 			zeros(t, a2.path("dst"), n)
-			done = make(chan error, 1)
-			go func() { done <- unix.Setxattr(a2.path("dst"), xattrs.CopyFrom, []byte("c:/big @0"), 0) }()
-			require.Eventually(t, func() bool { return a2.stats().Live.Pins > 0 || len(done) > 0 }, 10*time.Second, time.Millisecond)
+			done = setWhilePinned(t, a2.path("dst"), xattrs.CopyFrom, "c:/big @0", a2)
 			a2.kill()
 			<-done
 			truncated := make(chan error, 1)

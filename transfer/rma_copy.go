@@ -17,9 +17,9 @@ import (
 // from the source's memory: the source names that memory as regions
 // (address, length, packed rkey: each tensor's own MR, or a staging
 // buffer) and where each descriptor is in them, in a put's request or a
-// get's reply; the destination unpacks the keys, posts one get per
-// contiguous run and flushes, destroys the keys, and commits (a put: then
-// replies; a get: says frameDone first, so the source lets go). Only
+// get's reply; the destination unpacks the keys (or finds them kept:
+// rmaKeys), posts one get per contiguous run and flushes, and commits (a
+// put: then replies; a get: says frameDone first, so the source lets go). Only
 // sources are reached from outside; memory UCX cannot reach (GPU memory
 // without CUDA-aware UCX, an in-place range overlapping another of the
 // call) is staged through host memory on its own node: read into a stage
@@ -34,10 +34,10 @@ type rmaRegion struct {
 	Rkey []byte `json:"rkey"`
 }
 
-// rmaTarget is where a descriptor's bytes are in region R of a reply:
-// Linear (a staging buffer), laid end to end from Off; else at the
-// tensor's own offsets, a range list's spans at their Dst (a put) or Src
-// (a get), one range from Off.
+// rmaTarget is where a source descriptor's bytes are in region R of an
+// offer: Linear (a staging buffer), laid end to end from Off; else at the
+// tensor's own offsets, a range list's spans at their Src, one range from
+// Off.
 type rmaTarget struct {
 	R      int   `json:"r"`
 	Off    int64 `json:"off"`
