@@ -5,6 +5,9 @@
 #   scripts/gpu-check.sh builducx     here: gpubin/ucx/, the UCX build (-tags ucx,
 #                                     cgo) of tensorfs and ./tests, gzipped, with
 #                                     the UCX libraries and ucx_perftest it needs
+#                                     (UCX_PREFIX: a UCX installed there instead
+#                                     of Debian's; UCX_BIN: another folder, which
+#                                     the run's ucx step takes as UCX_BIN too)
 #   scripts/gpu-check.sh run [STEP..] there (repo root, with gpubin/): run the checks
 #
 # gpubin/ holds the tensorfs binary and `go test -c` binaries of ./tests and
@@ -72,32 +75,47 @@ build() {
 	ls -l gpubin
 }
 
-# builducx: gpubin/ucx/ with the tagged tensorfs and tests binaries
-# (gzipped: the carry is 64 MiB), libucp/libucs/libuct/libucm/libnuma and
-# UCX's modules from this machine (the device has no UCX), ucx_perftest.
+# builducx: $UCX_BIN (default gpubin/ucx/) with the tagged tensorfs and
+# tests binaries (gzipped: the carry is 64 MiB), libucp/libucs/libuct/
+# libucm (and libnuma, libgomp) and UCX's cma module, and ucx_perftest,
+# from Debian's UCX on this machine (the device has no UCX), or from the
+# UCX installed at $UCX_PREFIX (a newer UCX built here for a measurement:
+# UCX_PREFIX=/opt/ucx UCX_BIN=gpubin/ucx-new).
 builducx() {
 	set -e
-	rm -rf gpubin/ucx
-	mkdir -p gpubin/ucx/lib/ucx
+	local u=${UCX_BIN:-gpubin/ucx} lib=/usr/lib/x86_64-linux-gnu perftest=/usr/bin/ucx_perftest
+	rm -rf "$u"
+	mkdir -p "$u/lib/ucx"
 	export CGO_ENABLED=1
-	go build -tags ucx -trimpath -ldflags='-s -w' -o gpubin/ucx/tensorfs ./cmd/tensorfs
-	go test -c -tags ucx -trimpath -ldflags='-s -w' -o gpubin/ucx/tests.test ./tests
-	gzip -9 gpubin/ucx/tensorfs gpubin/ucx/tests.test
-	for l in libucp.so.0 libucs.so.0 libuct.so.0 libucm.so.0 libnuma.so.1 libgomp.so.1; do
-		cp -L "/usr/lib/x86_64-linux-gnu/$l" gpubin/ucx/lib/
+	if [ -n "${UCX_PREFIX:-}" ]; then
+		lib=$UCX_PREFIX/lib perftest=$UCX_PREFIX/bin/ucx_perftest
+		export CGO_CFLAGS="-I$UCX_PREFIX/include" CGO_LDFLAGS="-L$UCX_PREFIX/lib"
+	fi
+	go build -tags ucx -trimpath -ldflags='-s -w' -o "$u/tensorfs" ./cmd/tensorfs
+	go test -c -tags ucx -trimpath -ldflags='-s -w' -o "$u/tests.test" ./tests
+	gzip -9 "$u/tensorfs" "$u/tests.test"
+	for l in libucp.so.0 libucs.so.0 libuct.so.0 libucm.so.0; do
+		cp -L "$lib/$l" "$u/lib/"
 	done
-	cp -L /usr/lib/x86_64-linux-gnu/ucx/libuct_cma.so.0 gpubin/ucx/lib/ucx/
-	cp /usr/bin/ucx_perftest gpubin/ucx/
-	git describe --always --dirty >gpubin/ucx/COMMIT
-	du -sh gpubin/ucx
+	for l in libnuma.so.1 libgomp.so.1; do
+		cp -L "/usr/lib/x86_64-linux-gnu/$l" "$u/lib/"
+	done
+	cp -L "$lib/ucx/libuct_cma.so.0" "$u/lib/ucx/"
+	cp "$perftest" "$u/"
+	strip --strip-unneeded "$u"/lib/*.so* "$u"/lib/ucx/*.so* "$u/ucx_perftest" 2>/dev/null || true
+	git describe --always --dirty >"$u/COMMIT"
+	LD_LIBRARY_PATH=$u/lib "$u/ucx_perftest" -v 2>&1 | head -1 >"$u/UCX_VERSION" || true
+	du -sh "$u"
 }
 
-# ucx_run: the ucx step (see the header), in a subshell (it changes
-# directory and environment).
+# ucx_run: the ucx step (see the header) with the build in $UCX_BIN
+# (default gpubin/ucx), in a subshell (it changes directory and
+# environment).
 ucx_run() (
-	local u=$root/gpubin/ucx
+	local u=$root/${UCX_BIN:-gpubin/ucx}
 	gunzip -kf "$u/tensorfs.gz" "$u/tests.test.gz"
 	export LD_LIBRARY_PATH=$u/lib UCX_MODULE_DIR=$u/lib/ucx TENSORFS_BIN=$u/tensorfs
+	echo "== $(cat "$u/COMMIT") with UCX $(cat "$u/UCX_VERSION" 2>/dev/null)"
 	cd tests
 	local rc=0
 	echo "== tests, cuda:0 and host"
@@ -161,7 +179,7 @@ run() {
 	mkdir -p "$OUT"
 	: >"$OUT/summary.txt"
 	if [ "$*" = ucx ]; then
-		[ -e gpubin/ucx/tests.test.gz ] || { echo "gpu-check.sh: gpubin/ucx missing: run 'scripts/gpu-check.sh builducx' where Go is" >&2; exit 64; }
+		[ -e "${UCX_BIN:-gpubin/ucx}/tests.test.gz" ] || { echo "gpu-check.sh: ${UCX_BIN:-gpubin/ucx} missing: run 'scripts/gpu-check.sh builducx' where Go is" >&2; exit 64; }
 	else
 		for f in tensorfs tests.test cuda.test; do
 			[ -x "gpubin/$f" ] || { echo "gpu-check.sh: gpubin/$f missing: run 'scripts/gpu-check.sh build' where Go is" >&2; exit 64; }

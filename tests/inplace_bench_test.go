@@ -61,15 +61,7 @@ func benchPaths() []copyPath { return copyPaths(true) }
 func inPlaceBenchPairOn(b *testing.B, p copyPath) (a, d *daemon) {
 	b.Helper()
 	sameHost := p.path == "ipc"
-	var extra []string
-	switch {
-	case p.tls != "":
-		b.Setenv("UCX_TLS", p.tls)
-		b.Setenv("UCX_NET_DEVICES", "lo")
-		extra = []string{"--transport", map[bool]string{true: "ucx", false: "auto"}[p.path == "ucx"]}
-	case ucxBuild:
-		extra = []string{"--transport", "tcp"}
-	}
+	extra := p.flags(b)
 	secret := filepath.Join(b.TempDir(), "secret")
 	mustNo(b, os.WriteFile(secret, []byte("a shared secret of enough bytes\n"), 0o600))
 	ports := map[string]int{}

@@ -17,9 +17,11 @@ type copyPath struct {
 
 // copyPaths are the paths of the copy suite: "ipc" (one host id), "tcp"
 // (two: tensorfs's streams) and, in a build with UCX, "ucx-sm" (two host
-// ids, --transport ucx, the bytes one-sided over UCX_TLS=sm,self) and
-// "ucx-tcp" (--transport auto over UCX_TLS=tcp, whose endpoints have no
-// one-sided lanes: the copies stay on tensorfs's TCP, path "tcp", beside
+// ids, --transport ucx --ucx-emulated, the bytes on UCX over
+// UCX_TLS=sm,self: gets that UCX 1.13 emulates with active messages, the
+// only way to drive tensorfs's UCX data path on machines without RDMA)
+// and "ucx-tcp" (--transport auto over UCX_TLS=tcp, whose endpoints are
+// not one-sided: the copies stay on tensorfs's TCP, path "tcp", beside
 // the UCX endpoints). withIPC false leaves out "ipc".
 func copyPaths(withIPC bool) []copyPath {
 	var ps []copyPath
@@ -35,7 +37,7 @@ func copyPaths(withIPC bool) []copyPath {
 
 // flags are the daemon flags of a pair on p between two host ids, set
 // into the environment t gives its daemons (UCX_TLS).
-func (p copyPath) flags(t *testing.T) []string {
+func (p copyPath) flags(t testing.TB) []string {
 	switch {
 	case p.tls != "":
 		t.Setenv("UCX_TLS", p.tls)
@@ -43,7 +45,7 @@ func (p copyPath) flags(t *testing.T) []string {
 		if p.path != "ucx" {
 			return []string{"--transport", "auto"}
 		}
-		return []string{"--transport", "ucx"}
+		return []string{"--transport", "ucx", "--ucx-emulated"}
 	case ucxBuild:
 		return []string{"--transport", "tcp"}
 	}

@@ -37,8 +37,9 @@ func ucxPair(t *testing.T, aFlags, bFlags []string) (a, b *daemon, restartB func
 // TestUCXEndpoints: two daemons built with UCX exchange worker addresses
 // in their handshake and each makes an endpoint to the other, whose
 // transports stats shows under the peer (UCX_TLS=tcp: "tcp/lo"); over
-// tcp UCX has no one-sided lanes, so the copies stay on tensorfs's TCP
-// (path "tcp") and the log says why. A peer that
+// tcp UCX emulates puts and gets (the endpoint is not one-sided), so the
+// copies stay on tensorfs's TCP (path "tcp") and the log says why; the
+// same over UCX 1.13's shared memory. A peer that
 // restarts without UCX has its old endpoint closed at its new handshake.
 // A daemon with --transport tcp offers no address and makes no endpoint,
 // so neither side has one.
@@ -57,7 +58,7 @@ func TestUCXEndpoints(t *testing.T) {
 		st := a.stats()
 		last := st.Transfers.Recent[len(st.Transfers.Recent)-1]
 		require.Equal(t, "tcp", last.Path, "an endpoint without one-sided lanes carries no bytes: %+v", last)
-		require.Contains(t, a.log.String(), "no one-sided lanes; copies with it stay on TCP")
+		require.Contains(t, a.log.String(), "is not one-sided; copies with it stay on TCP")
 		require.False(t, st.Peers["b"].UCXOneSided)
 		require.Contains(t, cliOK(t, "status", a.mnt), "tcp/lo (copies on tcp)", "status shows the endpoint and that it carries no bytes")
 
@@ -84,7 +85,7 @@ func TestUCXEndpoints(t *testing.T) {
 }
 
 // TestUCXWholeCopies: whole tensors and directory trees between two hosts
-// move one-sided on UCX (over UCX_TLS=tcp and sm,self): a push of a new
+// move on UCX (ucx-sm: UCX_TLS=sm,self with --ucx-emulated): a push of a new
 // tensor and over an existing one (into the temporary, then renamed), a
 // pull of a tensor and of a range, a directory tree both ways; every byte
 // arrives, stats count the copies as ucx with the endpoint's transports,
@@ -150,8 +151,10 @@ func TestUCXWholeCopies(t *testing.T) {
 			for _, d := range []*daemon{a, b} {
 				require.Zero(t, d.stats().Live.Pins)
 			}
-			require.True(t, a.stats().Peers["b"].UCXOneSided)
-			require.Regexp(t, `(?m)^\s+b\s.*memory\S*\s*$`, cliOK(t, "status", a.mnt), "status shows the shared-memory endpoint")
+			peer := a.stats().Peers["b"]
+			require.False(t, peer.UCXOneSided, "UCX 1.13 emulates RMA into registered memory over shared memory")
+			require.True(t, peer.UCXEmulated, "--ucx-emulated")
+			require.Regexp(t, `(?m)^\s+b\s.*memory\S* \(emulated\)\s*$`, cliOK(t, "status", a.mnt), "status shows the shared-memory endpoint, emulated")
 		})
 	}
 }
@@ -182,12 +185,18 @@ func TestUCXRequired(t *testing.T) {
 	_, err = os.Stat(a.path("y2"))
 	require.ErrorIs(t, err, os.ErrNotExist, "nothing moved")
 
-	// Both with UCX, over UCX_TLS=tcp: an endpoint, but no one-sided
-	// lanes; ucx refuses to copy on it.
-	c, d, _ := ucxPair(t, []string{"--transport", "ucx"}, []string{"--transport", "ucx"})
-	writeTensor(t, c.path("x"), data)
-	err = unix.Setxattr(c.path("x"), xattrs.CopyTo, []byte("b:/x"), 0)
-	require.ErrorIs(t, err, syscall.EPROTONOSUPPORT)
-	_, err = os.Stat(d.path("x"))
-	require.ErrorIs(t, err, os.ErrNotExist, "nothing moved")
+	// Both with UCX, over UCX_TLS=tcp and over UCX 1.13's shared
+	// memory: an endpoint, but not one-sided (UCX would emulate the gets);
+	// ucx refuses to copy on it, and the error says what would.
+	for _, tls := range []string{"tcp", "sm,self"} {
+		t.Setenv("UCX_TLS", tls)
+		c, d, _ := ucxPair(t, []string{"--transport", "ucx"}, []string{"--transport", "ucx"})
+		writeTensor(t, c.path("x"), data)
+		err = unix.Setxattr(c.path("x"), xattrs.CopyTo, []byte("b:/x"), 0)
+		require.ErrorIs(t, err, syscall.EPROTONOSUPPORT, tls)
+		require.Contains(t, c.log.String(), "--ucx-emulated would use the emulation", tls)
+		_, err = os.Stat(d.path("x"))
+		require.ErrorIs(t, err, os.ErrNotExist, "nothing moved (%s)", tls)
+		require.False(t, c.stats().Peers["b"].UCXOneSided, tls)
+	}
 }

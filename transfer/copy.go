@@ -134,19 +134,20 @@ func (s *Service) refuseTCP(c *conn) error {
 
 // rmaFor is the endpoint a copy with the peer of c moves its bytes on,
 // nil for TCP: the peer's RMA endpoint, when this node has an RMA
-// transport, the peer offered one at its handshake and the endpoint is
-// one-sided (RMAEndpoint.OneSided). Errors: EPROTONOSUPPORT when this node
-// must use RMA (Config.RMARequired) and the peer offers none, or no
-// one-sided endpoint.
+// transport, the peer offered one at its handshake and the endpoint
+// carries copies (one-sided, RMAEndpoint.OneSided, or Config.RMAEmulated).
+// Errors: EPROTONOSUPPORT when this node must use RMA
+// (Config.RMARequired) and the peer offers none, or no endpoint that
+// carries copies.
 func (s *Service) rmaFor(peer string, c *conn) (*rmaPeer, error) {
 	p := s.rmaTo(peer, c.instance)
 	switch {
-	case p != nil && p.oneSided:
+	case p != nil && p.carries:
 		return p, nil
 	case !s.cfg.RMARequired:
 		return nil, nil
 	case p != nil:
-		return nil, &Error{Errno: syscall.EPROTONOSUPPORT, Msg: fmt.Sprintf("the UCX endpoint to %s has no one-sided lanes (%s), and this daemon runs with --transport ucx (auto would use TCP)", peer, strings.Join(p.transports, ", "))}
+		return nil, &Error{Errno: syscall.EPROTONOSUPPORT, Msg: fmt.Sprintf("the UCX endpoint to %s is not one-sided (%s: UCX would emulate puts and gets), and this daemon runs with --transport ucx (auto would use TCP; --ucx-emulated would use the emulation)", peer, strings.Join(p.transports, ", "))}
 	}
 	return nil, &Error{Errno: syscall.EPROTONOSUPPORT, Msg: fmt.Sprintf("%s offers no UCX endpoint, and this daemon runs with --transport ucx (auto would use TCP)", peer)}
 }
@@ -619,10 +620,10 @@ func (s *Service) servePut(c *conn, req request) error {
 		return s.servePutIPC(c, req)
 	}
 	if req.RMA {
-		if p := s.rmaTo(c.peer, c.instance); p != nil && p.oneSided && len(req.RMASrcAt) == len(req.Tensors) {
+		if p := s.rmaTo(c.peer, c.instance); p != nil && p.carries && len(req.RMASrcAt) == len(req.Tensors) {
 			return s.servePutRMA(c, req, p)
 		}
-		// No one-sided endpoint to the sender: a TCP put, whose data
+		// No endpoint to the sender that carries copies: a TCP put, whose data
 		// waits for our go-ahead however small.
 	}
 	eager := !req.RMA && eagerPut(total, req.Streams, req.Chunk)

@@ -29,12 +29,13 @@ type RMAEndpoint interface {
 	// Transports names what the endpoint's lanes run on ("tcp/lo",
 	// "rc_mlx5/mlx5_0:1"), for the log and stats.
 	Transports() []string
-	// OneSided reports whether the endpoint reaches the peer's memory by
-	// itself (an RMA lane: RDMA verbs, shared memory): copies move their
-	// bytes only on such an endpoint. Without one, UCX emulates puts with
-	// messages the peer's worker serves, slower than tensorfs's streams
-	// and fatal to that peer when this node dies mid-transfer (see
-	// transfer/ucx's Endpoint.OneSided).
+	// OneSided reports whether the endpoint reaches the peer's
+	// registered memory by itself (an RMA lane on RDMA verbs, say):
+	// copies move their bytes only on such an endpoint, unless
+	// Config.RMAEmulated. Without one, UCX emulates puts and gets with
+	// messages the peer's worker serves: slower than tensorfs's streams,
+	// stuck behind a dead shared-memory peer, and fatal to a target whose
+	// initiator dies mid-transfer (see transfer/ucx's Endpoint.OneSided).
 	OneSided() bool
 	// Close closes it, flushing first unless force, waiting at most until
 	// deadline.
@@ -110,7 +111,10 @@ type rmaPeer struct {
 	instance   string
 	ep         RMAEndpoint
 	transports []string
-	oneSided   bool // ep.OneSided: copies may move bytes on it
+	oneSided   bool // ep.OneSided
+	// carries: copies move their bytes on ep (oneSided, or an emulated
+	// endpoint with Config.RMAEmulated).
+	carries bool
 	// keys are the peer's rkeys unpacked on ep, for the next transfers
 	// (rmaKeys); the endpoint's close destroys them.
 	keys rmaKeys
@@ -159,14 +163,18 @@ func (s *Service) noteRMA(peer, instance string, addr []byte) {
 		return
 	}
 	p := &rmaPeer{instance: instance, ep: ep, transports: ep.Transports(), oneSided: ep.OneSided()}
+	p.carries = p.oneSided || s.cfg.RMAEmulated
 	if s.rma == nil {
 		s.rma = map[string]*rmaPeer{}
 	}
 	s.rma[peer] = p
-	if p.oneSided {
+	switch {
+	case p.oneSided:
 		slog.Info("ucx: endpoint to the peer", "peer", peer, "transports", p.transports)
-	} else {
-		slog.Warn("ucx: endpoint to the peer has no one-sided lanes; copies with it stay on TCP (UCX would emulate puts and gets with messages the peer serves: slower than tensorfs's streams, and UCX aborts a target whose initiator dies mid-transfer)", "peer", peer, "transports", p.transports)
+	case p.carries:
+		slog.Warn("ucx: endpoint to the peer is not one-sided; copies with it move their bytes on UCX's emulation all the same (--ucx-emulated: for trying the UCX path without RDMA)", "peer", peer, "transports", p.transports)
+	default:
+		slog.Warn("ucx: endpoint to the peer is not one-sided; copies with it stay on TCP (UCX would emulate puts and gets with messages the peer serves: slower than tensorfs's streams, stuck behind a dead shared-memory peer, and UCX aborts a target whose initiator dies mid-transfer)", "peer", peer, "transports", p.transports)
 	}
 }
 

@@ -223,10 +223,15 @@ type Peer struct {
 	// ("tcp/lo", "rc_mlx5/mlx5_0:1"), once a handshake with the peer has
 	// made one (a build with UCX on both sides); absent without.
 	UCX []string `json:"ucx,omitempty"`
-	// UCXOneSided says that endpoint has one-sided lanes (RDMA verbs,
-	// shared memory), so copies with the peer move their bytes on it;
-	// false with UCX's tcp, whose copies stay on TCP.
+	// UCXOneSided says that endpoint reaches the peer's registered
+	// memory by itself (an RMA lane on RDMA verbs, say), so copies with
+	// the peer move their bytes on it; false where UCX emulates puts and
+	// gets (its tcp, and its shared memory in UCX 1.13), whose copies
+	// stay on TCP.
 	UCXOneSided bool `json:"ucx_one_sided,omitempty"`
+	// UCXEmulated says copies with the peer move their bytes on that
+	// endpoint all the same, on UCX's emulation (--ucx-emulated).
+	UCXEmulated bool `json:"ucx_emulated,omitempty"`
 	// Since is when the node's current run started (RFC 3339, UTC).
 	Since string `json:"since,omitempty"`
 	// Stale: etcd is unreachable and this entry is from the last view.

@@ -272,6 +272,10 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 		return err
 	}
 	defer closeUCX()
+	if rma == nil && peerCfg.RMAEmulated {
+		store.Close()
+		return fmt.Errorf("--ucx-emulated: no UCX here (--transport tcp, a build without UCX, or no UCX context: the log says which)")
+	}
 	peerCfg.RMA = rma
 	peerCfg.RMARequired = rma != nil && transport == "ucx"
 	peerCfg.Importers = namespace.Importers(store)

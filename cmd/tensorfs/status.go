@@ -70,10 +70,13 @@ type peerState struct {
 	State    string `json:"state"`
 	SameHost bool   `json:"same_host,omitempty"`
 	Since    string `json:"since,omitempty"`
-	// UCX is the transports of this node's UCX endpoint to the peer, and
-	// UCXOneSided whether copies move their bytes on it (stats' peers).
+	// UCX is the transports of this node's UCX endpoint to the peer,
+	// UCXOneSided whether it is one-sided (copies move their bytes on
+	// it), UCXEmulated whether copies use it all the same on UCX's
+	// emulation (--ucx-emulated): stats' peers.
 	UCX         []string `json:"ucx,omitempty"`
 	UCXOneSided bool     `json:"ucx_one_sided,omitempty"`
+	UCXEmulated bool     `json:"ucx_emulated,omitempty"`
 }
 
 // transferProgress is a running transfer in status.
@@ -93,13 +96,14 @@ names it): its node name; the default device's capacity, use and free space
 (statfs, as df shows them) and the tensors and bytes live on all its devices;
 its peers and their state (configured by --peer, live or stale in the etcd
 view, and the transports of its UCX endpoint to each, "(copies on tcp)" when
-that endpoint has no one-sided lanes) and the cluster's; the transfers running now with their progress; and
+that endpoint is not one-sided, "(emulated)" when copies use UCX's emulation
+all the same, --ucx-emulated) and the cluster's; the transfers running now with their progress; and
 the daemon's recent errors, when its stats document records them.
 
 Everything is read through the mount (statfs and the root's
 user.tensorfs.stats xattr), so any user who can see the mount can run it.
 --json prints {mount, node, device: {capacity, used, free}, live, peers:
-[{name, addr, source, state, same_host, since, ucx, ucx_one_sided}], cluster, transfers: [the
+[{name, addr, source, state, same_host, since, ucx, ucx_one_sided, ucx_emulated}], cluster, transfers: [the
 running records of stats, each with percent], errors}.`,
 		Args: positional(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -153,7 +157,7 @@ func readStatus(arg string) (statusReport, error) {
 	}
 	rep.Live, rep.Cluster, rep.Devices = st.Live, st.Cluster, st.Devices
 	for name, p := range st.Peers {
-		ps := peerState{Name: name, Addr: p.Addr, Source: p.Source, SameHost: p.SameHost, Since: p.Since, UCX: p.UCX, UCXOneSided: p.UCXOneSided}
+		ps := peerState{Name: name, Addr: p.Addr, Source: p.Source, SameHost: p.SameHost, Since: p.Since, UCX: p.UCX, UCXOneSided: p.UCXOneSided, UCXEmulated: p.UCXEmulated}
 		switch {
 		case ps.Source == "":
 			ps.Source, ps.State = "peer", "configured"
@@ -249,7 +253,7 @@ func writeStatus(w io.Writer, r statusReport) {
 			if p.Source == "peer" && p.Since == "" {
 				same = "-"
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, p.Addr, p.Source, p.State, same, orDash(p.Since), ucxText(p.UCX, p.UCXOneSided))
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, p.Addr, p.Source, p.State, same, orDash(p.Since), ucxText(p.UCX, p.UCXOneSided, p.UCXEmulated))
 		}
 		tw.Flush()
 	}
@@ -282,14 +286,18 @@ func writeStatus(w io.Writer, r statusReport) {
 	}
 }
 
-// ucxText is a peer's UCX column: "-" without an endpoint, its transports,
-// and "(copies on tcp)" when the endpoint has no one-sided lanes.
-func ucxText(transports []string, oneSided bool) string {
+// ucxText is a peer's UCX column: "-" without an endpoint, its
+// transports, and "(copies on tcp)" when the endpoint is not one-sided,
+// "(emulated)" when copies use it all the same.
+func ucxText(transports []string, oneSided, emulated bool) string {
 	if len(transports) == 0 {
 		return "-"
 	}
 	t := strings.Join(transports, ",")
-	if !oneSided {
+	switch {
+	case emulated:
+		t += " (emulated)"
+	case !oneSided:
 		t += " (copies on tcp)"
 	}
 	return t

@@ -3,14 +3,15 @@
 package ucx
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 )
 
 // TestParseLanes: the transports named in ucp_ep_print_info's lanes (UCX
-// 1.13's text), path indexes dropped, once each; whether a lane does
-// remote memory access (OneSided).
+// 1.13's text), path indexes dropped, once each; whether an RMA lane
+// reaches registered memory (OneSided).
 func TestParseLanes(t *testing.T) {
 	tcp := "#                 lane[0]:  0:tcp/lo.0 md[0]                -> md[0]/tcp/sysdev[255] am am_bw#0 keepalive wireup\n"
 	require.Equal(t, []string{"tcp/lo"}, parseLanes(tcp))
@@ -22,14 +23,22 @@ func TestParseLanes(t *testing.T) {
 	require.Equal(t, []string{"rc_mlx5/mlx5_0:1"}, parseLanes(ib))
 	require.Empty(t, parseLanes("# no lanes\n"))
 	require.False(t, hasRMALane(tcp), "tcp: puts emulated with active messages")
-	// UCX 1.13's shared memory lanes, as it prints them on this VM.
+	// UCX 1.13's shared memory lanes, as it prints them on this VM: RMA
+	// lanes on posix and sysv, which reach only segments UCX allocated.
 	sm113 := "#                 lane[0]:  1:sysv/memory.0 md[1]           -> md[1]/sysv/sysdev[255] am am_bw#0\n" +
 		"#                 lane[1]:  2:posix/memory.0 md[2]          -> md[2]/posix/sysdev[255]\n#\n" +
 		"#                  put[0]: 0..<short>..4294967296..<bcopy>..(inf)\n" +
-		"#                  get[0]: 0..<bcopy>..(inf)\n#\n#                  rma_bw: mds #\n"
-	require.True(t, hasRMALane(sm113))
+		"#                  get[0]: 0..<bcopy>..(inf)\n" +
+		"#                  put[1]: 0..<short>..4294967296..<bcopy>..(inf)\n" +
+		"#                  get[1]: 0..<bcopy>..(inf)\n#\n#                  rma_bw: mds #\n"
+	require.False(t, hasRMALane(sm113), "UCX 1.13's sm: emulated for registered memory")
 	require.False(t, hasRMALane(tcp+"#\n#                  rma_bw: mds #\n"), "an empty rma_bw list is no lane")
-	require.True(t, hasRMALane(sm))
+	require.True(t, hasRMALane(sm), "cma's rma_bw lane reaches registered memory")
+	require.False(t, hasRMALane(sm[:strings.Index(sm, "#   lane[1]")]), "posix's rma_bw lane alone does not")
 	require.True(t, hasRMALane(ib))
+	rc := "#   lane[0]:  3:rc_mlx5/mlx5_0:1.0 md[1] -> md[1]/ib/sysdev[255] am am_bw#0\n" +
+		"#   lane[1]:  1:sysv/memory.0 md[0] -> md[0]/sysv/sysdev[255]\n#\n" +
+		"#                  put[1]: 0..<short>..(inf)\n#                  put[0]: 0..<short>..<bcopy>..<zcopy>..(inf)\n"
+	require.True(t, hasRMALane(rc), "an RDMA lane's put")
 	require.False(t, hasRMALane(""))
 }

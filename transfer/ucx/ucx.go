@@ -280,21 +280,22 @@ func (c *Context) progressLoop() {
 	defer close(c.done)
 	fds := []unix.PollFd{{Fd: int32(c.efd), Events: unix.POLLIN}, {Fd: int32(c.stop), Events: unix.POLLIN}}
 	awake := time.Now() // since the loop last slept in poll
-	pause := 0          // ms of the throttle's next poll
 	// throttle: past busyFor without sleeping, each round first sleeps
-	// pause ms, doubling to maxPause: an endpoint to a dead shared-memory
-	// peer (UCX 1.13 cannot fail it) keeps the worker busy or its event fd
-	// ready for ever, and spun a core (a peer killed mid-copy).
-	// tensorfs's own operations progress the worker in their waits, so
-	// only a peer's incoming traffic (a new endpoint's wireup) slows down.
+	// pause: an endpoint to a dead shared-memory peer with operations
+	// still queued to it (UCX 1.13 cannot fail it) keeps the worker busy
+	// or its event fd ready for ever, and spun a core (a peer killed
+	// mid-copy). busyFor is long and pause short because a busy worker is
+	// more often a live one serving a peer's emulated puts and gets
+	// (EmulatedRMA): doubling pauses of up to 64 ms past 20 ms starved
+	// those, and a 1000-descriptor list timed out on a loaded machine.
+	// tensorfs's own operations progress the worker in their waits.
 	throttle := func() bool {
 		if time.Since(awake) <= busyFor {
 			return true
 		}
-		pause = min(max(2*pause, 1), maxPause)
 		// The stop fd only: the worker's may be ready for ever.
 		stopFD := fds[1:]
-		unix.Poll(stopFD, pause)
+		unix.Poll(stopFD, pauseMs)
 		return stopFD[0].Revents == 0
 	}
 	for !c.stopped() {
@@ -340,7 +341,7 @@ func (c *Context) progressLoop() {
 		// endpoint keeps it so (found spinning a core in poll and
 		// eventfd reads after a peer was killed mid-get).
 		if time.Since(slept) >= time.Millisecond {
-			awake, pause = time.Now(), 0
+			awake = time.Now()
 		}
 		if fds[1].Revents != 0 {
 			return
@@ -349,11 +350,12 @@ func (c *Context) progressLoop() {
 }
 
 // busyFor is how long the progress goroutine progresses without sleeping
-// before it throttles itself, with pauses doubling up to maxPause ms
-// (progressLoop).
+// before it throttles itself, sleeping pauseMs ms before each round
+// (progressLoop): a worker kept busy for ever then costs about 1% of a
+// core.
 const (
-	busyFor  = 20 * time.Millisecond
-	maxPause = 64
+	busyFor = 500 * time.Millisecond
+	pauseMs = 1
 )
 
 // stopped reports whether Close has asked the progress goroutine to end.
@@ -615,26 +617,60 @@ func (e *Endpoint) info() string {
 	return info
 }
 
-// OneSided reports whether the endpoint has a lane that does remote
-// memory access itself ("rma" or "rma_bw" in ucp_ep_print_info: RDMA
-// verbs, cma, xpmem, posix shared memory). Without one (UCX_TLS=tcp),
-// UCX emulates puts and gets with active messages that the target's
-// worker serves and acknowledges, and a target whose initiator died with
-// such messages still queued aborts the process (UCX 1.13.1 and master:
+// OneSided reports whether the endpoint reaches the peer's registered
+// memory (a tensor's memfd mapping, a staging buffer: memory UCX did not
+// allocate) by itself, with no work from the peer's worker: a lane used
+// for remote memory access (the lanes of ucp_ep_print_info's put[N] and
+// get[N] lines, or one marked rma_bw) whose memory domain registers
+// foreign memory (RDMA verbs, xpmem; cma in UCX releases that use it for
+// RMA). Shared memory's posix and sysv lanes reach only segments UCX
+// allocated itself (mm_md.c: no mem_reg, max_reg 0), and UCX 1.13 does
+// not use cma for RMA (select.c wants put_short, put_bcopy and get_bcopy
+// of an RMA lane; cma has only zcopy), so over UCX 1.13's "sm" as over
+// "tcp" UCX emulates puts and gets with active messages that the target's
+// worker serves and acknowledges (found: puts to a stopped peer never
+// completed). Such an emulation is slower than tensorfs's own paths, can
+// read or write memory given back after the transfer gave up, keeps the
+// worker busy for ever behind a dead shared-memory peer, and aborts a
+// target whose initiator died mid-transfer (UCX 1.13.1 and master:
 // ucp_put_handler -> ucp_rma_sw_send_cmpl -> ucp_request_try_send ->
-// ucs_fatal "unexpected error: Endpoint timeout"): tensorfs moves no
-// bytes on such an endpoint. False for a closed endpoint.
+// ucs_fatal "unexpected error: Endpoint timeout"): tensorfs moves bytes
+// on it only when told to (transfer.Config.RMAEmulated). False for a
+// closed endpoint.
 func (e *Endpoint) OneSided() bool { return hasRMALane(e.info()) }
 
-// rmaLane matches what ucp_ep_print_info's text shows of a lane used for
-// remote memory access: its usage ("lane[1]: ... rma_bw#0") or, as UCX
-// 1.13 prints shared memory's, the put and get protocols chosen on it
-// ("put[1]: 0..<short>..(inf)"); an endpoint whose puts are emulated
-// with active messages (tcp) has neither.
-var rmaLane = regexp.MustCompile(`(?m)lane\[\d+\]:.*\srma(_bw)?(#\d+)?(\s|$)|^#\s+(put|get)\[\d+\]:`)
+// laneLine matches a lane of ucp_ep_print_info's text: its index, the
+// peer's memory domain component after "->" ("md[2]/posix/sysdev[255]")
+// and the usages after it (" rma_bw#0 am").
+var laneLine = regexp.MustCompile(`(?m)lane\[(\d+)\]:.*->\s*md\[\d+\]/([^/\s]+)/\S*(.*)$`)
 
-// hasRMALane is OneSided's parse of ucp_ep_print_info's text.
-func hasRMALane(info string) bool { return rmaLane.MatchString(info) }
+// rmaProto matches the put and get protocol lines UCX 1.13 prints for
+// each RMA lane ("#   put[1]: 0..<short>..(inf)"), capturing the lane.
+var rmaProto = regexp.MustCompile(`(?m)^#\s+(?:put|get)\[(\d+)\]:`)
+
+// rmaBW matches the rma_bw usage of a lane line's usages.
+var rmaBW = regexp.MustCompile(`(^|\s)rma_bw(#\d+)?(\s|$)`)
+
+// allocOnly are the memory domain components whose RMA reaches only
+// memory UCX allocated with them (shared memory segments), never a
+// registered range of the peer's own memory.
+var allocOnly = map[string]bool{"posix": true, "sysv": true}
+
+// hasRMALane is OneSided's parse of ucp_ep_print_info's text: is there
+// an RMA lane (a put[N] or get[N] line, or an rma_bw usage) whose peer
+// memory domain is not allocOnly?
+func hasRMALane(info string) bool {
+	rma := map[string]bool{}
+	for _, m := range rmaProto.FindAllStringSubmatch(info, -1) {
+		rma[m[1]] = true
+	}
+	for _, m := range laneLine.FindAllStringSubmatch(info, -1) {
+		if (rma[m[1]] || rmaBW.MatchString(m[3])) && !allocOnly[m[2]] {
+			return true
+		}
+	}
+	return false
+}
 
 // parseLanes is Transports' parse of ucp_ep_print_info's text.
 func parseLanes(info string) []string {

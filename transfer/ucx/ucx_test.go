@@ -57,7 +57,11 @@ func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
 var transports = []struct{ name, tls string }{{"tcp", "tcp"}, {"sm", "sm,self"}}
 
 // pair opens two contexts (two daemons' workers, here in one process) with
-// UCX_TLS=tls and connects a to b.
+// UCX_TLS=tls and connects a to b, closing them when the test ends. Map
+// the memory their operations reach before calling it: cleanups run last
+// first, and that memory must outlive the contexts (an operation that
+// timed out may still be running until then: a test that failed on a
+// timeout crashed in UCX's progress when its buffers went first).
 func pair(t *testing.T, tls string) (a, b *Context, ab *Endpoint) {
 	t.Helper()
 	t.Setenv("UCX_TLS", tls)
@@ -87,11 +91,12 @@ func pair(t *testing.T, tls string) (a, b *Context, ab *Endpoint) {
 func TestPutGetDescriptorList(t *testing.T) {
 	for _, tc := range transports {
 		t.Run(tc.name, func(t *testing.T) {
-			_, b, ab := pair(t, tc.tls)
 			const blk, n = 8 << 10, 1000
 			src := mapped(t, n*blk)
 			rand.NewChaCha8([32]byte{1}).Read(src)
 			dst := mapped(t, 2*n*blk)
+			back := mapped(t, n*blk)
+			_, b, ab := pair(t, tc.tls)
 			for i := range dst {
 				dst[i] = 0xee
 			}
@@ -112,7 +117,6 @@ func TestPutGetDescriptorList(t *testing.T) {
 			require.NoError(t, key.Put(descs, time.Now().Add(10*time.Second), nil))
 			require.True(t, bytes.Equal(want, dst), "every put in place, nothing else touched")
 
-			back := mapped(t, n*blk)
 			for i := range descs[:n/2] {
 				descs[i].Local = addr(back) + uintptr(i*blk)
 			}
@@ -139,9 +143,9 @@ func TestPutGetDescriptorList(t *testing.T) {
 // moves; an empty rkey or worker address, or an empty region, is an
 // error before UCX is called; double closes are ErrClosed.
 func TestBadInput(t *testing.T) {
-	a, b, ab := pair(t, "sm,self")
 	dst := mapped(t, 64<<10)
 	src := mapped(t, 64<<10)
+	a, b, ab := pair(t, "sm,self")
 	for i := range src {
 		src[i] = 7
 	}
@@ -195,27 +199,8 @@ func TestPeerKilled(t *testing.T) {
 			if tc.tls == "tcp" {
 				t.Setenv("UCX_NET_DEVICES", "lo")
 			}
-			cmd := exec.Command(os.Args[0], "-test.run=^TestPeerKilled$")
-			cmd.Env = append(os.Environ(), "UCX_TEST_PEER=1")
-			out, err := cmd.StdoutPipe()
-			require.NoError(t, err)
-			cmd.Stderr = os.Stderr
-			require.NoError(t, cmd.Start())
-			defer cmd.Process.Kill()
-			var wa, rk []byte
-			var base uint64
-			var n int
-			buf := make([]byte, 0, 4096)
-			tmp := make([]byte, 4096)
-			for {
-				k, err := out.Read(tmp)
-				require.NoError(t, err, "the peer child's hello")
-				buf = append(buf, tmp[:k]...)
-				if parsed, ok := parseHello(buf); ok {
-					wa, rk, base, n = parsed.addr, parsed.rkey, parsed.base, parsed.n
-					break
-				}
-			}
+			cmd, h := startPeer(t)
+			wa, rk, base, n := h.addr, h.rkey, h.base, h.n
 			a, err := Open(Config{})
 			require.NoError(t, err)
 			defer a.Close()
@@ -260,6 +245,81 @@ func TestPeerKilled(t *testing.T) {
 			} else {
 				require.NoError(t, cerr)
 			}
+		})
+	}
+}
+
+// startPeer starts TestPeerKilled's peer child (this test binary re-run,
+// under the test's UCX_TLS) and reads its hello; the child is killed when
+// the test ends.
+func startPeer(t *testing.T) (*exec.Cmd, hello) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPeerKilled$")
+	cmd.Env = append(os.Environ(), "UCX_TEST_PEER=1")
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		cmd.Process.Signal(unix.SIGCONT)
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	buf := make([]byte, 0, 4096)
+	tmp := make([]byte, 4096)
+	for {
+		k, err := out.Read(tmp)
+		require.NoError(t, err, "the peer child's hello")
+		buf = append(buf, tmp[:k]...)
+		if h, ok := parseHello(buf); ok {
+			return cmd, h
+		}
+	}
+}
+
+// TestOneSidedStoppedPeer: OneSided tells the truth. A put into a peer
+// process that is stopped (SIGSTOP: its worker serves nothing) completes
+// if the endpoint is one-sided and cannot if UCX emulates it with active
+// messages. With UCX 1.13 (Debian 12) both tcp and shared memory are
+// emulated for memory UCX did not allocate; a UCX that does RMA on cma
+// makes shared memory one-sided.
+func TestOneSidedStoppedPeer(t *testing.T) {
+	for _, tc := range transports {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("UCX_TLS", tc.tls)
+			if tc.tls == "tcp" {
+				t.Setenv("UCX_NET_DEVICES", "lo")
+			}
+			src := mapped(t, 64<<10)
+			for i := range src {
+				src[i] = 0x3c
+			}
+			cmd, h := startPeer(t)
+			a, err := Open(Config{})
+			require.NoError(t, err)
+			defer a.Close()
+			ep, err := a.Connect(h.addr)
+			require.NoError(t, err)
+			key, err := ep.Unpack(h.rkey, h.base, h.n)
+			require.NoError(t, err)
+			descs := []Desc{{Local: addr(src), Off: 0, N: uint64(len(src))}}
+			require.NoError(t, key.Put(descs, time.Now().Add(10*time.Second), nil), "a put while the peer runs")
+
+			require.NoError(t, cmd.Process.Signal(unix.SIGSTOP))
+			time.Sleep(50 * time.Millisecond) // stopped for sure
+			err = key.Put(descs, time.Now().Add(2*time.Second), nil)
+			oneSided := ep.OneSided()
+			t.Logf("one-sided %v; a put into the stopped peer: %v; lanes:\n%s", oneSided, err, ep.info())
+			if oneSided {
+				require.NoError(t, err, "one-sided: the stopped peer's worker is not needed")
+			} else {
+				require.ErrorIs(t, err, ErrTimeout, "emulated: only the peer's worker can complete the put")
+			}
+			// Resumed, the peer serves what was queued; the endpoint
+			// then flushes and closes.
+			require.NoError(t, cmd.Process.Signal(unix.SIGCONT))
+			require.NoError(t, key.Destroy())
+			require.NoError(t, ep.Close(false, time.Now().Add(10*time.Second)))
 		})
 	}
 }
@@ -317,16 +377,16 @@ func peerChild() {
 // region is released (unmapped before the release callback); device
 // memory gets no rkey.
 func TestMapperRegistry(t *testing.T) {
+	mem := mapped(t, 1<<20)
+	src := mapped(t, 4096)
 	_, b, ab := pair(t, "sm,self")
 	reg := mr.NewRegistry()
 	reg.SetMapper(b.Mapper())
-	mem := mapped(t, 1<<20)
 	r, err := reg.Register("host", addr(mem), uint64(len(mem)))
 	require.NoError(t, err)
 	require.NotEmpty(t, r.Rkey)
 	key, err := ab.Unpack(r.Rkey, uint64(r.Addr), int(r.Len))
 	require.NoError(t, err)
-	src := mapped(t, 4096)
 	for i := range src {
 		src[i] = 0x5a
 	}
