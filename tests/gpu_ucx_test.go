@@ -17,8 +17,8 @@ import (
 // TestGPUUCX: GPU memory on cuda:0 between two daemons of different host
 // ids whose bytes move on UCX over shared memory (UCX_TLS=sm,self; issue
 // 17, item 5): one-sided on cma with a UCX that does RMA on it (1.19),
-// emulated with Debian's 1.13 (--ucx-emulated, which changes nothing on a
-// one-sided endpoint).
+// emulated with Debian's 1.13; neither detects a dead peer, hence
+// --ucx-any-endpoint.
 // Debian's UCX has no CUDA support, so each side stages its GPU memory
 // through host memory (the log says so): a whole-tensor push, an in-place
 // range, a 1000-line scatter into the peer's GPU tensor (one range-list
@@ -28,7 +28,7 @@ import (
 func TestGPUUCX(t *testing.T) {
 	requireGPU(t)
 	t.Setenv("UCX_TLS", "sm,self")
-	ds := cluster(t, []string{"a", "b"}, "--device", "cuda:0", "--transport", "ucx", "--ucx-emulated", "--timeout", "10s")
+	ds := cluster(t, []string{"a", "b"}, "--device", "cuda:0", "--transport", "ucx", "--ucx-any-endpoint", "--timeout", "10s")
 	a, b := ds["a"], ds["b"]
 	const n, blk = 1000, 8 << 10
 	src := make([]byte, n*blk)

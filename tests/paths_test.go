@@ -17,9 +17,10 @@ type copyPath struct {
 
 // copyPaths are the paths of the copy suite: "ipc" (one host id), "tcp"
 // (two: tensorfs's streams) and, in a build with UCX, "ucx-sm" (two host
-// ids, --transport ucx --ucx-emulated, the bytes on UCX over
-// UCX_TLS=sm,self: gets that UCX 1.13 emulates with active messages, the
-// only way to drive tensorfs's UCX data path on machines without RDMA)
+// ids, --transport ucx --ucx-any-endpoint, the bytes on UCX over
+// UCX_TLS=sm,self: gets that UCX 1.13 emulates with active messages and
+// 1.19 does one-sided on cma, neither detecting a dead peer: the only way
+// to drive tensorfs's UCX data path on machines without RDMA)
 // and "ucx-tcp" (--transport auto over UCX_TLS=tcp, whose endpoints are
 // not one-sided: the copies stay on tensorfs's TCP, path "tcp", beside
 // the UCX endpoints). withIPC false leaves out "ipc".
@@ -45,7 +46,7 @@ func (p copyPath) flags(t testing.TB) []string {
 		if p.path != "ucx" {
 			return []string{"--transport", "auto"}
 		}
-		return []string{"--transport", "ucx", "--ucx-emulated"}
+		return []string{"--transport", "ucx", "--ucx-any-endpoint"}
 	case ucxBuild:
 		return []string{"--transport", "tcp"}
 	}

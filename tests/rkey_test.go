@@ -64,9 +64,10 @@ func TestRKeyXattr(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, string(out), `--transport "rdma": want auto, tcp or ucx`)
 	require.False(t, mounted(mnt))
-	// --ucx-emulated needs UCX: refused on TCP (and without UCX built in).
-	out, err = exec.Command(bin, "mount", mnt, "--transport", "tcp", "--ucx-emulated").CombinedOutput()
+	// --ucx-any-endpoint needs UCX: refused on TCP (and without UCX
+	// built in).
+	out, err = exec.Command(bin, "mount", mnt, "--transport", "tcp", "--ucx-any-endpoint").CombinedOutput()
 	require.Error(t, err)
-	require.Contains(t, string(out), "--ucx-emulated: no UCX here")
+	require.Contains(t, string(out), "--ucx-any-endpoint: no UCX here")
 	require.False(t, mounted(mnt))
 }

@@ -135,7 +135,8 @@ func (s *Service) refuseTCP(c *conn) error {
 // rmaFor is the endpoint a copy with the peer of c moves its bytes on,
 // nil for TCP: the peer's RMA endpoint, when this node has an RMA
 // transport, the peer offered one at its handshake and the endpoint
-// carries copies (one-sided, RMAEndpoint.OneSided, or Config.RMAEmulated).
+// carries copies (one-sided and detecting a dead peer, or any with
+// Config.RMAAnyEndpoint).
 // Errors: EPROTONOSUPPORT when this node must use RMA
 // (Config.RMARequired) and the peer offers none, or no endpoint that
 // carries copies.
@@ -147,7 +148,7 @@ func (s *Service) rmaFor(peer string, c *conn) (*rmaPeer, error) {
 	case !s.cfg.RMARequired:
 		return nil, nil
 	case p != nil:
-		return nil, &Error{Errno: syscall.EPROTONOSUPPORT, Msg: fmt.Sprintf("the UCX endpoint to %s is not one-sided (%s: UCX would emulate puts and gets), and this daemon runs with --transport ucx (auto would use TCP; --ucx-emulated would use the emulation)", peer, strings.Join(p.transports, ", "))}
+		return nil, &Error{Errno: syscall.EPROTONOSUPPORT, Msg: fmt.Sprintf("the UCX endpoint to %s (%s) %s, and this daemon runs with --transport ucx (auto would use TCP; --ucx-any-endpoint would use the endpoint)", peer, strings.Join(p.transports, ", "), p.unguarded())}
 	}
 	return nil, &Error{Errno: syscall.EPROTONOSUPPORT, Msg: fmt.Sprintf("%s offers no UCX endpoint, and this daemon runs with --transport ucx (auto would use TCP)", peer)}
 }

@@ -30,13 +30,19 @@ type RMAEndpoint interface {
 	// "rc_mlx5/mlx5_0:1"), for the log and stats.
 	Transports() []string
 	// OneSided reports whether the endpoint reaches the peer's
-	// registered memory by itself (an RMA lane on RDMA verbs, say):
-	// copies move their bytes only on such an endpoint, unless
-	// Config.RMAEmulated. Without one, UCX emulates puts and gets with
-	// messages the peer's worker serves: slower than tensorfs's streams,
-	// stuck behind a dead shared-memory peer, and fatal to a target whose
-	// initiator dies mid-transfer (see transfer/ucx's Endpoint.OneSided).
+	// registered memory by itself (an RMA lane on RDMA verbs, say).
+	// Without one, UCX emulates puts and gets with messages the peer's
+	// worker serves: slower than tensorfs's streams, stuck behind a dead
+	// shared-memory peer, and fatal to a target whose initiator dies
+	// mid-transfer (see transfer/ucx's Endpoint.OneSided).
 	OneSided() bool
+	// DetectsPeerFailure reports whether the endpoint fails its
+	// operations when the peer dies (UCX's peer error handling). Without
+	// it a dead peer's operations hang (emulated) or abort this process
+	// (UCX 1.19's cma: a process_vm_readv of a dead pid is fatal on such
+	// an endpoint). Copies move their bytes on an endpoint only when it is
+	// one-sided and detects peer failure, unless Config.RMAAnyEndpoint.
+	DetectsPeerFailure() bool
 	// Close closes it, flushing first unless force, waiting at most until
 	// deadline.
 	Close(force bool, deadline time.Time) error
@@ -112,8 +118,9 @@ type rmaPeer struct {
 	ep         RMAEndpoint
 	transports []string
 	oneSided   bool // ep.OneSided
-	// carries: copies move their bytes on ep (oneSided, or an emulated
-	// endpoint with Config.RMAEmulated).
+	guarded    bool // ep.DetectsPeerFailure
+	// carries: copies move their bytes on ep (oneSided and guarded, or
+	// any endpoint with Config.RMAAnyEndpoint).
 	carries bool
 	// keys are the peer's rkeys unpacked on ep, for the next transfers
 	// (rmaKeys); the endpoint's close destroys them.
@@ -162,20 +169,32 @@ func (s *Service) noteRMA(peer, instance string, addr []byte) {
 		slog.Warn("ucx: no endpoint to the peer; copies with it stay on TCP", "peer", peer, "err", err)
 		return
 	}
-	p := &rmaPeer{instance: instance, ep: ep, transports: ep.Transports(), oneSided: ep.OneSided()}
-	p.carries = p.oneSided || s.cfg.RMAEmulated
+	p := &rmaPeer{instance: instance, ep: ep, transports: ep.Transports(), oneSided: ep.OneSided(), guarded: ep.DetectsPeerFailure()}
+	p.carries = (p.oneSided && p.guarded) || s.cfg.RMAAnyEndpoint
 	if s.rma == nil {
 		s.rma = map[string]*rmaPeer{}
 	}
 	s.rma[peer] = p
-	switch {
-	case p.oneSided:
+	switch why := p.unguarded(); {
+	case why == "":
 		slog.Info("ucx: endpoint to the peer", "peer", peer, "transports", p.transports)
 	case p.carries:
-		slog.Warn("ucx: endpoint to the peer is not one-sided; copies with it move their bytes on UCX's emulation all the same (--ucx-emulated: for trying the UCX path without RDMA)", "peer", peer, "transports", p.transports)
+		slog.Warn("ucx: endpoint to the peer "+why+"; copies with it move their bytes on it all the same (--ucx-any-endpoint: for trying the UCX path without RDMA)", "peer", peer, "transports", p.transports)
 	default:
-		slog.Warn("ucx: endpoint to the peer is not one-sided; copies with it stay on TCP (UCX would emulate puts and gets with messages the peer serves: slower than tensorfs's streams, stuck behind a dead shared-memory peer, and UCX aborts a target whose initiator dies mid-transfer)", "peer", peer, "transports", p.transports)
+		slog.Warn("ucx: endpoint to the peer "+why+"; copies with it stay on TCP", "peer", peer, "transports", p.transports)
 	}
+}
+
+// unguarded is why copies should not move their bytes on the endpoint,
+// for the log and errors: "" when it is one-sided and detects a dead peer.
+func (p *rmaPeer) unguarded() string {
+	switch {
+	case !p.oneSided:
+		return "is not one-sided (UCX would emulate puts and gets with messages the peer serves: slower than tensorfs's streams, stuck behind a dead shared-memory peer, and UCX aborts a target whose initiator dies mid-transfer)"
+	case !p.guarded:
+		return "cannot detect a dead peer (shared memory: UCX then aborts this daemon when a peer dies mid-copy)"
+	}
+	return ""
 }
 
 // rmaEndpoints is the endpoint to each peer that has one, for stats.

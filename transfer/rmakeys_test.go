@@ -20,6 +20,7 @@ type fakeKey struct {
 
 func (e *fakeEP) Transports() []string                       { return nil }
 func (e *fakeEP) OneSided() bool                             { return true }
+func (e *fakeEP) DetectsPeerFailure() bool                   { return true }
 func (e *fakeEP) Close(force bool, deadline time.Time) error { return nil }
 func (e *fakeEP) Unpack(rkey []byte, base uint64, n int) (RMAKey, error) {
 	e.mu.Lock()

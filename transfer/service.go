@@ -132,11 +132,13 @@ type Config struct {
 	// host that offers no RMA endpoint an error (EPROTONOSUPPORT) instead
 	// of a TCP copy.
 	RMARequired bool
-	// RMAEmulated (--ucx-emulated) makes copies move their bytes on an
-	// RMA endpoint that is not one-sided too, on UCX's emulation of puts
-	// and gets with messages (RMAEndpoint.OneSided says what that costs):
-	// for trying and testing the UCX path on machines without RDMA.
-	RMAEmulated bool
+	// RMAAnyEndpoint (--ucx-any-endpoint) makes copies move their bytes
+	// on any RMA endpoint: also one that is not one-sided (UCX's
+	// emulation of puts and gets with messages) or cannot detect a dead
+	// peer (RMAEndpoint.OneSided and DetectsPeerFailure say what each
+	// costs): for trying and testing the UCX path on machines without
+	// RDMA.
+	RMAAnyEndpoint bool
 }
 
 // Service is a node's peer service: a listener for peers and the client side

@@ -383,14 +383,16 @@ type PeerReport struct {
 	// made one; absent without.
 	UCX []string `json:"ucx,omitempty"`
 	// UCXOneSided says that endpoint reaches the peer's registered
-	// memory by itself (an RMA lane on RDMA verbs, say), so copies with
-	// the peer move their bytes on it; false where UCX emulates puts and
-	// gets (its tcp, and its shared memory in UCX 1.13), whose copies
-	// stay on TCP.
+	// memory by itself (an RMA lane on RDMA verbs, say); false where UCX
+	// emulates puts and gets (its tcp, and its shared memory in UCX 1.13).
 	UCXOneSided bool `json:"ucx_one_sided,omitempty"`
-	// UCXEmulated says copies with the peer move their bytes on that
-	// endpoint all the same, on UCX's emulation (--ucx-emulated).
-	UCXEmulated bool `json:"ucx_emulated,omitempty"`
+	// UCXPeerFailure says that endpoint detects a dead peer (UCX's peer
+	// error handling: RDMA verbs, tcp; not shared memory).
+	UCXPeerFailure bool `json:"ucx_peer_failure,omitempty"`
+	// UCXCarries says copies with the peer move their bytes on that
+	// endpoint: one-sided and detecting a dead peer, or any endpoint
+	// with --ucx-any-endpoint; false: they stay on TCP.
+	UCXCarries bool `json:"ucx_carries,omitempty"`
 	// Since is when the node's current run started (RFC 3339, UTC).
 	Since string `json:"since,omitempty"`
 	// Stale: the directory is unreachable and this entry is from the last

@@ -272,9 +272,9 @@ func runMount(mountpoint, device string, limit int64, revoke time.Duration, o fs
 		return err
 	}
 	defer closeUCX()
-	if rma == nil && peerCfg.RMAEmulated {
+	if rma == nil && peerCfg.RMAAnyEndpoint {
 		store.Close()
-		return fmt.Errorf("--ucx-emulated: no UCX here (--transport tcp, a build without UCX, or no UCX context: the log says which)")
+		return fmt.Errorf("--ucx-any-endpoint: no UCX here (--transport tcp, a build without UCX, or no UCX context: the log says which)")
 	}
 	peerCfg.RMA = rma
 	peerCfg.RMARequired = rma != nil && transport == "ucx"

@@ -22,7 +22,7 @@ type peerFlags struct {
 	peers                            []string
 	timeout, idle, spin              time.Duration
 	streams                          int
-	emulated                         bool
+	anyEndpoint                      bool
 	flags                            *pflag.FlagSet
 }
 
@@ -35,8 +35,8 @@ func (p *peerFlags) register(f *pflag.FlagSet) {
 	f.DurationVar(&p.timeout, "timeout", 10*time.Second, "how long a copy waits on a silent peer")
 	f.DurationVar(&p.idle, "idle-timeout", transfer.DefaultIdleTimeout, "how long a connection to a peer is kept open after a copy, for the next one")
 	f.IntVar(&p.streams, "streams", transfer.DefaultStreams, fmt.Sprintf("parallel TCP streams per large copy (1 to %d)", transfer.MaxStreams))
-	f.StringVar(&p.transport, "transport", "auto", "how copies with peers on other hosts move their bytes: auto (one-sided on UCX with a peer whose endpoint reaches registered memory by itself: RDMA verbs; else tensorfs's TCP streams), tcp (no UCX) or ucx (UCX only: a peer without it, or without a one-sided endpoint, is an error, EPROTONOSUPPORT); with UCX every host-memory region is mapped and its rkey is user.tensorfs.rkey; GPU memory stages through host memory")
-	f.BoolVar(&p.emulated, "ucx-emulated", false, "move copies' bytes on UCX endpoints that are not one-sided too, on UCX's emulation of puts and gets with messages the peer serves (its tcp, and its shared memory in UCX 1.13): for trying and testing the UCX path without RDMA; slower than tensorfs's own paths, and a peer killed mid-copy can stall this daemon's UCX worker or abort the peer")
+	f.StringVar(&p.transport, "transport", "auto", "how copies with peers on other hosts move their bytes: auto (one-sided on UCX with a peer whose endpoint reaches registered memory by itself and detects a dead peer: RDMA verbs; else tensorfs's TCP streams), tcp (no UCX) or ucx (UCX only: a peer without it, or without such an endpoint, is an error, EPROTONOSUPPORT); with UCX every host-memory region is mapped and its rkey is user.tensorfs.rkey; GPU memory stages through host memory")
+	f.BoolVar(&p.anyEndpoint, "ucx-any-endpoint", false, "move copies' bytes on any UCX endpoint to a peer of another host, also one that is not one-sided (UCX's tcp, and its shared memory in UCX 1.13: puts and gets emulated with messages the peer serves) or cannot detect a dead peer (shared memory): for trying and testing the UCX path without RDMA; a peer killed mid-copy can then stall this daemon's UCX worker or abort this daemon or the peer")
 	f.DurationVar(&p.spin, "spin", transfer.DefaultSpin, "how long a peer connection polls for its next frame before it sleeps (0: never; default 0 on hosts of fewer than 4 CPUs)")
 	p.flags = f
 }
@@ -79,7 +79,7 @@ func checkNodeName(name string) error {
 // an unreadable secret file, one readable by group or others (as ssh refuses
 // such keys), or one under 16 bytes.
 func (p *peerFlags) config() (transfer.Config, error) {
-	cfg := transfer.Config{Name: p.name, Listen: p.listen, HostID: p.hostID, Timeout: p.timeout, IdleTimeout: p.idle, Streams: p.streams, Spin: p.spinFor(runtime.NumCPU()), RMAEmulated: p.emulated, Peers: map[string]string{}}
+	cfg := transfer.Config{Name: p.name, Listen: p.listen, HostID: p.hostID, Timeout: p.timeout, IdleTimeout: p.idle, Streams: p.streams, Spin: p.spinFor(runtime.NumCPU()), RMAAnyEndpoint: p.anyEndpoint, Peers: map[string]string{}}
 	if cfg.Name == "" {
 		h, err := os.Hostname()
 		if err != nil {

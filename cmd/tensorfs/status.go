@@ -71,12 +71,13 @@ type peerState struct {
 	SameHost bool   `json:"same_host,omitempty"`
 	Since    string `json:"since,omitempty"`
 	// UCX is the transports of this node's UCX endpoint to the peer,
-	// UCXOneSided whether it is one-sided (copies move their bytes on
-	// it), UCXEmulated whether copies use it all the same on UCX's
-	// emulation (--ucx-emulated): stats' peers.
-	UCX         []string `json:"ucx,omitempty"`
-	UCXOneSided bool     `json:"ucx_one_sided,omitempty"`
-	UCXEmulated bool     `json:"ucx_emulated,omitempty"`
+	// UCXOneSided whether it is one-sided, UCXPeerFailure whether it
+	// detects a dead peer, UCXCarries whether copies move their bytes on
+	// it: stats' peers.
+	UCX            []string `json:"ucx,omitempty"`
+	UCXOneSided    bool     `json:"ucx_one_sided,omitempty"`
+	UCXPeerFailure bool     `json:"ucx_peer_failure,omitempty"`
+	UCXCarries     bool     `json:"ucx_carries,omitempty"`
 }
 
 // transferProgress is a running transfer in status.
@@ -96,14 +97,14 @@ names it): its node name; the default device's capacity, use and free space
 (statfs, as df shows them) and the tensors and bytes live on all its devices;
 its peers and their state (configured by --peer, live or stale in the etcd
 view, and the transports of its UCX endpoint to each, "(copies on tcp)" when
-that endpoint is not one-sided, "(emulated)" when copies use UCX's emulation
-all the same, --ucx-emulated) and the cluster's; the transfers running now with their progress; and
+copies do not use that endpoint, "(any endpoint)" when they use one that is not
+one-sided or cannot detect a dead peer, --ucx-any-endpoint) and the cluster's; the transfers running now with their progress; and
 the daemon's recent errors, when its stats document records them.
 
 Everything is read through the mount (statfs and the root's
 user.tensorfs.stats xattr), so any user who can see the mount can run it.
 --json prints {mount, node, device: {capacity, used, free}, live, peers:
-[{name, addr, source, state, same_host, since, ucx, ucx_one_sided, ucx_emulated}], cluster, transfers: [the
+[{name, addr, source, state, same_host, since, ucx, ucx_one_sided, ucx_peer_failure, ucx_carries}], cluster, transfers: [the
 running records of stats, each with percent], errors}.`,
 		Args: positional(1, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -157,7 +158,7 @@ func readStatus(arg string) (statusReport, error) {
 	}
 	rep.Live, rep.Cluster, rep.Devices = st.Live, st.Cluster, st.Devices
 	for name, p := range st.Peers {
-		ps := peerState{Name: name, Addr: p.Addr, Source: p.Source, SameHost: p.SameHost, Since: p.Since, UCX: p.UCX, UCXOneSided: p.UCXOneSided, UCXEmulated: p.UCXEmulated}
+		ps := peerState{Name: name, Addr: p.Addr, Source: p.Source, SameHost: p.SameHost, Since: p.Since, UCX: p.UCX, UCXOneSided: p.UCXOneSided, UCXPeerFailure: p.UCXPeerFailure, UCXCarries: p.UCXCarries}
 		switch {
 		case ps.Source == "":
 			ps.Source, ps.State = "peer", "configured"
@@ -253,7 +254,7 @@ func writeStatus(w io.Writer, r statusReport) {
 			if p.Source == "peer" && p.Since == "" {
 				same = "-"
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, p.Addr, p.Source, p.State, same, orDash(p.Since), ucxText(p.UCX, p.UCXOneSided, p.UCXEmulated))
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, p.Addr, p.Source, p.State, same, orDash(p.Since), ucxText(p.UCX, p.UCXCarries, p.UCXOneSided && p.UCXPeerFailure))
 		}
 		tw.Flush()
 	}
@@ -287,18 +288,19 @@ func writeStatus(w io.Writer, r statusReport) {
 }
 
 // ucxText is a peer's UCX column: "-" without an endpoint, its
-// transports, and "(copies on tcp)" when the endpoint is not one-sided,
-// "(emulated)" when copies use it all the same.
-func ucxText(transports []string, oneSided, emulated bool) string {
+// transports, and "(copies on tcp)" when copies do not use the endpoint,
+// "(any endpoint)" when they use it although it is not guarded (one-sided
+// and detecting a dead peer: --ucx-any-endpoint).
+func ucxText(transports []string, carries, guarded bool) string {
 	if len(transports) == 0 {
 		return "-"
 	}
 	t := strings.Join(transports, ",")
 	switch {
-	case emulated:
-		t += " (emulated)"
-	case !oneSided:
+	case !carries:
 		t += " (copies on tcp)"
+	case !guarded:
+		t += " (any endpoint)"
 	}
 	return t
 }

@@ -30,6 +30,8 @@ func (e endpoint) Transports() []string { return e.e.Transports() }
 
 func (e endpoint) OneSided() bool { return e.e.OneSided() }
 
+func (e endpoint) DetectsPeerFailure() bool { return e.e.DetectsPeerFailure() }
+
 func (e endpoint) Close(force bool, deadline time.Time) error { return e.e.Close(force, deadline) }
 
 func (r rma) Map(addr uintptr, n int) ([]byte, func() error, error) {

@@ -211,6 +211,12 @@ func TestPeerKilled(t *testing.T) {
 			src := mapped(t, n)
 			descs := []Desc{{Local: addr(src), Off: 0, N: uint64(n)}}
 			require.NoError(t, key.Put(descs, time.Now().Add(10*time.Second), nil), "a put while the peer lives")
+			if ep.OneSided() && !ep.DetectsPeerFailure() {
+				// UCX 1.19's cma over shared memory: the put after the
+				// kill would abort this process (cma_ep.c).
+				require.NoError(t, key.Destroy())
+				t.Skipf("one-sided without peer failure detection (%v): a put into a dead peer aborts the process; UCX 1.13 (Debian 12) emulates it and the test runs", ep.Transports())
+			}
 
 			require.NoError(t, cmd.Process.Kill())
 			cmd.Wait()
