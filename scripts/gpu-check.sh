@@ -104,7 +104,9 @@ builducx() {
 	cp "$perftest" "$u/"
 	strip --strip-unneeded "$u"/lib/*.so* "$u"/lib/ucx/*.so* "$u/ucx_perftest" 2>/dev/null || true
 	git describe --always --dirty >"$u/COMMIT"
-	LD_LIBRARY_PATH=$u/lib "$u/ucx_perftest" -v 2>&1 | head -1 >"$u/UCX_VERSION" || true
+	local info=/usr/bin/ucx_info
+	[ -z "${UCX_PREFIX:-}" ] || info=$UCX_PREFIX/bin/ucx_info
+	LD_LIBRARY_PATH=$u/lib "$info" -v 2>&1 | head -2 | tr '\n' ' ' >"$u/UCX_VERSION" || true
 	du -sh "$u"
 }
 
