@@ -57,7 +57,7 @@ func TestUCXEndpoints(t *testing.T) {
 		}, 5*time.Second, 20*time.Millisecond, "a: %+v, b: %+v", a.stats().Peers, b.stats().Peers)
 		st := a.stats()
 		last := st.Transfers.Recent[len(st.Transfers.Recent)-1]
-		require.Equal(t, "tcp", last.Path, "an endpoint without one-sided lanes carries no bytes: %+v", last)
+		require.Equal(t, "tcp", last.Path, "an endpoint that is not one-sided carries no bytes: %+v", last)
 		require.Regexp(t, `is not one-sided \(UCX would emulate puts and gets.*\); copies with it stay on TCP`, a.log.String())
 		require.False(t, st.Peers["b"].UCXOneSided)
 		require.Contains(t, cliOK(t, "status", a.mnt), "tcp/lo (copies on tcp)", "status shows the endpoint and that it carries no bytes")
@@ -163,8 +163,8 @@ func TestUCXWholeCopies(t *testing.T) {
 }
 
 // TestUCXRequired: with --transport ucx, a copy with a peer of another
-// host that offers no UCX, or whose endpoint has no one-sided lanes
-// (UCX_TLS=tcp), is refused (EPROTONOSUPPORT) and moves nothing, either
+// host that offers no UCX, or whose endpoint is not one-sided (UCX_TLS=tcp,
+// and sm with UCX 1.13), is refused (EPROTONOSUPPORT) and moves nothing, either
 // way: a daemon on ucx refuses a peer's copies over TCP too. (With auto
 // they go on TCP: TestUCXEndpoints.)
 func TestUCXRequired(t *testing.T) {

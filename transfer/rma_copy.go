@@ -12,7 +12,8 @@ import (
 )
 
 // The one-sided path (issue 17). Between daemons of different hosts whose
-// UCX endpoints have one-sided lanes, a copy's request and reply travel on
+// UCX endpoint carries bytes (rmaPeer.carries: one-sided and detecting a
+// dead peer, or any with --ucx-any-endpoint), a copy's request and reply travel on
 // the tensorfs connection as for TCP, and the destination reads the bytes
 // from the source's memory: the source names that memory as regions
 // (address, length, packed rkey: each tensor's own MR, or a staging
