@@ -53,7 +53,7 @@ func inPlaceBenchPair(b *testing.B, sameHost bool) (a, d *daemon) {
 }
 
 // benchPaths are the paths the in-place benchmarks run on: copyPaths
-// (ucx-tcp and ucx-sm in a build with UCX).
+// (ucx-tcp, ucx-sm and ucx-tcp-emulated in a build with UCX).
 func benchPaths() []copyPath { return copyPaths(true) }
 
 // inPlaceBenchPairOn is inPlaceBenchPair on path p (copyPath: its UCX_TLS

@@ -20,10 +20,12 @@ type copyPath struct {
 // ids, --transport ucx --ucx-any-endpoint, the bytes on UCX over
 // UCX_TLS=sm,self: gets that UCX 1.13 emulates with active messages and
 // 1.19 does one-sided on cma, neither detecting a dead peer: the only way
-// to drive tensorfs's UCX data path on machines without RDMA)
-// and "ucx-tcp" (--transport auto over UCX_TLS=tcp, whose endpoints are
-// not one-sided: the copies stay on tensorfs's TCP, path "tcp", beside
-// the UCX endpoints). withIPC false leaves out "ipc".
+// to drive tensorfs's UCX data path on machines without RDMA),
+// "ucx-tcp-emulated" (the same over UCX_TLS=tcp: gets emulated with
+// active messages, on endpoints that detect a dead peer) and "ucx-tcp"
+// (--transport auto over UCX_TLS=tcp, whose endpoints are not one-sided:
+// the copies stay on tensorfs's TCP, path "tcp", beside the UCX
+// endpoints). withIPC false leaves out "ipc".
 func copyPaths(withIPC bool) []copyPath {
 	var ps []copyPath
 	if withIPC {
@@ -31,7 +33,8 @@ func copyPaths(withIPC bool) []copyPath {
 	}
 	ps = append(ps, copyPath{name: "tcp", path: "tcp"})
 	if ucxBuild {
-		ps = append(ps, copyPath{name: "ucx-tcp", path: "tcp", tls: "tcp"}, copyPath{name: "ucx-sm", path: "ucx", tls: "sm,self"})
+		ps = append(ps, copyPath{name: "ucx-tcp", path: "tcp", tls: "tcp"}, copyPath{name: "ucx-sm", path: "ucx", tls: "sm,self"},
+			copyPath{name: "ucx-tcp-emulated", path: "ucx", tls: "tcp"})
 	}
 	return ps
 }

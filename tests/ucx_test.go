@@ -58,6 +58,7 @@ func TestUCXEndpoints(t *testing.T) {
 		st := a.stats()
 		last := st.Transfers.Recent[len(st.Transfers.Recent)-1]
 		require.Equal(t, "tcp", last.Path, "an endpoint that is not one-sided carries no bytes: %+v", last)
+		a.requireLog("ucx: endpoint to the peer is not one-sided (UCX would emulate puts and gets")
 		require.Regexp(t, `is not one-sided \(UCX would emulate puts and gets.*\); copies with it stay on TCP`, a.log.String())
 		require.False(t, st.Peers["b"].UCXOneSided)
 		require.Contains(t, cliOK(t, "status", a.mnt), "tcp/lo (copies on tcp)", "status shows the endpoint and that it carries no bytes")
@@ -85,7 +86,8 @@ func TestUCXEndpoints(t *testing.T) {
 }
 
 // TestUCXWholeCopies: whole tensors and directory trees between two hosts
-// move on UCX (ucx-sm: UCX_TLS=sm,self with --ucx-any-endpoint): a push of a new
+// move on UCX (--ucx-any-endpoint: ucx-sm over UCX_TLS=sm,self,
+// ucx-tcp-emulated over UCX_TLS=tcp): a push of a new
 // tensor and over an existing one (into the temporary, then renamed), a
 // pull of a tensor and of a range, a directory tree both ways; every byte
 // arrives, stats count the copies as ucx with the endpoint's transports,
@@ -153,11 +155,17 @@ func TestUCXWholeCopies(t *testing.T) {
 			}
 			// UCX 1.13 emulates RMA into registered memory over shared
 			// memory; 1.19 does it one-sided on cma. Neither detects a
-			// dead peer there.
+			// dead peer there. UCX's tcp emulates, and detects.
 			peer := a.stats().Peers["b"]
-			require.False(t, peer.UCXPeerFailure, "shared memory: %+v", peer)
 			require.True(t, peer.UCXCarries, "--ucx-any-endpoint: %+v", peer)
-			require.Regexp(t, `(?m)^\s+b\s.*memory\S* \(any endpoint\)\s*$`, cliOK(t, "status", a.mnt), "status shows the shared-memory endpoint, used although unguarded")
+			if p.tls == "tcp" {
+				require.False(t, peer.UCXOneSided, "tcp: %+v", peer)
+				require.True(t, peer.UCXPeerFailure, "tcp: %+v", peer)
+				require.Regexp(t, `(?m)^\s+b\s.*tcp/lo \(any endpoint\)\s*$`, cliOK(t, "status", a.mnt), "status shows the tcp endpoint, used although emulated")
+			} else {
+				require.False(t, peer.UCXPeerFailure, "shared memory: %+v", peer)
+				require.Regexp(t, `(?m)^\s+b\s.*memory\S* \(any endpoint\)\s*$`, cliOK(t, "status", a.mnt), "status shows the shared-memory endpoint, used although unguarded")
+			}
 		})
 	}
 }
@@ -197,9 +205,10 @@ func TestUCXRequired(t *testing.T) {
 		writeTensor(t, c.path("x"), data)
 		err = unix.Setxattr(c.path("x"), xattrs.CopyTo, []byte("b:/x"), 0)
 		require.ErrorIs(t, err, syscall.EPROTONOSUPPORT, tls)
-		require.Contains(t, c.log.String(), "--ucx-any-endpoint would use the endpoint", tls)
+		c.requireLog("--ucx-any-endpoint would use the endpoint", tls)
 		_, err = os.Stat(d.path("x"))
 		require.ErrorIs(t, err, os.ErrNotExist, "nothing moved (%s)", tls)
 		require.False(t, c.stats().Peers["b"].UCXCarries, tls)
 	}
 }
+
