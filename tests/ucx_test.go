@@ -211,4 +211,3 @@ func TestUCXRequired(t *testing.T) {
 		require.False(t, c.stats().Peers["b"].UCXCarries, tls)
 	}
 }
-
