@@ -211,3 +211,37 @@ func TestUCXRequired(t *testing.T) {
 		require.False(t, c.stats().Peers["b"].UCXCarries, tls)
 	}
 }
+
+// TestUCXAnyEndpointOneSide: --ucx-any-endpoint on one side only. Over
+// shared memory (not guarded: emulated with UCX 1.13, unguarded cma with
+// 1.19) a asks for UCX copies, and b, whose own endpoint to a does not
+// carry copies, answers both its pulls and its pushes on TCP: b's worker
+// never serves emulated gets, which would abort it if a died mid-copy
+// (b served a pull on UCX before). Every byte arrives either way.
+func TestUCXAnyEndpointOneSide(t *testing.T) {
+	t.Setenv("UCX_TLS", "sm,self")
+	a, b, _ := ucxPair(t, []string{"--ucx-any-endpoint"}, nil)
+	x := fill(1<<20+3, 6)
+	writeTensor(t, b.path("x"), x)
+	writeTensor(t, a.path("y"), nil)
+	setx(t, a.path("y"), xattrs.CopyFrom, "b:/x")
+	requireContent(t, a.path("y"), x)
+	setx(t, a.path("y"), xattrs.CopyTo, "b:/z")
+	requireContent(t, b.path("z"), x)
+	require.True(t, a.stats().Peers["b"].UCXCarries, "a's endpoint carries (--ucx-any-endpoint)")
+	require.False(t, b.stats().Peers["a"].UCXCarries, "b's does not")
+	for _, d := range []*daemon{a, b} {
+		st := d.stats()
+		require.Zero(t, st.Copies.UCX, "%+v", st.Copies)
+		require.EqualValues(t, 2, st.Copies.TCP, "%+v", st.Copies)
+		for _, r := range st.Transfers.Recent {
+			// a's push first asked for UCX: that attempt's record says
+			// b answered on TCP, and the next one is the copy.
+			if r.Error == "" {
+				require.Equal(t, "tcp", r.Path, "%+v", r)
+			} else {
+				require.Contains(t, r.Error, "the peer answered on TCP", "%+v", r)
+			}
+		}
+	}
+}

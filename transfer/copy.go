@@ -129,7 +129,7 @@ func (s *Service) refuseTCP(c *conn) error {
 	if !s.cfg.RMARequired || s.sameHost(c) {
 		return nil
 	}
-	return &Error{Errno: syscall.EPROTONOSUPPORT, Msg: fmt.Sprintf("%s asked for a copy over TCP, and this daemon runs with --transport ucx (no one-sided UCX endpoint between them)", c.peer)}
+	return &Error{Errno: syscall.EPROTONOSUPPORT, Msg: fmt.Sprintf("%s asked for a copy over TCP, and this daemon runs with --transport ucx (no UCX endpoint between them that carries copies)", c.peer)}
 }
 
 // rmaFor is the endpoint a copy with the peer of c moves its bytes on,
@@ -815,10 +815,16 @@ func (s *Service) serveGet(c *conn, req request) error {
 			return err
 		}
 	}
-	if req.RMA && s.cfg.RMA != nil && total > 0 {
+	if req.RMA && total > 0 {
 		// No bytes (an empty tensor or tree): nothing to reach, the
-		// TCP answer says it all.
-		return s.serveGetRMA(c, srcs, metas, recMetas, isDir, label)
+		// TCP answer says it all. Served on RMA only when this node's
+		// own endpoint to the puller carries copies: its worker is the
+		// one that serves emulated gets, and would abort if the puller
+		// died mid-copy (a puller with --ucx-any-endpoint asked anyway;
+		// it takes the TCP answer).
+		if p := s.rmaTo(c.peer, c.instance); p != nil && p.carries {
+			return s.serveGetRMA(c, srcs, metas, recMetas, isDir, label)
+		}
 	}
 	if err := s.refuseTCP(c); err != nil && total > 0 {
 		c.sendError(err)

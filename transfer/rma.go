@@ -11,7 +11,8 @@ import (
 // (hello and challenge carry it), and each side makes an endpoint to a
 // peer that offers one, once per peer run (DESIGN.md, "Between hosts";
 // issue 17). A copy to or from a peer of another host moves its bytes on
-// the endpoint, one-sided (rmaPush, rmaPull); names, authentication,
+// the endpoint when it carries copies (rmaPeer.carries), the destination
+// reading (rmaPush, rmaPull); names, authentication,
 // commit and notification stay on the tensorfs connection.
 type RMA interface {
 	// Address is this node's worker address (opaque bytes).

@@ -563,9 +563,10 @@ func trackVia(rec *Record, p *rmaPeer) {
 	}
 }
 
-// errNoRMA: the peer answered a one-sided request as a TCP one (it has no
-// RMA transport after all); the copy goes on TCP.
-var errNoRMA = errors.New("the peer took no one-sided transfer")
+// errNoRMA: the peer answered an RMA request as a TCP one (it has no RMA
+// transport after all, or its endpoint to this node carries no copies);
+// the copy goes on TCP, in a record of its own after this attempt's.
+var errNoRMA = errors.New("the peer answered on TCP (no UCX endpoint of its own that carries copies): copied on TCP instead")
 
 // rmaPush runs a put on c whose bytes the destination reads one-sided:
 // the sources' memory offered in the request req (GPU memory read into a

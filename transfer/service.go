@@ -125,12 +125,13 @@ type Config struct {
 	// RMA, when set, is this node's one-sided transport (transfer/ucx in
 	// a build with UCX): its address goes in the handshake, an endpoint is
 	// made to each peer that offers one (see RMA), and copies with such a
-	// peer of another host move their bytes on it (path "ucx"), with the
-	// others on TCP.
+	// peer of another host move their bytes on it (path "ucx") when it
+	// carries copies (one-sided and detecting a dead peer, or any with
+	// RMAAnyEndpoint), with the others on TCP.
 	RMA RMA
 	// RMARequired (--transport ucx) makes a copy with a peer of another
-	// host that offers no RMA endpoint an error (EPROTONOSUPPORT) instead
-	// of a TCP copy.
+	// host that offers no RMA endpoint that carries copies an error
+	// (EPROTONOSUPPORT) instead of a TCP copy.
 	RMARequired bool
 	// RMAAnyEndpoint (--ucx-any-endpoint) makes copies move their bytes
 	// on any RMA endpoint: also one that is not one-sided (UCX's

@@ -83,6 +83,14 @@ peer (1 to 8; default 2): chunks of at least 4 per stream, each checked by
 CRC32C and counted exactly once; a stream that dies fails the whole copy. The
 receiving side of a copy decides, up to what the asking side offers.
 
+--transport (a build with UCX, -tags ucx): auto moves a copy's bytes with a
+peer of another host on UCX where the endpoint to it is one-sided and detects
+a dead peer (RDMA verbs), else on TCP; ucx refuses such a copy otherwise
+(EPROTONOSUPPORT); tcp opens no UCX. --ucx-any-endpoint uses any UCX endpoint
+(UCX's tcp and shared memory, whose puts and gets UCX emulates or whose peer's
+death aborts this daemon): for testing the UCX path without RDMA
+(docs/ucx.md).
+
 Cluster through etcd: --etcd ENDPOINTS (comma-separated) registers this node
 at /tensorfs/CLUSTER/nodes/NAME (--cluster, default "default") under a lease
 of --etcd-ttl that it keeps alive, and finds peers by name through a watch of
@@ -388,7 +396,8 @@ func logMounted(mountpoint, asked string, def gpu.Device, limit int64, pc transf
 	if listen != "" || len(pc.Peers) > 0 || pc.Resolver != nil {
 		transports = append(transports, "tcp", "ipc")
 		if pc.RMA != nil {
-			// ucx to a peer of another host that offers it.
+			// ucx to a peer of another host whose endpoint carries
+			// copies.
 			transports = append(transports, "ucx")
 		}
 	}

@@ -40,5 +40,18 @@ func TestParseLanes(t *testing.T) {
 		"#   lane[1]:  1:sysv/memory.0 md[0] -> md[0]/sysv/sysdev[255]\n#\n" +
 		"#                  put[1]: 0..<short>..(inf)\n#                  put[0]: 0..<short>..<bcopy>..<zcopy>..(inf)\n"
 	require.True(t, hasRMALane(rc), "an RDMA lane's put")
+	// UCX 1.19.1's shared memory, verbatim (TestOneSidedStoppedPeer's log):
+	// no put[N] lines (the newer protocols), cma's rma_bw lane.
+	sm119 := "#                 lane[0]:  1:sysv/memory.0 md[1]           -> md[1]/sysv/sysdev[255] seg 4294967295 am\n" +
+		"#                 lane[1]:  2:posix/memory.0 md[2]          -> md[2]/posix/sysdev[255] seg 4294967295\n" +
+		"#                 lane[2]:  3:cma/memory.0 md[3]            -> md[3]/cma/sysdev[255] seg 4294967295 rma_bw#0\n#\n"
+	require.True(t, hasRMALane(sm119), "1.19's cma")
+	// The original protocols (put[N] lines printed) use only those lanes
+	// for puts and gets: a cma rma_bw lane beside them does not count.
+	v1 := strings.Replace(sm113, "#\n#                  put[0]", "#                 lane[2]:  3:cma/memory.0 md[3] -> md[3]/cma/sysdev[255] rma_bw#0\n#\n#                  put[0]", 1)
+	require.Contains(t, v1, "cma")
+	require.False(t, hasRMALane(v1), "put[N] lines decide")
+	// UCX 1.10 prints the peer's component without a second field.
+	require.True(t, hasRMALane("#   lane[0]:  3:rc_mlx5/mlx5_0:1.0 md[1] -> md[1]/ib rma_bw#0\n"))
 	require.False(t, hasRMALane(""))
 }

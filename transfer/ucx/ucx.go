@@ -286,7 +286,7 @@ func (c *Context) progressLoop() {
 	// or its event fd ready for ever, and spun a core (a peer killed
 	// mid-copy). busyFor is long and pause short because a busy worker is
 	// more often a live one serving a peer's emulated puts and gets
-	// (EmulatedRMA): doubling pauses of up to 64 ms past 20 ms starved
+	// (--ucx-any-endpoint): doubling pauses of up to 64 ms past 20 ms starved
 	// those, and a 1000-descriptor list timed out on a loaded machine.
 	// tensorfs's own operations progress the worker in their waits.
 	throttle := func() bool {
@@ -518,7 +518,9 @@ func (r *Region) Unmap() error {
 
 // Endpoint is this worker's connection to a peer's worker (UCX makes and
 // keeps whatever transport connections it needs), with peer error
-// handling: a dead peer fails its operations instead of hanging them.
+// handling where its transports have it (DetectsPeerFailure; not shared
+// memory): a dead peer then fails its operations instead of hanging them
+// or aborting the process.
 // Its methods and its keys' are safe for concurrent use; Close waits for
 // the operations in progress.
 type Endpoint struct {
@@ -538,8 +540,11 @@ type Endpoint struct {
 }
 
 // Connect makes an endpoint to the worker at addr (a peer's
-// Context.Address). Errors: ErrClosed (the context is), *Error (an empty
-// address, one that does not parse, no transport in common).
+// Context.Address), with peer error handling, or without it when UCX
+// answers UCS_ERR_UNREACHABLE (no transport to the peer can report its
+// failure: shared memory; DetectsPeerFailure is then false). Errors:
+// ErrClosed (the context is), *Error (an empty address, one that does not
+// parse, no transport in common).
 func (c *Context) Connect(addr []byte) (*Endpoint, error) {
 	if len(addr) == 0 {
 		return nil, &Error{Op: "ucp_ep_create", Status: int(C.UCS_ERR_INVALID_PARAM), Msg: "empty worker address"}
@@ -566,9 +571,11 @@ func (c *Context) Connect(addr []byte) (*Endpoint, error) {
 }
 
 // DetectsPeerFailure reports whether the endpoint fails its operations
-// when the peer dies (UCP_ERR_HANDLING_MODE_PEER). Over UCX 1.13's shared
-// memory it cannot: a put into a dead peer's segment may even succeed.
-// tensorfs learns of a dead peer from its own connection to it either way.
+// when the peer dies (UCP_ERR_HANDLING_MODE_PEER). Over shared memory it
+// cannot (UCX 1.13 and 1.19: posix and sysv have no peer failure handler):
+// with 1.13 an emulated put to a dead peer hangs, with 1.19 a cma get from
+// one aborts the process. tensorfs learns of a dead peer from its own
+// connection to it either way.
 func (e *Endpoint) DetectsPeerFailure() bool { return e.peerErrors }
 
 // use runs f with the endpoint (and its context) held open: ErrClosed
@@ -629,27 +636,35 @@ func (e *Endpoint) info() string {
 // of an RMA lane; cma has only zcopy), so over UCX 1.13's "sm" as over
 // "tcp" UCX emulates puts and gets with active messages that the target's
 // worker serves and acknowledges (found: puts to a stopped peer never
-// completed). Such an emulation is slower than tensorfs's own paths, can
+// completed). The RMA lanes are judged by the put[N] and get[N] lines
+// when UCX prints them (its original protocols, which use only those
+// lanes for puts and gets: UCX 1.13, and later ones with
+// UCX_PROTO_ENABLE=n), else by the rma_bw lanes (the newer protocols,
+// UCX 1.19: their zcopy puts and gets run there). Such an emulation is
+// slower than tensorfs's own paths, can
 // read or write memory given back after the transfer gave up, keeps the
 // worker busy for ever behind a dead shared-memory peer, and aborts a
 // target whose initiator died mid-transfer (UCX 1.13.1 and master:
 // ucp_put_handler -> ucp_rma_sw_send_cmpl -> ucp_request_try_send ->
 // ucs_fatal "unexpected error: Endpoint timeout"): tensorfs moves bytes
-// on it only when told to (transfer.Config.RMAEmulated). False for a
-// closed endpoint.
+// on it only when told to (transfer.Config.RMAAnyEndpoint,
+// --ucx-any-endpoint). False for a closed endpoint.
 func (e *Endpoint) OneSided() bool { return hasRMALane(e.info()) }
 
 // laneLine matches a lane of ucp_ep_print_info's text: its index, the
-// peer's memory domain component after "->" ("md[2]/posix/sysdev[255]")
-// and the usages after it (" rma_bw#0 am").
-var laneLine = regexp.MustCompile(`(?m)lane\[(\d+)\]:.*->\s*md\[\d+\]/([^/\s]+)/\S*(.*)$`)
+// peer's memory domain component after "->" ("md[2]/posix/sysdev[255]",
+// "addr[1].md[2]/posix", UCX 1.10's "md[2]/posix") and the rest of the
+// line, which holds the usages (" rma_bw#0 am"; UCX 1.16 and later print
+// " seg N" before them).
+var laneLine = regexp.MustCompile(`(?m)lane\[(\d+)\]:.*->\s*(?:addr\[\d+\]\.)?md\[\d+\]/([^/\s]+)(?:/\S*)?(.*)$`)
 
 // rmaProto matches the put and get protocol lines UCX 1.13 prints for
 // each RMA lane ("#   put[1]: 0..<short>..(inf)"), capturing the lane.
 var rmaProto = regexp.MustCompile(`(?m)^#\s+(?:put|get)\[(\d+)\]:`)
 
-// rmaBW matches the rma_bw usage of a lane line's usages.
-var rmaBW = regexp.MustCompile(`(^|\s)rma_bw(#\d+)?(\s|$)`)
+// rmaBW matches the rma_bw usage of a lane line's usages (or an "rma"
+// usage, as some releases print it).
+var rmaBW = regexp.MustCompile(`(^|\s)rma(_bw)?(#\d+)?(\s|$)`)
 
 // allocOnly are the memory domain components whose RMA reaches only
 // memory UCX allocated with them (shared memory segments), never a
@@ -657,15 +672,21 @@ var rmaBW = regexp.MustCompile(`(^|\s)rma_bw(#\d+)?(\s|$)`)
 var allocOnly = map[string]bool{"posix": true, "sysv": true}
 
 // hasRMALane is OneSided's parse of ucp_ep_print_info's text: is there
-// an RMA lane (a put[N] or get[N] line, or an rma_bw usage) whose peer
-// memory domain is not allocOnly?
+// an RMA lane whose peer memory domain is not allocOnly? The RMA lanes
+// are those of the put[N] and get[N] lines when there are any, else those
+// with an rma_bw usage (see OneSided).
 func hasRMALane(info string) bool {
 	rma := map[string]bool{}
 	for _, m := range rmaProto.FindAllStringSubmatch(info, -1) {
 		rma[m[1]] = true
 	}
+	byProto := len(rma) > 0
 	for _, m := range laneLine.FindAllStringSubmatch(info, -1) {
-		if (rma[m[1]] || rmaBW.MatchString(m[3])) && !allocOnly[m[2]] {
+		isRMA := rma[m[1]]
+		if !byProto {
+			isRMA = rmaBW.MatchString(m[3])
+		}
+		if isRMA && !allocOnly[m[2]] {
 			return true
 		}
 	}
