@@ -143,7 +143,7 @@ func (s *Service) refuseTCP(c *conn) error {
 func (s *Service) rmaFor(peer string, c *conn) (*rmaPeer, error) {
 	p := s.rmaTo(peer, c.instance)
 	switch {
-	case p != nil && p.carries:
+	case s.carries(p):
 		return p, nil
 	case !s.cfg.RMARequired:
 		return nil, nil
@@ -621,7 +621,7 @@ func (s *Service) servePut(c *conn, req request) error {
 		return s.servePutIPC(c, req)
 	}
 	if req.RMA {
-		if p := s.rmaTo(c.peer, c.instance); p != nil && p.carries && len(req.RMASrcAt) == len(req.Tensors) {
+		if p := s.carrier(c.peer, c.instance); p != nil && len(req.RMASrcAt) == len(req.Tensors) {
 			return s.servePutRMA(c, req, p)
 		}
 		// No endpoint to the sender that carries copies: a TCP put, whose data
@@ -822,8 +822,8 @@ func (s *Service) serveGet(c *conn, req request) error {
 		// one that serves emulated gets, and would abort if the puller
 		// died mid-copy (a puller with --ucx-any-endpoint asked anyway;
 		// it takes the TCP answer).
-		if p := s.rmaTo(c.peer, c.instance); p != nil && p.carries {
-			return s.serveGetRMA(c, srcs, metas, recMetas, isDir, label)
+		if p := s.carrier(c.peer, c.instance); p != nil {
+			return s.serveGetRMA(c, p, srcs, metas, recMetas, isDir, label)
 		}
 	}
 	if err := s.refuseTCP(c); err != nil && total > 0 {

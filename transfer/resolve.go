@@ -100,7 +100,7 @@ func (s *Service) peerReports() (map[string]PeerReport, *ClusterReport) {
 	}
 	for name, ep := range s.rmaEndpoints() {
 		if p, ok := peers[name]; ok {
-			p.UCX, p.UCXOneSided, p.UCXPeerFailure, p.UCXCarries = ep.transports, ep.oneSided, ep.guarded, ep.carries
+			p.UCX, p.UCXOneSided, p.UCXPeerFailure, p.UCXCarries = ep.transports, ep.oneSided, ep.guarded, s.carries(ep)
 			peers[name] = p
 		}
 	}

@@ -11,7 +11,7 @@ import (
 // (hello and challenge carry it), and each side makes an endpoint to a
 // peer that offers one, once per peer run (DESIGN.md, "Between hosts";
 // issue 17). A copy to or from a peer of another host moves its bytes on
-// the endpoint when it carries copies (rmaPeer.carries), the destination
+// the endpoint when it carries copies (Service.carries), the destination
 // reading (rmaPush, rmaPull); names, authentication,
 // commit and notification stay on the tensorfs connection.
 type RMA interface {
@@ -120,9 +120,6 @@ type rmaPeer struct {
 	transports []string
 	oneSided   bool // ep.OneSided
 	guarded    bool // ep.DetectsPeerFailure
-	// carries: copies move their bytes on ep (oneSided and guarded, or
-	// any endpoint with Config.RMAAnyEndpoint).
-	carries bool
 	// keys are the peer's rkeys unpacked on ep, for the next transfers
 	// (rmaKeys); the endpoint's close destroys them.
 	keys rmaKeys
@@ -171,7 +168,6 @@ func (s *Service) noteRMA(peer, instance string, addr []byte) {
 		return
 	}
 	p := &rmaPeer{instance: instance, ep: ep, transports: ep.Transports(), oneSided: ep.OneSided(), guarded: ep.DetectsPeerFailure()}
-	p.carries = (p.oneSided && p.guarded) || s.cfg.RMAAnyEndpoint
 	if s.rma == nil {
 		s.rma = map[string]*rmaPeer{}
 	}
@@ -179,7 +175,7 @@ func (s *Service) noteRMA(peer, instance string, addr []byte) {
 	switch why := p.unguarded(); {
 	case why == "":
 		slog.Info("ucx: endpoint to the peer", "peer", peer, "transports", p.transports)
-	case p.carries:
+	case s.carries(p):
 		slog.Warn("ucx: endpoint to the peer "+why+"; copies with it move their bytes on it all the same (--ucx-any-endpoint: for trying the UCX path without RDMA)", "peer", peer, "transports", p.transports)
 	default:
 		slog.Warn("ucx: endpoint to the peer "+why+"; copies with it stay on TCP", "peer", peer, "transports", p.transports)
@@ -196,6 +192,13 @@ func (p *rmaPeer) unguarded() string {
 		return "cannot detect a dead peer (shared memory: UCX then aborts this daemon when a peer dies mid-copy)"
 	}
 	return ""
+}
+
+// carries reports whether copies move their bytes on p (nil: none): it
+// is one-sided and detects a dead peer, or Config.RMAAnyEndpoint takes
+// any endpoint.
+func (s *Service) carries(p *rmaPeer) bool {
+	return p != nil && (p.unguarded() == "" || s.cfg.RMAAnyEndpoint)
 }
 
 // rmaEndpoints is the endpoint to each peer that has one, for stats.

@@ -12,7 +12,7 @@ import (
 )
 
 // The one-sided path (issue 17). Between daemons of different hosts whose
-// UCX endpoint carries bytes (rmaPeer.carries: one-sided and detecting a
+// UCX endpoint carries bytes (Service.carries: one-sided and detecting a
 // dead peer, or any with --ucx-any-endpoint), a copy's request and reply travel on
 // the tensorfs connection as for TCP, and the destination reads the bytes
 // from the source's memory: the source names that memory as regions
@@ -527,6 +527,15 @@ func (s *Service) rmaDeadline(n int64) time.Time {
 	return time.Now().Add(s.cfg.Timeout + time.Duration(float64(n)/rmaRate*float64(time.Second)))
 }
 
+// carrier is rmaTo's endpoint when it carries copies (carries), else nil:
+// the endpoint a peer's RMA request is served on, this node's own say.
+func (s *Service) carrier(peer, instance string) *rmaPeer {
+	if p := s.rmaTo(peer, instance); s.carries(p) {
+		return p
+	}
+	return nil
+}
+
 // rmaTo is the endpoint to the run instance of peer, or nil.
 func (s *Service) rmaTo(peer, instance string) *rmaPeer {
 	if s.cfg.RMA == nil {
@@ -689,10 +698,10 @@ func (s *Service) rmaPullData(c *conn, p *rmaPeer, r reply, descs []Meta, dest D
 
 // serveGetRMA answers a get one-sided: the sources' memory offered
 // (GPU memory read into a stage first), then the puller's done awaited
-// while the sources stay open.
-func (s *Service) serveGetRMA(c *conn, srcs []Source, metas, recMetas []Meta, isDir bool, label string) error {
+// while the sources stay open; p is this node's endpoint to the puller.
+func (s *Service) serveGetRMA(c *conn, p *rmaPeer, srcs []Source, metas, recMetas []Meta, isDir bool, label string) error {
 	rec, end := s.Track(label, c.peer, "ucx", recMetas)
-	trackVia(rec, s.rmaTo(c.peer, c.instance))
+	trackVia(rec, p)
 	var o *rmaOffer
 	err := c.whileSilent(func() (err error) {
 		o, err = s.offer(metas, sourceMemory(srcs), func(i int, p []byte) error {

@@ -401,20 +401,21 @@ func (c *Context) wait(op string, r C.ucs_status_ptr_t, deadline time.Time, stop
 	}
 	defer C.ucp_request_free(unsafe.Pointer(r))
 	stopped := false
+	// end is the wait's error: ErrStopped once stopped, however it ended.
+	end := func(err error) error {
+		if stopped {
+			return fmt.Errorf("%s: %w", op, ErrStopped)
+		}
+		return err
+	}
 	for i := 0; ; i++ {
 		if st := C.ucp_request_check_status(unsafe.Pointer(r)); st != C.UCS_INPROGRESS {
-			if stopped {
-				return fmt.Errorf("%s: %w", op, ErrStopped)
-			}
-			return check(op, st)
+			return end(check(op, st))
 		}
 		C.ucp_worker_progress(c.w)
 		if i%64 == 63 {
 			if time.Now().After(deadline) {
-				if stopped {
-					return fmt.Errorf("%s: %w", op, ErrStopped)
-				}
-				return fmt.Errorf("%s: %w", op, ErrTimeout)
+				return end(fmt.Errorf("%s: %w", op, ErrTimeout))
 			}
 			if !stopped {
 				select {
@@ -641,10 +642,10 @@ func (e *Endpoint) info() string {
 // lanes for puts and gets: UCX 1.13, and later ones with
 // UCX_PROTO_ENABLE=n), else by the rma_bw lanes (the newer protocols,
 // UCX 1.19: their zcopy puts and gets run there). Such an emulation is
-// slower than tensorfs's own paths, can
-// read or write memory given back after the transfer gave up, keeps the
-// worker busy for ever behind a dead shared-memory peer, and aborts a
-// target whose initiator died mid-transfer (UCX 1.13.1 and master:
+// slower than tensorfs's own paths, can read or write memory given back
+// after the transfer gave up, keeps the worker busy for ever behind a
+// dead shared-memory peer, and aborts a target whose initiator died
+// mid-transfer (UCX 1.13.1 and master:
 // ucp_put_handler -> ucp_rma_sw_send_cmpl -> ucp_request_try_send ->
 // ucs_fatal "unexpected error: Endpoint timeout"): tensorfs moves bytes
 // on it only when told to (transfer.Config.RMAAnyEndpoint,
@@ -822,8 +823,8 @@ type Desc struct {
 // memory. It waits at most until deadline; stop (nil: never), closed,
 // tells it the peer is gone when the transport cannot (shared memory): it
 // still waits up to two seconds for the operations to end (they may move
-// bytes between live buffers), then returns ErrStopped. Errors: ErrRange (nothing posted),
-// ErrClosed, *Error (the peer gone: UCS_ERR_ENDPOINT_TIMEOUT,
+// bytes between live buffers), then returns ErrStopped. Errors: ErrRange
+// (nothing posted), ErrClosed, *Error (the peer gone: UCS_ERR_ENDPOINT_TIMEOUT,
 // UCS_ERR_CONNECTION_RESET...), ErrTimeout, ErrStopped; after an error
 // some bytes may have landed, and after ErrTimeout or ErrStopped
 // operations may still be running: Local must stay valid until the
