@@ -34,20 +34,21 @@ func (d *Dir) Invalidate() {
 // isRoot reports whether d is the mount's root directory.
 func (d *Dir) isRoot() bool { return d.d.IsRoot() }
 
-// dirAttrTimeout is how long the kernel may keep a directory's attributes.
-// With default_permissions the kernel checks the directory's mode before
-// every lookup, create, unlink and rename in it; with a timeout of 0 each
-// check is a GETATTR round trip (four per rename). A directory's attributes
-// change only through the kernel (setattr, entries made or removed through
-// the mount, after which the kernel drops what it cached) or through the
-// namespace's internal changes, which tell the kernel (Invalidate), so
-// caching them never shows a stale value. Tensor files keep 0: peers change
-// their size.
-const dirAttrTimeout = time.Second
+// attrTimeout is how long the kernel may keep a node's attributes (a
+// directory's or a file's). With default_permissions the kernel checks the
+// mode before every setxattr, lookup, create, unlink and rename; with a
+// timeout of 0 each check is a GETATTR round trip (two of the three FUSE
+// requests of an in-place copy_to on a path, four per committed rename).
+// Attributes change either through the kernel, which then drops or updates
+// what it caches, or inside the daemon, which then tells the kernel
+// (Frontend.Invalidate: a directory made for a copy; for a file,
+// tensor.OnAttrChange, any change of its size, blocks or nlink, and its
+// mtime after an action), so caching them never shows a stale value.
+const attrTimeout = time.Second
 
 // Getattr implements gofs.NodeGetattrer.
 func (d *Dir) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.SetTimeout(dirAttrTimeout)
+	out.SetTimeout(attrTimeout)
 	d.meta.fill(&out.Attr)
 	out.Nlink = 2 + uint32(d.d.Subdirs())
 	out.Size = blockSize

@@ -9,19 +9,26 @@
 //
 // # Kernel caching and timeouts
 //
-// The mount uses entry, attribute and negative timeouts of 0 (mount.go), so
-// the kernel asks again at every lookup and stat: a tensor's size changes
-// behind the kernel's back (a peer's copy, a reshape by xattr, an adopt by
-// copy_from) and "stat right after any change shows it" is the spec. Data
-// I/O is direct I/O (no page cache), so a write by another process through
-// an IPC mapping is seen by the next read. The one exception is a
-// directory's attributes, cached for dirAttrTimeout (1 s, dir.go): with
-// default_permissions the kernel checks a directory's mode before every
-// lookup and rename in it, which cost four GETATTRs per committed tensor;
-// they change only through the kernel (which drops its copy) or when the
-// daemon makes a directory for a copy, which then sends
-// FUSE_NOTIFY_INVAL_INODE (it takes no inode lock, so it is safe inside a
-// setxattr).
+// The mount uses entry and negative timeouts of 0 (mount.go), so the
+// kernel asks again at every lookup: the daemon renames and replaces
+// entries itself (a batch's whole tensors, copy_from into a directory),
+// and telling the kernel of a name would need FUSE_NOTIFY_INVAL_ENTRY,
+// which takes the parent directory's inode lock: inside a setxattr on that
+// directory it would hang (the trap below). Attributes, a directory's and
+// a file's, are cached for attrTimeout (1 s, dir.go): with
+// default_permissions the kernel checks the mode before every setxattr,
+// lookup and rename, which with a timeout of 0 cost a GETATTR each (an
+// in-place copy_to on a path costs two FUSE requests, LOOKUP and SETXATTR,
+// where it cost three; on an open fd one, where it cost two). They change through the kernel (which drops or updates
+// its copy) or inside the daemon, which then sends FUSE_NOTIFY_INVAL_INODE
+// (Invalidate; it takes no inode lock, so it is safe inside any request,
+// a setxattr on that very file included): a directory made for a copy,
+// and every change of a tensor's size, capacity or link whoever makes it
+// (tensor.OnAttrChange: a copy_from's adoption, a batch replacing a file,
+// a shape that allocates, a registration), and a file's mtime after an
+// action. So "stat right after any change shows it" holds. Data I/O is
+// direct I/O (no page cache), so a write by another process through an
+// IPC mapping is seen by the next read.
 //
 // # Why the tree keeps its own entries
 //

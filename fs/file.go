@@ -35,7 +35,10 @@ type handle struct {
 }
 
 // Getattr implements gofs.NodeGetattrer. nlink is 0 once the name is gone.
+// The kernel may keep the answer for attrTimeout: every change it does not
+// make itself invalidates it (Invalidate, from tensor.OnAttrChange).
 func (f *File) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.SetTimeout(attrTimeout)
 	f.meta.fill(&out.Attr)
 	in := f.t.Info()
 	out.Size = uint64(in.Size)

@@ -68,8 +68,10 @@ func NewRoot(c Config) (*Dir, *transfer.Service, error) {
 // kernel has answered INIT. As root it mounts with mount(2) directly, else
 // through fusermount3. A stale mount left at dir (a killed daemon's: "transport
 // endpoint is not connected") is lazily unmounted first; a live tensorfs mount
-// there is ErrMounted. Attribute and entry
-// timeouts are 0, so stat always shows the current size.
+// there is ErrMounted. Entry and negative
+// timeouts are 0; nodes give their attributes a timeout of attrTimeout and
+// invalidate them at every change the kernel does not make (see the
+// package doc), so stat always shows the current size.
 func Mount(dir string, root *Dir, o Options) (*fuse.Server, error) {
 	if err := CleanStale(dir); err != nil {
 		return nil, err

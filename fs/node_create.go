@@ -58,6 +58,7 @@ func (d *Dir) newFile(ctx context.Context, name string, mode uint32, flags uint3
 	var a fuse.AttrOut
 	f.Getattr(ctx, fh, &a)
 	out.Attr = a.Attr
+	out.SetAttrTimeout(a.Timeout())
 	return in, fh, fuseFlags, 0
 }
 

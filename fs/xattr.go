@@ -138,6 +138,7 @@ func (f *File) setxattr(ctx context.Context, attr, val string) error {
 	}
 	if err == nil {
 		f.meta.Touch()
+		f.Invalidate() // the kernel caches the mtime (attrTimeout)
 	}
 	return err
 }

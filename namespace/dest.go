@@ -725,6 +725,7 @@ func (d *dest) place(pl Placement, it *destItem) error {
 			return err
 		}
 		it.target.meta.Touch()
+		it.target.invalidate() // its mtime, after Adopt's size
 		it.h.Close()
 		it.h = nil
 		return nil

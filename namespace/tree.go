@@ -192,6 +192,9 @@ func NewFile(t *tensor.Tensor, mode, uid, gid uint32) *File {
 	f := &File{t: t}
 	f.id = nodeIDs.Add(1)
 	f.meta.Init(mode, uid, gid)
+	// The kernel caches a file's attributes (see Frontend): any change of
+	// the tensor's size, capacity or link is told to it, whoever made it.
+	t.OnAttrChange(f.invalidate)
 	return f
 }
 

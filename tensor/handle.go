@@ -64,8 +64,12 @@ func (h *Handle) Close() {
 // Unlink removes the tensor's name; it is released now if no handle is open,
 // else at the last Close.
 func (t *Tensor) Unlink() {
+	defer t.flushAttrs()
 	t.mu.Lock()
-	t.linked = false
+	if t.linked {
+		t.linked = false
+		t.attrsChanged()
+	}
 	t.mu.Unlock()
 	t.maybeRelease()
 }

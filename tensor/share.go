@@ -20,6 +20,7 @@ import (
 // never a mix. Errors: ErrReleased when either tensor is released, ErrInvalid
 // for t == src.
 func (t *Tensor) Adopt(src *Tensor) error {
+	defer t.flushAttrs()
 	if t == src {
 		return fmt.Errorf("adopt itself: %w", ErrInvalid)
 	}
@@ -47,6 +48,7 @@ func (t *Tensor) Adopt(src *Tensor) error {
 	old := t.alloc
 	t.alloc, src.alloc = src.alloc, nil
 	t.dtype, t.shape, t.size = src.dtype, src.shape, src.size
+	t.attrsChanged()
 	src.size, src.shape = 0, nil
 	if old != nil || t.gen > 0 {
 		t.gen++
@@ -97,6 +99,7 @@ type ExportPin struct {
 // changes. Errors: ErrBusy, ErrReleased, ErrTooLarge for a size past MaxSize,
 // mr.ErrOverlap.
 func (t *Tensor) Register(buf gpu.Buffer) error {
+	defer t.flushAttrs()
 	n := buf.Size()
 	fail := func(err error) error {
 		if ferr := buf.Free(); ferr != nil {
@@ -130,6 +133,7 @@ func (t *Tensor) Register(buf gpu.Buffer) error {
 	}
 	exp := t.s.IPC.Export(buf.Handle(), buf.ID(), buf.Offset(), n)
 	t.alloc = &allocation{buf: buf, region: region, export: exp, foreign: true}
+	t.attrsChanged()
 	if old != nil {
 		t.gen++
 	}

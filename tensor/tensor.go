@@ -57,6 +57,35 @@ type Tensor struct {
 	// uninit: the allocation Store.New makes may keep recycled bytes
 	// (Template.Uninit); cleared by then, so no later growth keeps any.
 	uninit bool
+
+	// onAttr is called after a change of what a file's attributes show of
+	// the tensor (Info's Size, Capacity, Linked), once t.mu is released
+	// (OnAttrChange); attrDirty marks such a change until it is called.
+	onAttr    func()
+	attrDirty atomic.Bool
+}
+
+// OnAttrChange sets fn, called after every change of the tensor's size,
+// allocated capacity or link (Info's Size, Capacity and Linked: a file's
+// st_size, st_blocks and st_nlink), whoever made it, once the tensor's lock
+// is released. The FUSE frontend caches a file's attributes in the kernel
+// and tells the kernel to drop them from fn, so that stat right after any
+// change shows it (a copy_from that adopts new memory, a batch that
+// replaces a file internally, a shape that allocates). Set it once, before
+// the tensor is shared; fn must not call back into the tensor's mutators.
+func (t *Tensor) OnAttrChange(fn func()) { t.onAttr = fn }
+
+// attrsChanged marks a change that OnAttrChange's fn must hear of; t.mu is
+// held.
+func (t *Tensor) attrsChanged() { t.attrDirty.Store(true) }
+
+// flushAttrs calls OnAttrChange's fn when a change is marked: deferred
+// first by every method that may make one, so that it runs once the lock
+// is released, after the change is visible to Info.
+func (t *Tensor) flushAttrs() {
+	if t.attrDirty.Swap(false) && t.onAttr != nil {
+		t.onAttr()
+	}
 }
 
 // Info is a snapshot of a tensor's metadata, for attributes and xattrs.
@@ -237,6 +266,7 @@ func (t *Tensor) resize(need, want int64) (old *allocation, err error) {
 		t.gen++
 	}
 	t.alloc = a
+	t.attrsChanged()
 	if t.dtype == "" {
 		t.dtype = "U8"
 	}
@@ -260,7 +290,10 @@ func (t *Tensor) setSize(n int64) error {
 			return err
 		}
 	}
-	t.size = n
+	if n != t.size {
+		t.size = n
+		t.attrsChanged()
+	}
 	t.dtype, t.shape = fitShape(t.dtype, t.shape, n)
 	return nil
 }
@@ -290,6 +323,7 @@ func fitShape(d dtype.DType, s dtype.Shape, n int64) (dtype.DType, dtype.Shape) 
 // allocation is too small) gets an allocation of exactly n bytes. Errors:
 // ErrInvalid (n < 0), ErrTooLarge, gpu.ErrOutOfMemory; on error nothing changed.
 func (t *Tensor) Truncate(n int64) error {
+	defer t.flushAttrs()
 	if n < 0 {
 		return fmt.Errorf("size %d: %w", n, ErrInvalid)
 	}
@@ -315,6 +349,7 @@ func (t *Tensor) Truncate(n int64) error {
 // exactly off+n when it is smaller, and, unless keepSize, the size grows to
 // off+n. Errors: as Truncate.
 func (t *Tensor) Allocate(off, n int64, keepSize bool) error {
+	defer t.flushAttrs()
 	if off < 0 || n <= 0 {
 		return fmt.Errorf("fallocate [%d, +%d): %w", off, n, ErrInvalid)
 	}
@@ -358,6 +393,7 @@ func (t *Tensor) ReadAt(p []byte, off int64) (int, error) {
 // growth that needs a larger allocation over-allocates geometrically (at least
 // double), so appends cost amortized O(bytes). Errors: as Truncate.
 func (t *Tensor) WriteAt(p []byte, off int64) (int, error) {
+	defer t.flushAttrs()
 	end := off + int64(len(p))
 	if off < 0 || end < off {
 		return 0, fmt.Errorf("write at %d: %w", off, ErrInvalid)
@@ -441,6 +477,7 @@ func (t *Tensor) SetDType(s string) error {
 // nbytes. Errors: ErrInvalid, ErrTooLarge, gpu.ErrOutOfMemory; on error nothing
 // changed.
 func (t *Tensor) SetShape(s string) error {
+	defer t.flushAttrs()
 	sh, err := dtype.ParseShape(s)
 	if err != nil {
 		return err
@@ -479,6 +516,9 @@ func (t *Tensor) setShapeLocked(sh dtype.Shape) (old *allocation, err error) {
 		if old, err = t.resize(nb, nb); err != nil {
 			return nil, err
 		}
+	}
+	if nb != t.size {
+		t.attrsChanged()
 	}
 	t.dtype, t.shape, t.size = d, sh, nb
 	return old, nil

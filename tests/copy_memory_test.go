@@ -4,7 +4,7 @@ package tests
 // from outside: a copy lands in recycled memory it does not clear first
 // (gpu.UninitAllocator), so nothing of the old bytes may show, before or
 // after; and directories a copy creates inside the daemon change their
-// parent's attributes, which the kernel may cache (dirAttrTimeout).
+// parent's attributes, which the kernel may cache (attrTimeout).
 
 import (
 	"bytes"
