@@ -8,7 +8,11 @@ package tests
 //     path (two), against the floor: a setxattr round trip on the mount
 //     (an ordinary user.* attribute), plus a small request and reply on an
 //     open loopback TCP connection, plus the 4 KiB copy (memmove here; on a
-//     GPU the device copy, measured by the caller: scripts/gpu-inplace.sh).
+//     GPU the device copy, measured by the caller: scripts/gpu-inplace.sh);
+//     and the same 1000 copies by fsetxattr on the source's open fd, as a
+//     client holding it open makes them, against the floor with its
+//     setxattr on that fd ("fd-p50-us", "fd-x-floor": one FUSE request
+//     each, where a path costs a LOOKUP too).
 //   - BenchmarkInPlaceScatter1000x8K: one copy_to of 1000 lines, each 8 KiB
 //     of one tensor into a scattered block of a tensor on the peer: µs per
 //     descriptor, and on TCP the ratio to raw TCP moving the same 8 MiB
@@ -326,6 +330,32 @@ func BenchmarkInPlace4K(b *testing.B) {
 			xf := crossProcessFloor(b, a.mnt, 1000)
 			b.ReportMetric(xf, "xfloor-us")
 			b.ReportMetric(tf/xf, "x-xfloor")
+			// A client that holds the source open (a KV engine pushing
+			// from its staging tensor) sets the xattr on its fd: no
+			// LOOKUP, so one FUSE request where a path costs two. The
+			// same copies and the floor's setxattr, that way.
+			src, err := os.Open(a.path("small"))
+			mustNo(b, err)
+			defer src.Close()
+			fd := int(src.Fd())
+			var fdLat []time.Duration
+			for i := range 1000 {
+				t := time.Now()
+				if err := unix.Fsetxattr(fd, xattrs.CopyTo, fmt.Appendf(nil, "b:/cache@%d", (i%256)*4096), 0); err != nil {
+					b.Fatalf("fsetxattr copy_to: %v", err)
+				}
+				fdLat = append(fdLat, time.Since(t))
+			}
+			fdSx := make([]time.Duration, 0, 1000)
+			for range 1000 {
+				t := time.Now()
+				mustNo(b, unix.Fsetxattr(fd, "user.bench", []byte("0123"), 0))
+				fdSx = append(fdSx, time.Since(t))
+			}
+			fdFloor := p50(fdSx) + rr + mv
+			b.ReportMetric(p50(fdLat), "fd-p50-us")
+			b.ReportMetric(p50(fdSx), "fd-setxattr-us")
+			b.ReportMetric(p50(fdLat)/fdFloor, "fd-x-floor")
 		})
 	}
 }
