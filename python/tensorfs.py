@@ -431,6 +431,19 @@ class Mount:
         """The one place values are written (tests wrap it to watch calls)."""
         os.setxattr(target, name, value)
 
+    def _target(self, node):
+        """Where an action's xattr is set: the descriptor of ``node`` when it
+        is an open file (an int, or an object with ``fileno()``, such as a
+        :class:`Mapped`), else the OS path of ``node``, a path inside the
+        mount. On a descriptor the kernel needs no lookup of the path: the
+        copy is one FUSE request where a path costs two."""
+        if isinstance(node, int):
+            return node
+        fileno = getattr(node, "fileno", None)
+        if fileno is not None:
+            return fileno()
+        return self.path(node)
+
     def _action(self, target, name, value):
         """Set an action attribute; on failure raise TensorfsError with the reason."""
         data = value.encode()
@@ -440,7 +453,8 @@ class Mount:
             reason = self._reason()
             code = _errno.errorcode.get(e.errno, str(e.errno))
             shown = value if len(value) <= 200 else value[:200] + "...(%d bytes)" % len(data)
-            msg = "%s (%s): %s=%r on %s" % (os.strerror(e.errno), code, name, shown, target)
+            on = target if isinstance(target, str) else "fd %d" % target
+            msg = "%s (%s): %s=%r on %s" % (os.strerror(e.errno), code, name, shown, on)
             if reason:
                 msg += ": " + reason
             raise TensorfsError(e.errno, msg, None, reason) from None
@@ -761,6 +775,11 @@ class Mount:
     def copy_to(self, src, dst, src_range=None):
         """Push tensor (or directory) ``src`` of this mount to ``dst``; return when done.
 
+        ``src`` is a path inside the mount, or the tensor held open: a
+        :class:`Mapped`, a file object or a descriptor of it (then the copy
+        costs one FUSE request instead of two: no lookup of the path, the
+        fast path for a sender pushing from the same tensor again and again).
+
         ``dst`` is a peer path ``[NAME:]PATH[@OFF[+LEN]]`` (see :func:`ref`).
         Without a range the destination is replaced whole: new memory, renamed
         into place (watchers see IN_MOVED_TO), a missing one created with the
@@ -773,10 +792,14 @@ class Mount:
         dsts = [dst] if isinstance(dst, str) else list(dst)
         pre = _range_suffix(src_range)
         value = "\n".join((pre + " " + d) if pre else d for d in dsts)
-        self._action(self.path(src), "copy_to", value)
+        self._action(self._target(src), "copy_to", value)
 
     def copy_from(self, dst, src, dst_range=None):
         """Pull peer tensor (or directory) ``src`` into ``dst`` of this mount.
+
+        ``dst`` is a path inside the mount, or the tensor held open (a
+        :class:`Mapped`, a file object or a descriptor, as for
+        :meth:`copy_to`).
 
         ``src`` is ``[NAME:]PATH[@OFF[+LEN]]``. Without ``dst_range`` the file
         ``dst`` is replaced whole (atomically, by swapping its memory inside
@@ -787,7 +810,7 @@ class Mount:
         """
         suf = _range_suffix(dst_range)
         value = src + (" " + suf if suf else "")
-        self._action(self.path(dst), "copy_from", value)
+        self._action(self._target(dst), "copy_from", value)
 
     def batch(self, lines, limit=XATTR_SIZE_MAX):
         """Run many copies as a descriptor list: ``user.tensorfs.batch`` on the root.

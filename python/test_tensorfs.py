@@ -337,6 +337,26 @@ class InPlace(Base):
         self.assertEqual(self.ids(self.b, "cache"), before)
         self.assertEqual(self.read(self.b, "cache")[8192:12288], pattern(4096).tobytes())
 
+    def test_copy_by_descriptor(self):
+        # The tensor held open is the target of the action's xattr: a Mapped,
+        # a file object or a descriptor, for copy_to and copy_from alike.
+        cache = self.cache(self.b, "cache", 16384)
+        src = self.cache(self.a, "src", 4096, fill=0)
+        src.array[:] = pattern(4096, 3)
+        for i, held in enumerate([src, src.fileno()]):
+            self.a.copy_to(held, ref(self.p("cache"), 4096 * i, peer=NB))
+            np.testing.assert_array_equal(cache.array[4096 * i:4096 * (i + 1)], pattern(4096, 3))
+        local = self.cache(self.a, "local", 8192)
+        with open(self.a.path(self.p("local")), "rb") as f:
+            self.a.copy_from(f, ref(self.p("cache"), 0, 4096, peer=NB), dst_range=(4096,))
+        np.testing.assert_array_equal(local.array[4096:], pattern(4096, 3))
+        self.assertTrue((local.array[:4096] == 0xEE).all())
+        # A refusal through a descriptor names it, with the errno and reason.
+        with self.assertRaises(tensorfs.TensorfsError) as cm:
+            self.a.copy_to(src.fileno(), ref(self.p("cache"), 16000, peer=NB))
+        self.assertEqual(cm.exception.errno, errno.EINVAL)
+        self.assertIn("fd %d" % src.fileno(), str(cm.exception))
+
     def test_copy_to_source_range(self):
         cache = self.cache(self.b, "cache", 8192)
         self.tensor(self.a, "src", pattern(4096))
