@@ -14,7 +14,8 @@
 #           8 MiB (the scatter's bytes in one range)
 # and, once a round, scripts/gpu_floor.py (the GPU floors: 4 KiB copy and
 # sync, one scatter kernel over 1000 x 8 KiB, 1 GiB from an IPC-opened
-# pointer). The lines "== ROUND BUILD WHAT" head each part. Needs root
+# pointer). The lines "== ROUND BUILD" head each part; scripts/ab_summary.py
+# turns them into $OUT/summary.txt, each p50 with its ratio. Needs root
 # (FUSE) and CuPy for the floors (the device's /opt/torch/.venv).
 #
 # Environment: ROUNDS; N4K (rounds of 1000 copies for the 4 KiB rows,
@@ -64,4 +65,5 @@ done
 left=$(grep -E '^tensorfs[^ ]* [^ ]+ fuse' /proc/mounts | awk '{print $2}')
 [ -z "$left" ] || { echo "FUSE mounts left behind: $left" >>"$log"; rc=1; }
 cat "$log"
+python3 scripts/ab_summary.py "$log" | tee "$OUT/summary.txt"
 exit $rc
