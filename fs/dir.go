@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -19,6 +20,7 @@ type Dir struct {
 	fsys *FS
 	d    *namespace.Dir
 	meta
+	kernelHeld
 }
 
 // Invalidate implements namespace.Frontend: it tells the kernel to drop
@@ -46,13 +48,48 @@ func (d *Dir) isRoot() bool { return d.d.IsRoot() }
 // mtime after an action), so caching them never shows a stale value.
 const attrTimeout = time.Second
 
-// Getattr implements gofs.NodeGetattrer.
+// kernelHeld records whether the kernel has shown that it holds a node's
+// inode: it sent a request for the node itself (GETATTR, STATX, SETATTR).
+// Until then a LOOKUP, CREATE or MKDIR reply gives the node's attributes no
+// timeout (entryAttrTimeout). The kernel drops a FUSE_NOTIFY_INVAL_INODE for
+// an inode it does not hold, and takes the attributes of a reply made before
+// the change when the reply arrives after the notice: with a timeout they
+// would stay stale for attrTimeout. For an inode it holds, the notice bumps
+// the inode's attr_version and the kernel drops such a reply. (It stays set
+// after the kernel forgets the inode, which it does only for inodes nobody
+// uses; the window is then that of a first lookup racing a change.)
+type kernelHeld struct{ held atomic.Bool }
+
+// entryAttrTimeout is the attribute timeout of a reply that names the node
+// in an entry (LOOKUP, CREATE, MKDIR).
+func (k *kernelHeld) entryAttrTimeout() time.Duration {
+	if k.held.Load() {
+		return attrTimeout
+	}
+	return 0
+}
+
+// attrNode is a node whose attributes an entry reply carries: attrs fills
+// them without counting as the kernel's request (Getattr does).
+type attrNode interface {
+	attrs(out *fuse.AttrOut)
+	entryAttrTimeout() time.Duration
+}
+
+// Getattr implements gofs.NodeGetattrer: the kernel's request, which also
+// shows that it holds the inode (kernelHeld).
 func (d *Dir) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	d.held.Store(true)
+	d.attrs(out)
+	return 0
+}
+
+// attrs fills out with the directory's attributes, cached for attrTimeout.
+func (d *Dir) attrs(out *fuse.AttrOut) {
 	out.SetTimeout(attrTimeout)
 	d.meta.fill(&out.Attr)
 	out.Nlink = 2 + uint32(d.d.Subdirs())
 	out.Size = blockSize
-	return 0
 }
 
 // Setattr implements gofs.NodeSetattrer: mode, owner and times; a size on a
@@ -75,12 +112,11 @@ func (d *Dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gof
 		return nil, syscall.ENOENT
 	}
 	c := d.fsys.inode(ctx, &d.Inode, n)
+	an := c.Operations().(attrNode)
 	var a fuse.AttrOut
-	if errno := c.Operations().(gofs.NodeGetattrer).Getattr(ctx, nil, &a); errno != 0 {
-		return nil, errno
-	}
+	an.attrs(&a)
 	out.Attr = a.Attr
-	out.SetAttrTimeout(a.Timeout())
+	out.SetAttrTimeout(an.entryAttrTimeout())
 	return c, 0
 }
 
@@ -92,10 +128,11 @@ func (d *Dir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.Ent
 		return nil, toErrno("mkdir "+name, err)
 	}
 	in := d.fsys.inode(ctx, &d.Inode, nd)
+	nn := in.Operations().(*Dir)
 	var a fuse.AttrOut
-	in.Operations().(*Dir).Getattr(ctx, nil, &a)
+	nn.attrs(&a)
 	out.Attr = a.Attr
-	out.SetAttrTimeout(a.Timeout())
+	out.SetAttrTimeout(nn.entryAttrTimeout())
 	return in, 0
 }
 

@@ -26,7 +26,13 @@
 // and every change of a tensor's size, capacity or link whoever makes it
 // (tensor.OnAttrChange: a copy_from's adoption, a batch replacing a file,
 // a shape that allocates, a registration), and a file's mtime after an
-// action. So "stat right after any change shows it" holds. Data I/O is
+// action. The kernel drops such a notice for an inode it does not hold yet,
+// and would then cache the attributes of a LOOKUP reply made before the
+// change: so a reply naming a node gives its attributes a timeout only once
+// the kernel has shown it holds the node (a GETATTR, STATX or SETATTR of it:
+// kernelHeld, dir.go); for a held inode the notice's attr_version makes the
+// kernel drop a reply older than it. So "stat right after any change shows
+// it" holds. Data I/O is
 // direct I/O (no page cache), so a write by another process through an
 // IPC mapping is seen by the next read.
 //

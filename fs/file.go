@@ -20,6 +20,7 @@ type File struct {
 	ns   *namespace.File
 	t    *tensor.Tensor // ns's
 	meta
+	kernelHeld
 }
 
 // Invalidate implements namespace.Frontend: the kernel drops the
@@ -37,7 +38,15 @@ type handle struct {
 // Getattr implements gofs.NodeGetattrer. nlink is 0 once the name is gone.
 // The kernel may keep the answer for attrTimeout: every change it does not
 // make itself invalidates it (Invalidate, from tensor.OnAttrChange).
+// The request shows that the kernel holds the inode (kernelHeld).
 func (f *File) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	f.held.Store(true)
+	f.attrs(out)
+	return 0
+}
+
+// attrs fills out with the file's attributes, cached for attrTimeout.
+func (f *File) attrs(out *fuse.AttrOut) {
 	out.SetTimeout(attrTimeout)
 	f.meta.fill(&out.Attr)
 	in := f.t.Info()
@@ -47,7 +56,6 @@ func (f *File) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 	if in.Linked {
 		out.Nlink = 1
 	}
-	return 0
 }
 
 // Open implements gofs.NodeOpener. Every open is direct I/O, so each read sees

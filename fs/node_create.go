@@ -56,9 +56,9 @@ func (d *Dir) newFile(ctx context.Context, name string, mode uint32, flags uint3
 		return nil, nil, 0, toErrno("create "+name, err)
 	}
 	var a fuse.AttrOut
-	f.Getattr(ctx, fh, &a)
+	f.attrs(&a)
 	out.Attr = a.Attr
-	out.SetAttrTimeout(a.Timeout())
+	out.SetAttrTimeout(f.entryAttrTimeout())
 	return in, fh, fuseFlags, 0
 }
 

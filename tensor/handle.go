@@ -64,7 +64,7 @@ func (h *Handle) Close() {
 // Unlink removes the tensor's name; it is released now if no handle is open,
 // else at the last Close.
 func (t *Tensor) Unlink() {
-	defer t.flushAttrs()
+	defer t.flushAttrs(t.attrGen.Load())
 	t.mu.Lock()
 	if t.linked {
 		t.linked = false

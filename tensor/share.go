@@ -20,7 +20,7 @@ import (
 // never a mix. Errors: ErrReleased when either tensor is released, ErrInvalid
 // for t == src.
 func (t *Tensor) Adopt(src *Tensor) error {
-	defer t.flushAttrs()
+	defer t.flushAttrs(t.attrGen.Load())
 	if t == src {
 		return fmt.Errorf("adopt itself: %w", ErrInvalid)
 	}
@@ -99,7 +99,7 @@ type ExportPin struct {
 // changes. Errors: ErrBusy, ErrReleased, ErrTooLarge for a size past MaxSize,
 // mr.ErrOverlap.
 func (t *Tensor) Register(buf gpu.Buffer) error {
-	defer t.flushAttrs()
+	defer t.flushAttrs(t.attrGen.Load())
 	n := buf.Size()
 	fail := func(err error) error {
 		if ferr := buf.Free(); ferr != nil {

@@ -60,9 +60,9 @@ type Tensor struct {
 
 	// onAttr is called after a change of what a file's attributes show of
 	// the tensor (Info's Size, Capacity, Linked), once t.mu is released
-	// (OnAttrChange); attrDirty marks such a change until it is called.
-	onAttr    func()
-	attrDirty atomic.Bool
+	// (OnAttrChange); attrGen counts such changes.
+	onAttr  func()
+	attrGen atomic.Uint64
 }
 
 // OnAttrChange sets fn, called after every change of the tensor's size,
@@ -75,15 +75,21 @@ type Tensor struct {
 // the tensor is shared; fn must not call back into the tensor's mutators.
 func (t *Tensor) OnAttrChange(fn func()) { t.onAttr = fn }
 
-// attrsChanged marks a change that OnAttrChange's fn must hear of; t.mu is
-// held.
-func (t *Tensor) attrsChanged() { t.attrDirty.Store(true) }
+// attrsChanged counts a change that OnAttrChange's fn must hear of; t.mu
+// is held.
+func (t *Tensor) attrsChanged() { t.attrGen.Add(1) }
 
-// flushAttrs calls OnAttrChange's fn when a change is marked: deferred
-// first by every method that may make one, so that it runs once the lock
-// is released, after the change is visible to Info.
-func (t *Tensor) flushAttrs() {
-	if t.attrDirty.Swap(false) && t.onAttr != nil {
+// flushAttrs calls OnAttrChange's fn when a change was counted since gen
+// (attrGen when the method began): deferred first, as
+// defer t.flushAttrs(t.attrGen.Load()), by every method that may make
+// one, so that it runs once the lock is released, after the change is
+// visible to Info. A method tells of every change since it began, its own
+// and any other's (an extra notice costs one write to /dev/fuse); a flag
+// that any method cleared could lose one: a write that changed nothing
+// cleared a batch's replace, whose setxattr then returned before the
+// writer's notice went out.
+func (t *Tensor) flushAttrs(gen uint64) {
+	if t.onAttr != nil && t.attrGen.Load() != gen {
 		t.onAttr()
 	}
 }
@@ -323,7 +329,7 @@ func fitShape(d dtype.DType, s dtype.Shape, n int64) (dtype.DType, dtype.Shape) 
 // allocation is too small) gets an allocation of exactly n bytes. Errors:
 // ErrInvalid (n < 0), ErrTooLarge, gpu.ErrOutOfMemory; on error nothing changed.
 func (t *Tensor) Truncate(n int64) error {
-	defer t.flushAttrs()
+	defer t.flushAttrs(t.attrGen.Load())
 	if n < 0 {
 		return fmt.Errorf("size %d: %w", n, ErrInvalid)
 	}
@@ -349,7 +355,7 @@ func (t *Tensor) Truncate(n int64) error {
 // exactly off+n when it is smaller, and, unless keepSize, the size grows to
 // off+n. Errors: as Truncate.
 func (t *Tensor) Allocate(off, n int64, keepSize bool) error {
-	defer t.flushAttrs()
+	defer t.flushAttrs(t.attrGen.Load())
 	if off < 0 || n <= 0 {
 		return fmt.Errorf("fallocate [%d, +%d): %w", off, n, ErrInvalid)
 	}
@@ -393,7 +399,7 @@ func (t *Tensor) ReadAt(p []byte, off int64) (int, error) {
 // growth that needs a larger allocation over-allocates geometrically (at least
 // double), so appends cost amortized O(bytes). Errors: as Truncate.
 func (t *Tensor) WriteAt(p []byte, off int64) (int, error) {
-	defer t.flushAttrs()
+	defer t.flushAttrs(t.attrGen.Load())
 	end := off + int64(len(p))
 	if off < 0 || end < off {
 		return 0, fmt.Errorf("write at %d: %w", off, ErrInvalid)
@@ -477,7 +483,7 @@ func (t *Tensor) SetDType(s string) error {
 // nbytes. Errors: ErrInvalid, ErrTooLarge, gpu.ErrOutOfMemory; on error nothing
 // changed.
 func (t *Tensor) SetShape(s string) error {
-	defer t.flushAttrs()
+	defer t.flushAttrs(t.attrGen.Load())
 	sh, err := dtype.ParseShape(s)
 	if err != nil {
 		return err

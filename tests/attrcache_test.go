@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/tensorfs/tensorfs/internal/testutil"
 	"github.com/tensorfs/tensorfs/xattrs"
 )
 
@@ -131,4 +132,44 @@ func TestAttrCacheInvalidated(t *testing.T) {
 		require.NoError(t, os.RemoveAll(d.path(e.Name())))
 	}
 	d.requireClean()
+}
+
+// TestAttrCacheRequests: what the cache saves. With default_permissions the
+// kernel checks the mode before every setxattr; with cached attributes a
+// setxattr on a path is a LOOKUP and the SETXATTR (it was a GETATTR too),
+// and one on an open fd the SETXATTR alone. The first reply naming a file
+// the kernel does not hold yet caches nothing (fs kernelHeld): one GETATTR
+// then, none after. Counted by the daemon's FUSE request metrics.
+func TestAttrCacheRequests(t *testing.T) {
+	addr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	d := startDaemon(t, "--metrics", addr)
+	d.requireLog("metrics: serving http://" + addr + "/metrics")
+	p := d.path("t")
+	require.NoError(t, os.WriteFile(p, make([]byte, 4096), 0o644))
+	ops := func() (lookup, getattr, setxattr float64) {
+		s := scrapeMetrics(t, addr)
+		return s.value("tensorfs_fuse_requests_total", "op", "lookup"),
+			s.value("tensorfs_fuse_requests_total", "op", "getattr"),
+			s.value("tensorfs_fuse_requests_total", "op", "setxattr")
+	}
+	const n = 200
+	l0, g0, s0 := ops()
+	for i := range n {
+		require.NoError(t, unix.Setxattr(p, "user.n", []byte(fmt.Sprint(i)), 0))
+	}
+	l1, g1, s1 := ops()
+	require.EqualValues(t, n, s1-s0)
+	require.GreaterOrEqual(t, l1-l0, float64(n), "entries are not cached: a LOOKUP a path")
+	require.LessOrEqual(t, g1-g0, 2.0, "GETATTRs for %d setxattrs on a path", n)
+
+	f, err := os.Open(p)
+	require.NoError(t, err)
+	defer f.Close()
+	for i := range n {
+		require.NoError(t, unix.Fsetxattr(int(f.Fd()), "user.n", []byte(fmt.Sprint(i)), 0))
+	}
+	l2, g2, s2 := ops()
+	require.EqualValues(t, n, s2-s1)
+	require.LessOrEqual(t, l2-l1, 2.0, "LOOKUPs for %d setxattrs on an fd", n)
+	require.LessOrEqual(t, g2-g1, 2.0, "GETATTRs for %d setxattrs on an fd", n)
 }
