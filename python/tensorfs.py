@@ -438,11 +438,18 @@ class Mount:
         mount. On a descriptor the kernel needs no lookup of the path: the
         copy is one FUSE request where a path costs two."""
         if isinstance(node, int):
-            return node
-        fileno = getattr(node, "fileno", None)
-        if fileno is not None:
-            return fileno()
-        return self.path(node)
+            fd = node
+        elif getattr(node, "fileno", None) is not None:
+            fd = node.fileno()
+            if fd is None:
+                raise ValueError("%r is closed" % (node,))
+        else:
+            return self.path(node)
+        # Another filesystem would keep the xattr as an ordinary one and
+        # copy nothing; another tensorfs mount would copy its own tensor.
+        if os.fstat(fd).st_dev != os.stat(self.root).st_dev:
+            raise ValueError("descriptor %d is not a file of the tensorfs mount at %s" % (fd, self.root))
+        return fd
 
     def _action(self, target, name, value):
         """Set an action attribute; on failure raise TensorfsError with the reason."""

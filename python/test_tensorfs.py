@@ -351,6 +351,19 @@ class InPlace(Base):
             self.a.copy_from(f, ref(self.p("cache"), 0, 4096, peer=NB), dst_range=(4096,))
         np.testing.assert_array_equal(local.array[4096:], pattern(4096, 3))
         self.assertTrue((local.array[:4096] == 0xEE).all())
+        # A descriptor of another filesystem, or of the other mount, is
+        # refused before any xattr is set (ext4 would keep it and copy
+        # nothing; the other daemon would copy its own tensor).
+        other = self.cache(self.b, "other", 4096)
+        with open(__file__, "rb") as f:
+            for held in (f, other):
+                with self.assertRaises(ValueError):
+                    self.a.copy_to(held, ref(self.p("cache"), 0, peer=NB))
+            self.assertNotIn("user.tensorfs.copy_to", os.listxattr(f.fileno()))
+        closed = self.mapped(self.a, "src")
+        closed.close()
+        with self.assertRaises(ValueError):
+            self.a.copy_to(closed, ref(self.p("cache"), 0, peer=NB))
         # A refusal through a descriptor names it, with the errno and reason.
         with self.assertRaises(tensorfs.TensorfsError) as cm:
             self.a.copy_to(src.fileno(), ref(self.p("cache"), 16000, peer=NB))

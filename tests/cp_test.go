@@ -164,7 +164,7 @@ func TestCpDir(t *testing.T) {
 	require.Contains(t, errOut, "copied 30 tensors, 1,920 bytes")
 	sameFile(t, a.path("back/l2/29"), fill(64, 29))
 
-	cpFails(t, []string{"b:/tree", a.path("missing")}, "Not a directory", "DST must be an existing directory")
+	cpFails(t, []string{"b:/tree", a.path("missing")}, "Not a directory", "DST must be an existing directory", "did not exist")
 	_, err := os.Stat(a.path("missing"))
 	require.ErrorIs(t, err, os.ErrNotExist)
 

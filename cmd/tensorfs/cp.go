@@ -202,11 +202,9 @@ func runCp(src, dst string, opt cpOptions, w io.Writer) error {
 		if job.createdDst {
 			os.Remove(d.local)
 			if errors.Is(err, syscall.ENOTDIR) {
-				hint := "for a directory pull, DST must be an existing directory"
-				if detail != "" {
-					hint = detail + "; " + hint
-				}
-				detail = hint
+				// The daemon's reason names the empty file cp made for
+				// copy_from ("DST is a file"), which is gone again.
+				detail = fmt.Sprintf("SRC %s is a directory and DST %s did not exist: for a directory pull, DST must be an existing directory (mkdir it first)", src, dst)
 			}
 		}
 		return fail(err, "%s", detail)
