@@ -2,6 +2,7 @@ package namespace
 
 import (
 	"encoding/json"
+	"os"
 
 	"github.com/tensorfs/tensorfs/tensor"
 	"github.com/tensorfs/tensorfs/transfer"
@@ -20,6 +21,8 @@ type Stats struct {
 	// Truncated says the document dropped its peers to stay under 64 KiB
 	// (the recent lists were emptied first).
 	Truncated bool `json:"truncated,omitempty"`
+	// PID is this daemon's process id (xattrs.Stats.PID).
+	PID int `json:"pid,omitempty"`
 }
 
 // statsPad is the granularity the stats document is padded to, in bytes.
@@ -44,7 +47,7 @@ const statsMax = 64<<10 - statsPad
 func (f *Tree) StatsJSON() []byte {
 	live := f.store.Stats()
 	live.Imports = f.peers.Imports()
-	st := Stats{Live: live, Devices: f.store.DeviceStats(), Stats: f.peers.Stats(), Errors: f.errorStats()}
+	st := Stats{Live: live, Devices: f.store.DeviceStats(), Stats: f.peers.Stats(), Errors: f.errorStats(), PID: os.Getpid()}
 	b, _ := json.Marshal(st)
 	for len(b) >= statsMax {
 		tr, er := &st.Transfers.Recent, &st.Errors.Recent

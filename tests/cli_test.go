@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -110,12 +111,21 @@ func TestStaleMountCleanedUp(t *testing.T) {
 	require.NoError(t, os.Remove(mnt+"/y"))
 }
 
-// TestUnmountCommand: `tensorfs unmount` ends the daemon with exit 0.
+// TestUnmountCommand: `tensorfs unmount` ends the daemon with exit 0, and
+// returns only once the daemon has exited (freed everything): the daemon's
+// process is a zombie, or gone, when it returns.
 func TestUnmountCommand(t *testing.T) {
 	d := startDaemon(t)
 	require.NoError(t, os.WriteFile(d.path("t"), []byte("x"), 0o644))
+	require.Equal(t, d.cmd.Process.Pid, d.stats().PID, "stats' pid is the daemon's")
 	out, err := exec.Command(bin, "unmount", d.mnt).CombinedOutput()
 	require.NoError(t, err, "%s", out)
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.cmd.Process.Pid)); err == nil {
+		// Its parent (this test) has not reaped it yet, or it runs on.
+		stat := string(b)
+		fields := strings.Fields(stat[strings.LastIndexByte(stat, ')')+1:])
+		require.Equal(t, "Z", fields[0], "the daemon still runs after unmount returned: %s", stat)
+	}
 	select {
 	case err := <-d.exit:
 		require.NoError(t, err, d.log.String())

@@ -37,6 +37,9 @@ type Stats struct {
 	// Truncated: the daemon dropped the peers from the document to keep
 	// it under 64 KiB (its recent lists were emptied first).
 	Truncated bool `json:"truncated,omitempty"`
+	// PID is the process id of the daemon serving the mount (in its PID
+	// namespace): tensorfs unmount waits for it to exit.
+	PID int `json:"pid,omitempty"`
 }
 
 // DeviceUse is one entry of Stats' devices: a device's name ("host",

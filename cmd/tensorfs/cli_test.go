@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"os/exec"
 	"runtime/debug"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -116,4 +118,25 @@ func TestShown(t *testing.T) {
 	require.Equal(t, `"a\tb"`, shown("a\tb"))
 	require.Equal(t, `"\x1b[31mred"`, shown("\x1b[31mred"))
 	require.Equal(t, `"\xff\xfe"`, shown("\xff\xfe"))
+}
+
+// TestDaemonProcExited: unmount's wait for the daemon (daemonProc) sees a
+// running process as running, and a dead one as exited while its parent
+// has not reaped it (a zombie) and once it has (gone); a process that
+// does not hold /dev/fuse is not taken for a daemon.
+func TestDaemonProcExited(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	require.NoError(t, cmd.Start())
+	pid := cmd.Process.Pid
+	start, state := procState(pid)
+	require.NotEmpty(t, start)
+	require.NotEqual(t, "Z", state)
+	require.False(t, holdsFUSE(pid), "sleep holds no /dev/fuse")
+	d := daemonProc{pid: pid, start: start}
+	require.False(t, d.exited(50*time.Millisecond), "a running process")
+	require.NoError(t, cmd.Process.Kill())
+	require.True(t, d.exited(10*time.Second), "killed, not reaped: a zombie")
+	_ = cmd.Wait()
+	require.True(t, d.exited(0), "reaped: gone")
+	require.True(t, daemonProc{pid: pid, start: "1"}.exited(0), "another start time: another process")
 }

@@ -457,11 +457,13 @@ func serveUntilSignal(srv *fuse.Server, mountpoint string, sig <-chan os.Signal)
 // from a mount's config file (the service's ExecStop).
 func newUnmountCmd() *cobra.Command {
 	var configFile string
+	var wait time.Duration
 	cmd := &cobra.Command{
 		Use:   "unmount [MOUNTPOINT]",
 		Short: "Unmount a tensor filesystem (the daemon then frees everything and exits 0)",
 		Long: `Unmount the tensor filesystem at MOUNTPOINT; its daemon then frees every
-tensor and exits 0. MOUNTPOINT must be the directory a tensorfs is mounted on:
+tensor and exits 0, and unmount returns once it has (--wait, default 30s; an
+error if it is still running then). MOUNTPOINT must be the directory a tensorfs is mounted on:
 a path that does not exist, is not a directory, or has no tensorfs mounted on
 it is refused with a line saying which. --config FILE unmounts the mountpoint
 that FILE (a tensorfs mount --config file) names, in place of the argument.`,
@@ -483,6 +485,10 @@ that FILE (a tensorfs mount --config file) names, in place of the argument.`,
 			if err := checkUnmountable(dir); err != nil {
 				return err
 			}
+			// The daemon frees everything after the mount is gone: wait
+			// for it, so that what runs next (a new mount, a job that
+			// needs the GPU memory) finds it done.
+			daemon := daemonOf(dir)
 			err := syscall.Unmount(dir, 0)
 			if err == syscall.EBUSY {
 				return fmt.Errorf("unmount %s: busy (a process has files open there)", dir)
@@ -493,11 +499,91 @@ that FILE (a tensorfs mount --config file) names, in place of the argument.`,
 					return fmt.Errorf("unmount %s: %v; fusermount3: %s", dir, err, out)
 				}
 			}
+			if daemon.pid > 0 && wait > 0 && !daemon.exited(wait) {
+				return fmt.Errorf("unmount %s: unmounted, but its daemon (pid %d) has not exited after %s", dir, daemon.pid, wait)
+			}
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&configFile, "config", "", "take MOUNTPOINT from this tensorfs mount --config file")
+	cmd.Flags().DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the daemon to free everything and exit once unmounted (0: do not wait)")
 	return cmd
+}
+
+// daemonProc is the daemon process of a mount, as found before unmounting
+// it: its pid (0: not found) and its start time (/proc/PID/stat's 22nd
+// field), so that a reused pid is not taken for it.
+type daemonProc struct {
+	pid   int
+	start string
+}
+
+// daemonOf finds the daemon serving the tensorfs mounted at dir: the pid
+// its stats report, when that process holds /dev/fuse open (a pid of
+// another PID namespace names some other process, or none). Zero when it
+// cannot tell (a dead daemon's mount, whose stats cannot be read).
+func daemonOf(dir string) daemonProc {
+	st, err := readStats(dir)
+	if err != nil || st.PID <= 0 {
+		return daemonProc{}
+	}
+	start, _ := procState(st.PID)
+	if start == "" || !holdsFUSE(st.PID) {
+		return daemonProc{}
+	}
+	return daemonProc{pid: st.PID, start: start}
+}
+
+// exited waits up to wait for the daemon to exit: its /proc entry gone, a
+// zombie (its parent has not reaped it yet), or another process with its
+// pid. False when it is still running then.
+func (d daemonProc) exited(wait time.Duration) bool {
+	for deadline := time.Now().Add(wait); ; time.Sleep(10 * time.Millisecond) {
+		start, state := procState(d.pid)
+		if start != d.start || state == "Z" || state == "X" {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
+// procState is the start time and the state letter of process pid, from
+// /proc/PID/stat; "" when there is no such process.
+func procState(pid int) (start, state string) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", ""
+	}
+	// The command, field 2, is in parentheses and may hold spaces: the
+	// fields after its last ')' are state (3) onwards.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return "", ""
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return "", ""
+	}
+	return f[19], f[0] // starttime is field 22, state field 3
+}
+
+// holdsFUSE reports whether process pid has /dev/fuse open (a FUSE daemon
+// serving a mount does).
+func holdsFUSE(pid int) bool {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		if t, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && t == "/dev/fuse" {
+			return true
+		}
+	}
+	return false
 }
 
 // checkUnmountable says why dir cannot be unmounted as a tensorfs, nil when
