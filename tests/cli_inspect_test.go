@@ -296,3 +296,39 @@ func TestCLIVersionRevision(t *testing.T) {
 		require.NotContains(t, line, "modified", "a fresh clone is clean")
 	}
 }
+
+// TestStatusPeerReached: a --peer is "configured" until a handshake with it
+// succeeds, whichever side dials; then stats gives when, its host id and
+// whether it shares this host, and status shows it "reached" (a new user
+// read "configured" after many copies as nothing known of the peer).
+func TestStatusPeerReached(t *testing.T) {
+	ds := cluster(t, []string{"a", "b"})
+	a, b := ds["a"], ds["b"]
+	type peer struct{ Name, State, Reached string }
+	status := func(d *daemon) map[string]peer {
+		var st struct{ Peers []peer }
+		require.NoError(t, json.Unmarshal([]byte(cliOK(t, "status", "--json", d.mnt)), &st))
+		out := map[string]peer{}
+		for _, p := range st.Peers {
+			out[p.Name] = p
+		}
+		return out
+	}
+	require.Equal(t, "configured", status(a)["b"].State)
+	require.Empty(t, a.stats().Peers["b"].Reached)
+	require.NoError(t, os.WriteFile(a.path("x"), []byte("tensor bytes"), 0o644))
+	setx(t, a.path("x"), xattrs.CopyTo, "b:/x")
+	for _, c := range []struct {
+		d    *daemon
+		peer string
+	}{{a, "b"}, {b, "a"}} { // a dialled b: both handshakes' ends know
+		p := c.d.stats().Peers[c.peer]
+		require.NotEmpty(t, p.Reached, "%s's stats of %s", c.d.mnt, c.peer)
+		require.Equal(t, "host-"+c.peer, p.HostID)
+		require.False(t, p.SameHost)
+		require.NotEmpty(t, p.Instance)
+		require.Equal(t, "reached", status(c.d)[c.peer].State)
+	}
+	out := cliOK(t, "status", a.mnt)
+	require.Regexp(t, `(?m)^\s+b\s+127\.0\.0\.1:\d+\s+peer\s+reached\s+no\s`, out)
+}

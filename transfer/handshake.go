@@ -43,6 +43,7 @@ func (s *Service) authenticate(c *conn, addr string) error {
 	c.hostID = ch.HostID
 	c.instance, c.imports = ch.Instance, ch.Imports
 	c.max = MaxFrame
+	s.notePeer(ch.Name, ch.HostID, ch.Instance)
 	s.noteRMA(ch.Name, ch.Instance, ch.UCX)
 	return nil
 }
@@ -87,6 +88,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	c.hostID = h.HostID
 	c.instance, c.imports = h.Instance, h.Imports
 	c.max = MaxFrame
+	s.notePeer(h.Name, h.HostID, h.Instance)
 	s.noteRMA(h.Name, h.Instance, h.UCX)
 	return c, nil
 }

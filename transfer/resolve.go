@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // Resolver finds the address of a peer that Config.Peers does not name: a
@@ -91,13 +92,19 @@ func (s *Service) peerReports() (map[string]PeerReport, *ClusterReport) {
 		}
 		state = r.State
 	}
+	s.metMu.Lock()
 	for name, addr := range s.cfg.Peers {
 		p := PeerReport{Addr: addr}
 		if s.cfg.Resolver != nil {
 			p.Source = "peer"
 		}
+		if m, ok := s.met[name]; ok {
+			p.HostID, p.Instance, p.Reached = m.hostID, m.instance, m.at.UTC().Format(time.RFC3339)
+			p.SameHost = s.cfg.HostID != "" && m.hostID == s.cfg.HostID
+		}
 		peers[name] = p
 	}
+	s.metMu.Unlock()
 	for name, ep := range s.rmaEndpoints() {
 		if p, ok := peers[name]; ok {
 			p.UCX, p.UCXOneSided, p.UCXPeerFailure, p.UCXCarries = ep.transports, ep.oneSided, ep.guarded, s.carries(ep)
@@ -105,4 +112,21 @@ func (s *Service) peerReports() (map[string]PeerReport, *ClusterReport) {
 		}
 	}
 	return peers, state
+}
+
+// peerMet is what a handshake with a peer said of it, and when.
+type peerMet struct {
+	hostID, instance string
+	at               time.Time
+}
+
+// notePeer records an authenticated handshake with peer name, whose hello
+// or challenge gave its host id and instance (stats: PeerReport.Reached).
+func (s *Service) notePeer(name, hostID, instance string) {
+	s.metMu.Lock()
+	defer s.metMu.Unlock()
+	if s.met == nil {
+		s.met = map[string]peerMet{}
+	}
+	s.met[name] = peerMet{hostID: hostID, instance: instance, at: time.Now()}
 }

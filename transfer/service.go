@@ -154,6 +154,12 @@ type Service struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 
+	// met is what the last handshake with each peer said, by name
+	// (notePeer): stats shows it for the peers --peer names, of which
+	// nothing else is known.
+	metMu sync.Mutex
+	met   map[string]peerMet
+
 	// rma holds the RMA endpoint to each peer that offered an address, by
 	// name (noteRMA); rmaClosed: Close has closed them all.
 	rmaMu     sync.Mutex

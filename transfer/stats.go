@@ -398,6 +398,11 @@ type PeerReport struct {
 	// Stale: the directory is unreachable and this entry is from the last
 	// view seen.
 	Stale bool `json:"stale,omitempty"`
+	// Reached, for a peer of Config.Peers, is when this node last
+	// completed an authenticated handshake with it (RFC 3339, UTC; either
+	// side dialling); HostID, SameHost and Instance are then from it.
+	// Absent until one has.
+	Reached string `json:"reached,omitempty"`
 }
 
 // Stats returns the copies, transfers and peers now. A nil service (no peer

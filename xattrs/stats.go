@@ -241,6 +241,10 @@ type Peer struct {
 	Since string `json:"since,omitempty"`
 	// Stale: etcd is unreachable and this entry is from the last view.
 	Stale bool `json:"stale,omitempty"`
+	// Reached, for a --peer, is when this node last completed an
+	// authenticated handshake with it (RFC 3339, UTC); HostID, SameHost
+	// and Instance are then from that handshake. Absent until one has.
+	Reached string `json:"reached,omitempty"`
 }
 
 // Cluster is the "cluster" object of Stats: the etcd view's state.

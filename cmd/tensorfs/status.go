@@ -64,12 +64,14 @@ type peerState struct {
 	Addr string `json:"addr"`
 	// Source is "peer" (a --peer) or "etcd".
 	Source string `json:"source"`
-	// State is "configured" (a --peer: nothing is known until a copy
-	// dials it), "live" (in the etcd view), "stale" (from the last view,
-	// etcd lost) or "self" (this node's own record).
+	// State is "configured" (a --peer no handshake has reached yet),
+	// "reached" (a --peer a handshake reached: Reached, and SameHost from
+	// it), "live" (in the etcd view), "stale" (from the last view, etcd
+	// lost) or "self" (this node's own record).
 	State    string `json:"state"`
 	SameHost bool   `json:"same_host,omitempty"`
 	Since    string `json:"since,omitempty"`
+	Reached  string `json:"reached,omitempty"`
 	// UCX is the transports of this node's UCX endpoint to the peer,
 	// UCXOneSided whether it is one-sided, UCXPeerFailure whether it
 	// detects a dead peer, UCXCarries whether copies move their bytes on
@@ -95,8 +97,9 @@ func newStatusCmd() *cobra.Command {
 		Long: `Show the state of the tensorfs daemon serving MOUNT (any path on the mount
 names it): its node name; the default device's capacity, use and free space
 (statfs, as df shows them) and the tensors and bytes live on all its devices;
-its peers and their state (configured by --peer, live or stale in the etcd
-view, and the transports of its UCX endpoint to each, "(copies on tcp)" when
+its peers and their state (configured by --peer, reached once a handshake with
+that peer succeeded, which then tells whether it is on this host; live or stale
+in the etcd view), the transports of its UCX endpoint to each, "(copies on tcp)" when
 copies do not use that endpoint, "(any endpoint)" when they use one that is not
 one-sided or cannot detect a dead peer, --ucx-any-endpoint) and the cluster's; the transfers running now with their progress; and
 the daemon's recent errors, when its stats document records them.
@@ -158,16 +161,17 @@ func readStatus(arg string) (statusReport, error) {
 	}
 	rep.Live, rep.Cluster, rep.Devices = st.Live, st.Cluster, st.Devices
 	for name, p := range st.Peers {
-		ps := peerState{Name: name, Addr: p.Addr, Source: p.Source, SameHost: p.SameHost, Since: p.Since, UCX: p.UCX, UCXOneSided: p.UCXOneSided, UCXPeerFailure: p.UCXPeerFailure, UCXCarries: p.UCXCarries}
+		ps := peerState{Name: name, Addr: p.Addr, Source: p.Source, SameHost: p.SameHost, Since: p.Since, Reached: p.Reached, UCX: p.UCX, UCXOneSided: p.UCXOneSided, UCXPeerFailure: p.UCXPeerFailure, UCXCarries: p.UCXCarries}
 		switch {
-		case ps.Source == "":
+		case ps.Source == "" || ps.Source == "peer":
 			ps.Source, ps.State = "peer", "configured"
+			if p.Reached != "" {
+				ps.State = "reached"
+			}
 		case p.Self:
 			ps.State = "self"
 		case p.Stale:
 			ps.State = "stale"
-		case ps.Source == "peer":
-			ps.State = "configured"
 		default:
 			ps.State = "live"
 		}
@@ -251,7 +255,7 @@ func writeStatus(w io.Writer, r statusReport) {
 			if p.SameHost {
 				same = "yes"
 			}
-			if p.Source == "peer" && p.Since == "" {
+			if p.Source == "peer" && p.Since == "" && p.Reached == "" {
 				same = "-"
 			}
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, p.Addr, p.Source, p.State, same, orDash(p.Since), ucxText(p.UCX, p.UCXCarries, p.UCXOneSided && p.UCXPeerFailure))
