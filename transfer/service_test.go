@@ -1416,7 +1416,16 @@ func TestStats(t *testing.T) {
 	require.Equal(t, int64(1), cs.Copies.TCP)
 	require.Zero(t, cs.Copies.Local+cs.Copies.IPC)
 	require.Zero(t, cs.Transfers.Active)
-	require.Equal(t, map[string]PeerReport{"b": {Addr: addrOf(p.srv)}}, cs.Peers)
+	// A --peer a handshake reached: what it said, and when.
+	pb := cs.Peers["b"]
+	reached, perr := time.Parse(time.RFC3339, pb.Reached)
+	require.NoError(t, perr, "reached %q", pb.Reached)
+	require.WithinDuration(t, time.Now(), reached, time.Hour)
+	require.Equal(t, p.srv.cfg.HostID, pb.HostID)
+	require.Equal(t, p.srv.instance, pb.Instance)
+	require.Equal(t, p.client.cfg.HostID != "" && pb.HostID == p.client.cfg.HostID, pb.SameHost)
+	pb.Reached, pb.HostID, pb.Instance, pb.SameHost = "", "", "", false
+	require.Equal(t, map[string]PeerReport{"b": {Addr: addrOf(p.srv)}}, map[string]PeerReport{"b": pb}, "nothing else")
 	require.Len(t, cs.Transfers.Recent, 1)
 	r := timing(t, cs.Transfers.Recent[0], false)
 	// 3 MiB takes 256 KiB chunks (chunkFor), enough for two streams.
