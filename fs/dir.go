@@ -39,13 +39,14 @@ func (d *Dir) isRoot() bool { return d.d.IsRoot() }
 // attrTimeout is how long the kernel may keep a node's attributes (a
 // directory's or a file's). With default_permissions the kernel checks the
 // mode before every setxattr, lookup, create, unlink and rename; with a
-// timeout of 0 each check is a GETATTR round trip (two of the three FUSE
+// timeout of 0 each check is a GETATTR round trip (one of the three FUSE
 // requests of an in-place copy_to on a path, four per committed rename).
 // Attributes change either through the kernel, which then drops or updates
 // what it caches, or inside the daemon, which then tells the kernel
 // (Frontend.Invalidate: a directory made for a copy; for a file,
-// tensor.OnAttrChange, any change of its size, blocks or nlink, and its
-// mtime after an action), so caching them never shows a stale value.
+// tensor.OnAttrChange, any change of its size, blocks or nlink, and
+// namespace.File.Touched, its mtime after an action), so caching them
+// never shows a stale value.
 const attrTimeout = time.Second
 
 // kernelHeld records whether the kernel has shown that it holds a node's

@@ -14,27 +14,32 @@
 // entries itself (a batch's whole tensors, copy_from into a directory),
 // and telling the kernel of a name would need FUSE_NOTIFY_INVAL_ENTRY,
 // which takes the parent directory's inode lock: inside a setxattr on that
-// directory it would hang (the trap below). Attributes, a directory's and
-// a file's, are cached for attrTimeout (1 s, dir.go): with
-// default_permissions the kernel checks the mode before every setxattr,
-// lookup and rename, which with a timeout of 0 cost a GETATTR each (an
-// in-place copy_to on a path costs two FUSE requests, LOOKUP and SETXATTR,
-// where it cost three; on an open fd one, where it cost two). They change through the kernel (which drops or updates
-// its copy) or inside the daemon, which then sends FUSE_NOTIFY_INVAL_INODE
+// directory it would hang (the trap below).
+//
+// Attributes, a directory's and a file's, are cached for attrTimeout (1 s,
+// dir.go): with default_permissions the kernel checks the mode before
+// every setxattr, lookup and rename, which with a timeout of 0 cost a
+// GETATTR each (an in-place copy_to on a path costs two FUSE requests,
+// LOOKUP and SETXATTR, where it cost three; on an open fd one, where it
+// cost two). They change through the kernel (which drops or updates its
+// copy) or inside the daemon, which then sends FUSE_NOTIFY_INVAL_INODE
 // (Invalidate; it takes no inode lock, so it is safe inside any request,
 // a setxattr on that very file included): a directory made for a copy,
-// and every change of a tensor's size, capacity or link whoever makes it
+// every change of a tensor's size, capacity or link whoever makes it
 // (tensor.OnAttrChange: a copy_from's adoption, a batch replacing a file,
 // a shape that allocates, a registration), and a file's mtime after an
-// action. The kernel drops such a notice for an inode it does not hold yet,
-// and would then cache the attributes of a LOOKUP reply made before the
-// change: so a reply naming a node gives its attributes a timeout only once
-// the kernel has shown it holds the node (a GETATTR, STATX or SETATTR of it:
-// kernelHeld, dir.go); for a held inode the notice's attr_version makes the
-// kernel drop a reply older than it. So "stat right after any change shows
-// it" holds. Data I/O is
-// direct I/O (no page cache), so a write by another process through an
-// IPC mapping is seen by the next read.
+// action (namespace.File.Touched).
+//
+// The kernel drops such a notice for an inode it does not hold yet, and
+// would then cache the attributes of a LOOKUP reply made before the
+// change: so a reply naming a node gives its attributes a timeout only
+// once the kernel has shown it holds the node (a GETATTR, STATX or SETATTR
+// of it: kernelHeld, dir.go); for a held inode the notice's attr_version
+// makes the kernel drop a reply older than it. So "stat right after any
+// change shows it" holds.
+//
+// Data I/O is direct I/O (no page cache), so a write by another process
+// through an IPC mapping is seen by the next read.
 //
 // # Why the tree keeps its own entries
 //

@@ -137,8 +137,7 @@ func (f *File) setxattr(ctx context.Context, attr, val string) error {
 		return readOnlyOrInvalid(attr, "a file")
 	}
 	if err == nil {
-		f.meta.Touch()
-		f.Invalidate() // the kernel caches the mtime (attrTimeout)
+		f.ns.Touched()
 	}
 	return err
 }

@@ -724,8 +724,7 @@ func (d *dest) place(pl Placement, it *destItem) error {
 		if err := it.target.t.Adopt(it.temp); err != nil {
 			return err
 		}
-		it.target.meta.Touch()
-		it.target.invalidate() // its mtime, after Adopt's size
+		it.target.Touched()
 		it.h.Close()
 		it.h = nil
 		return nil

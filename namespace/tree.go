@@ -163,6 +163,15 @@ func (m *Meta) Touch() {
 	m.Unlock()
 }
 
+// Touched marks a content change the daemon made itself (an action's
+// effect, an adoption by a copy) and tells the kernel, which caches the
+// file's attributes (see Frontend): a change through the kernel (a write,
+// a truncate) takes Meta.Touch alone.
+func (f *File) Touched() {
+	f.meta.Touch()
+	f.invalidate()
+}
+
 // Owner returns the node's uid and gid.
 func (m *Meta) Owner() (uid, gid uint32) {
 	m.Lock()

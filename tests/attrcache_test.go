@@ -126,11 +126,7 @@ func TestAttrCacheInvalidated(t *testing.T) {
 	for _, f := range opened {
 		require.NoError(t, f.Close())
 	}
-	ents, err := os.ReadDir(d.mnt)
-	require.NoError(t, err)
-	for _, e := range ents {
-		require.NoError(t, os.RemoveAll(d.path(e.Name())))
-	}
+	d.removeAll()
 	d.requireClean()
 }
 

@@ -337,11 +337,7 @@ func TestEmptyDirectoryCopies(t *testing.T) {
 			require.EqualValues(t, tc.ipcCopies, sa.Copies.IPC, "%v", sa.Copies)
 			require.EqualValues(t, 1, sa.Copies.Local, "%v", sa.Copies)
 			for _, d := range []*daemon{a, b} {
-				ents, err := os.ReadDir(d.mnt)
-				require.NoError(t, err)
-				for _, e := range ents {
-					require.NoError(t, os.RemoveAll(d.path(e.Name())))
-				}
+				d.removeAll()
 				d.requireClean()
 			}
 		})

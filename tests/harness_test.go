@@ -348,14 +348,35 @@ func (d *daemon) requireLeases(n int, msgAndArgs ...any) xattrs.Stats {
 // (over tcp: the socket it connected, the one it accepted, an eventfd).
 const ucxEndpointFDs = 3
 
+// procStat is the fields of /proc/PID/stat for d's process after its
+// command (f[0] is the state, field 3); nil when there is no such process
+// (reaped).
+func (d *daemon) procStat() []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.cmd.Process.Pid))
+	if err != nil {
+		return nil
+	}
+	return strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+}
+
+// removeAll removes every entry of d's mount (then requireClean can check
+// that nothing is left allocated).
+func (d *daemon) removeAll() {
+	d.t.Helper()
+	ents, err := os.ReadDir(d.mnt)
+	require.NoError(d.t, err)
+	for _, e := range ents {
+		require.NoError(d.t, os.RemoveAll(d.path(e.Name())))
+	}
+}
+
 // cpu is the CPU time d's process uses over the next dur (user and
 // system, from /proc/PID/stat).
 func (d *daemon) cpu(dur time.Duration) time.Duration {
 	d.t.Helper()
 	ticks := func() int64 {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.cmd.Process.Pid))
-		require.NoError(d.t, err)
-		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+		f := d.procStat()
+		require.NotNil(d.t, f, "no process %d", d.cmd.Process.Pid)
 		u, _ := strconv.ParseInt(f[11], 10, 64)
 		s, _ := strconv.ParseInt(f[12], 10, 64)
 		return u + s
