@@ -351,11 +351,11 @@ func (d *dest) WriteInPlace(i int, off, n int64, fill func(iov [][]byte) error) 
 // RMAMemory implements transfer.RMASource: the tensor's host memory, held
 // still by the source's freeze and open handle until Close.
 func (s *fileSource) RMAMemory() (transfer.RMAMemory, bool) {
-	addr, size, rkey, ok := s.t.HostMemory()
+	mem, rkey, ok := s.t.HostMemory()
 	if !ok {
 		return transfer.RMAMemory{}, false
 	}
-	return transfer.RMAMemory{Addr: addr, Size: size, Rkey: rkey, Off: s.off}, true
+	return transfer.RMAMemory{Mem: mem, Rkey: rkey, Off: s.off}, true
 }
 
 // RMAMemory implements transfer.RMADest: descriptor i's tensor's host
@@ -368,9 +368,9 @@ func (d *dest) RMAMemory(i int) (transfer.RMAMemory, bool) {
 		return transfer.RMAMemory{}, false
 	}
 	t, off := d.at(i)
-	addr, size, rkey, ok := t.HostMemory()
+	mem, rkey, ok := t.HostMemory()
 	if !ok {
 		return transfer.RMAMemory{}, false
 	}
-	return transfer.RMAMemory{Addr: addr, Size: size, Rkey: rkey, Off: off}, true
+	return transfer.RMAMemory{Mem: mem, Rkey: rkey, Off: off}, true
 }

@@ -330,26 +330,26 @@ func CopySpans(lists []SpanList) error {
 	return nil
 }
 
-// HostMemory is where the tensor's bytes are when they are host memory
-// mapped into the daemon, for a one-sided transport (UCX) that reads and
-// writes them outside the tensor's lock: addr is byte 0 in this process,
-// size the tensor's size in bytes, rkey its memory region's packed remote
-// key (mr.Region.Rkey; nil when no transport maps it). The caller holds the
-// allocation still for as long as it uses addr: a source frozen (Freeze)
-// and open, an in-place destination pinned (PinRange), a copy's own
-// temporary. ok is false for device memory, or no bytes.
-func (t *Tensor) HostMemory() (addr uintptr, size int64, rkey []byte, ok bool) {
+// HostMemory is the tensor's bytes when they are host memory mapped into
+// the daemon, for a transport that reads and writes them outside the
+// tensor's lock (UCX one-sided, the TCP sender without checksums): mem is
+// the tensor's size in bytes from its byte 0, rkey its memory region's
+// packed remote key (mr.Region.Rkey; nil when no transport maps it). The
+// caller holds the allocation still for as long as it uses mem: a source
+// frozen (Freeze) and open, an in-place destination pinned (PinRange), a
+// copy's own temporary. ok is false for device memory, or no bytes.
+func (t *Tensor) HostMemory() (mem []byte, rkey []byte, ok bool) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	if t.released || t.alloc == nil || t.size == 0 {
-		return 0, 0, nil, false
+		return nil, nil, false
 	}
 	isHost, _ := gpu.InPlace(t.alloc.buf, 0, t.size, func(p []byte) error {
-		addr = uintptr(unsafe.Pointer(&p[0]))
+		mem = p
 		return nil
 	})
-	if !isHost || addr == 0 {
-		return 0, 0, nil, false
+	if !isHost || len(mem) == 0 {
+		return nil, nil, false
 	}
-	return addr, t.size, t.alloc.region.Rkey, true
+	return mem, t.alloc.region.Rkey, true
 }

@@ -27,8 +27,12 @@ const (
 var bufPools [maxBufClass + 1]sync.Pool
 
 // bufClass is the class whose buffers hold n bytes, or -1 past the largest.
+// A buffer holds bufSlack-bufPad bytes beyond its class's power of two
+// (its pad is in front): until 2026-12-06 the pad was not counted, and a
+// 4099-byte tensor's put (a 4152-byte block of frames) sliced past its
+// 4149-byte buffer, a panic in the sending daemon.
 func bufClass(n int) int {
-	c := max(bits.Len(uint(max(n-bufSlack, 1)-1)), minBufClass)
+	c := max(bits.Len(uint(max(n-(bufSlack-bufPad), 1)-1)), minBufClass)
 	if c > maxBufClass {
 		return -1
 	}
@@ -51,7 +55,7 @@ func getBuf(n int) []byte {
 // putBuf gives b back to its pool for a later getBuf; a buffer no pool
 // made is dropped. b must not be used after.
 func putBuf(b []byte) {
-	c := bufClass(cap(b) + bufPad)
+	c := bufClass(cap(b))
 	if c < 0 || cap(b) != 1<<c+bufSlack-bufPad {
 		return
 	}

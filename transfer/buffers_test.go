@@ -11,7 +11,9 @@ import (
 // the same class, and puts a chunk read behind its frame's headers at a
 // 32-byte aligned address; what no pool made is dropped.
 func TestBufPool(t *testing.T) {
-	for _, n := range []int{1, 4096, 4096 + frameOverhead, 1 << 20, 1<<20 + frameOverhead, 4<<20 + frameOverhead} {
+	// Each class's last size and the next one's first: 4096+bufSlack-bufPad
+	// is the most a 4 KiB class's buffer holds behind its pad.
+	for _, n := range []int{1, 4096, 4096 + frameOverhead, 4096 + bufSlack - bufPad, 4096 + bufSlack - bufPad + 1, 4096 + bufSlack, 1 << 20, 1<<20 + frameOverhead, 4<<20 + frameOverhead, 1<<maxBufClass + bufSlack - bufPad} {
 		b := getBuf(n)
 		require.Len(t, b, n)
 		c := bufClass(n)

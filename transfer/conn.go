@@ -143,9 +143,10 @@ type conn struct {
 	peer    string
 	hostID  string
 	max     uint32 // largest frame accepted now
-	// instance and imports: the peer's, from the handshake.
-	instance string
-	imports  []string
+	// instance, imports and noChecksum: the peer's, from the handshake.
+	instance   string
+	imports    []string
+	noChecksum bool
 	// ownerPID is the peer's process, once a memfd handle naming it was
 	// checked against the connection (checkOwner).
 	ownerPID int

@@ -166,6 +166,12 @@ func (s *Service) sameHost(c *conn) bool {
 	return rok && lok && (r.IP.IsLoopback() || r.IP.Equal(l.IP))
 }
 
+// checksums reports whether a copy's chunks on c carry their CRC32C: unless
+// both this node and the peer go without (Config.NoChecksum).
+func (s *Service) checksums(c *conn) bool {
+	return !(s.cfg.NoChecksum && c.noChecksum)
+}
+
 // send runs one put on c over TCP: the request, then the data over c and
 // the extra streams the peer takes (their connections go back to the idle
 // pool after a success), then the peer's reply once it has committed.
@@ -174,7 +180,7 @@ func (s *Service) send(ctx context.Context, peer string, c *conn, remotePath str
 	req := request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, Streams: s.cfg.Streams, Chunk: chunk}
 	eager := eagerPut(rec.BytesTotal.Load(), s.cfg.Streams, chunk)
 	if eager {
-		sd := newSender(srcs, int64(chunk), 1, rec, &streamSet{dead: make(chan struct{})})
+		sd := newSender(srcs, int64(chunk), 1, s.checksums(c), rec, &streamSet{dead: make(chan struct{})})
 		if sd.inline {
 			defer sd.release()
 			return s.sendSmall(c, req, sd)

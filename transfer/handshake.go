@@ -16,7 +16,7 @@ import (
 // the connection on one.
 func (s *Service) authenticate(c *conn, addr string) error {
 	cn := nonce()
-	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress()}); err != nil {
+	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.NoChecksum}); err != nil {
 		return netErr(err)
 	}
 	var ch challenge
@@ -41,7 +41,7 @@ func (s *Service) authenticate(c *conn, addr string) error {
 		return err
 	}
 	c.hostID = ch.HostID
-	c.instance, c.imports = ch.Instance, ch.Imports
+	c.instance, c.imports, c.noChecksum = ch.Instance, ch.Imports, ch.NoChecksum
 	c.max = MaxFrame
 	s.notePeer(ch.Name, ch.HostID, ch.Instance)
 	s.noteRMA(ch.Name, ch.Instance, ch.UCX)
@@ -67,7 +67,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	}
 	c.peer = h.Name
 	sn := nonce()
-	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name), Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress()}); err != nil {
+	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name), Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.NoChecksum}); err != nil {
 		return nil, err
 	}
 	var a authMsg
@@ -86,7 +86,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 		return nil, err
 	}
 	c.hostID = h.HostID
-	c.instance, c.imports = h.Instance, h.Imports
+	c.instance, c.imports, c.noChecksum = h.Instance, h.Imports, h.NoChecksum
 	c.max = MaxFrame
 	s.notePeer(h.Name, h.HostID, h.Instance)
 	s.noteRMA(h.Name, h.Instance, h.UCX)

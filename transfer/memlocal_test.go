@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -49,6 +50,10 @@ type memLocal struct {
 	// chunks come one by one); batches counts the batches taken.
 	batch   bool
 	batches int64
+	// hostMem: its sources offer their bytes as host memory (RMASource),
+	// as host tensors do; reads counts the bytes read through ReadAt.
+	hostMem bool
+	reads   atomic.Int64
 
 	// Hooks, called without mu held.
 	onWrite func(i int, off int64, n int) error // before each Dest.WriteAt
@@ -195,7 +200,7 @@ func (l *memLocal) Get(p string, r Range) ([]Source, bool, error) {
 		}
 		l.openSrcs++
 		l.srcsOpened++
-		return []Source{&memSource{l: l, meta: m, data: data}}, false, nil
+		return []Source{l.source(m, data)}, false, nil
 	}
 	if r.Set {
 		return nil, false, &Error{Errno: syscall.EINVAL, Msg: "a range on a directory"}
@@ -219,9 +224,29 @@ func (l *memLocal) Get(p string, r Range) ([]Source, bool, error) {
 		t := l.files[f]
 		l.openSrcs++
 		l.srcsOpened++
-		srcs = append(srcs, &memSource{l: l, meta: withRel(t.meta, strings.TrimPrefix(f, prefix)), data: t.data})
+		srcs = append(srcs, l.source(withRel(t.meta, strings.TrimPrefix(f, prefix)), t.data))
 	}
 	return srcs, true, nil
+}
+
+// source is a Source of data (a tensor's bytes, or a range's): one that
+// offers them as host memory when l is hostMem.
+func (l *memLocal) source(m Meta, data []byte) Source {
+	s := &memSource{l: l, meta: m, data: data}
+	if l.hostMem {
+		return &memHostSource{s}
+	}
+	return s
+}
+
+// memHostSource is a memSource whose bytes are offered as host memory
+// (RMASource).
+type memHostSource struct{ *memSource }
+
+// RMAMemory implements RMASource: Mem starts at the range's first byte
+// (a source without spans is addressed from Off, 0 here).
+func (s *memHostSource) RMAMemory() (RMAMemory, bool) {
+	return RMAMemory{Mem: s.data}, len(s.data) > 0
 }
 
 func withRel(m Meta, rel string) Meta {
@@ -329,6 +354,7 @@ func (s *memSource) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 || off > int64(len(s.data)) {
 		return 0, syscall.EINVAL
 	}
+	s.l.reads.Add(int64(len(p)))
 	n := copy(p, s.data[off:])
 	if n < len(p) {
 		return n, syscall.EIO

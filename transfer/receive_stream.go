@@ -133,7 +133,7 @@ func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all boo
 	var firstDone atomic.Pointer[conn] // first, once it has ended in step
 	if want == 0 {
 		// One stream: received on this goroutine (no hand-off).
-		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, rec).run()
+		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, s.cfg.NoChecksum, rec).run()
 		if err := tr.complete(); err != nil {
 			ss.fail(err)
 		}
@@ -143,7 +143,7 @@ func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all boo
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, rec).run()
+		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, s.cfg.NoChecksum, rec).run()
 		if firstInStep {
 			firstDone.Store(first)
 		}
@@ -154,7 +154,7 @@ func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all boo
 	}
 	ss.awaitJoins(joins, want, all, watch, s.cfg.Timeout, &wg, func(st *stream) {
 		rec.Streams.Add(1)
-		st.inStep = newRecvStream(st.c, ss, tr, dest, inPlace, rec).run()
+		st.inStep = newRecvStream(st.c, ss, tr, dest, inPlace, s.cfg.NoChecksum, rec).run()
 	})
 	wg.Wait()
 	if err := tr.complete(); err != nil {
@@ -165,13 +165,14 @@ func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all boo
 }
 
 // work is one received chunk for a stream's checker: its bytes in place
-// (buf nil) or in buf.
+// (buf nil) or in buf; noCRC: it carries no CRC32C to check.
 type work struct {
-	i   int
-	off int64
-	n   int64
-	crc uint32
-	buf []byte
+	i     int
+	off   int64
+	n     int64
+	crc   uint32
+	noCRC bool
+	buf   []byte
 }
 
 // recvStream is one connection's share of a transfer being received (see
@@ -185,7 +186,10 @@ type recvStream struct {
 	dest    Dest
 	inPlace inPlaceDest // dest, when it takes bytes in place; else nil
 	batch   BatchWriter // dest, when it takes batches of small chunks; else nil
-	rec     *Record
+	// noCRC: chunks may come without their CRC32C (Config.NoChecksum);
+	// else such a chunk is a protocol error.
+	noCRC bool
+	rec   *Record
 	// The small chunks read for the next WriteBatch: their bytes back to
 	// back in bbuf, their places in bpend.
 	bbuf  []byte
@@ -202,9 +206,9 @@ type recvStream struct {
 	hdr     [dataHeaderLen]byte
 }
 
-func newRecvStream(c *conn, ss *streamSet, tr *tracker, dest Dest, inPlace inPlaceDest, rec *Record) *recvStream {
+func newRecvStream(c *conn, ss *streamSet, tr *tracker, dest Dest, inPlace inPlaceDest, noCRC bool, rec *Record) *recvStream {
 	batch, _ := dest.(BatchWriter)
-	return &recvStream{c: c, ss: ss, tr: tr, dest: dest, inPlace: inPlace, batch: batch, rec: rec, free: make(chan []byte, 3), todo: make(chan work, 2)}
+	return &recvStream{c: c, ss: ss, tr: tr, dest: dest, inPlace: inPlace, batch: batch, noCRC: noCRC, rec: rec, free: make(chan []byte, 3), todo: make(chan work, 2)}
 }
 
 // chunkOutcome is what became of one data frame.
@@ -306,6 +310,9 @@ func (rs *recvStream) data(dlen int64) bool {
 		return false
 	}
 	h, _, err := parseChunk(rs.hdr[:])
+	if err == nil && h.noCRC && !rs.noCRC {
+		err = &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: a chunk without its CRC32C, which this node checks (it runs without --checksum none)", c.peer)}
+	}
 	if err == nil {
 		err = rs.tr.claim(h.index, h.offset, dlen)
 	}
@@ -314,7 +321,7 @@ func (rs *recvStream) data(dlen int64) bool {
 		return rs.skip(dlen) != chunkBroken
 	}
 	rs.chunks++
-	w := work{i: int(h.index), off: h.offset, n: dlen, crc: h.crc}
+	w := work{i: int(h.index), off: h.offset, n: dlen, crc: h.crc, noCRC: h.noCRC}
 	out := chunkBuffer
 	if rs.inPlace != nil {
 		out = rs.readInPlace(w)
@@ -324,6 +331,13 @@ func (rs *recvStream) data(dlen int64) bool {
 		return false
 	case chunkSkipped:
 		return true
+	case chunkPlaced:
+		if w.noCRC { // in place, and nothing to check
+			if !ss.failed.Load() {
+				rs.rec.BytesDone.Add(w.n)
+			}
+			return true
+		}
 	case chunkBuffer:
 		if rs.batch != nil && w.n <= inlineMax {
 			if ok, taken := rs.readBatched(w); taken {
@@ -414,7 +428,7 @@ func (rs *recvStream) readBatched(w work) (ok, taken bool) {
 	if rs.ss.failed.Load() {
 		return true, true // read on, in step, until the sender's end
 	}
-	if crc32.Checksum(p, crcTable) != w.crc {
+	if !w.noCRC && crc32.Checksum(p, crcTable) != w.crc {
 		rs.ss.fail(&Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: CRC32C mismatch in %q at %d", rs.c.peer, rs.tr.metas[w.i].Rel, w.off)})
 		return true, true
 	}
@@ -500,7 +514,10 @@ func (rs *recvStream) check(w work) {
 	var crc uint32
 	var werr error
 	ran := true
-	if w.buf == nil {
+	switch {
+	case w.noCRC:
+		crc = w.crc
+	case w.buf == nil:
 		ran = ss.guard(func() {
 			_, werr = rs.inPlace.WriteInPlace(w.i, w.off, w.n, func(iov [][]byte) error {
 				for _, p := range iov {
@@ -509,7 +526,7 @@ func (rs *recvStream) check(w work) {
 				return nil
 			})
 		})
-	} else {
+	default:
 		crc = crc32.Checksum(w.buf[:w.n], crcTable)
 	}
 	switch {

@@ -3,6 +3,7 @@ package transfer
 import (
 	"log/slog"
 	"time"
+	"unsafe"
 )
 
 // RMA is a one-sided transport for the bytes between hosts, as this node
@@ -80,17 +81,19 @@ type RMADesc struct {
 
 // RMAMemory is a tensor's host memory as a one-sided transport sees it
 // (a source's, which the peer reads; a destination's, which the gets land
-// in):
-// Size bytes at Addr in this process, its region's packed rkey (nil: not
-// mapped for the transport, so a peer cannot reach it), and Off, where a
-// descriptor without spans has its byte 0 in the tensor (a source's
+// in), and as the TCP sender sends a source from it (Config.NoChecksum):
+// Mem, the tensor's bytes in this process, its region's packed rkey (nil:
+// not mapped for the transport, so a peer cannot reach it), and Off, where
+// a descriptor without spans has its byte 0 in the tensor (a source's
 // range, an in-place destination's Off; 0 for a whole tensor).
 type RMAMemory struct {
-	Addr uintptr
-	Size int64
+	Mem  []byte
 	Rkey []byte
 	Off  int64
 }
+
+// addr is where Mem starts in this process.
+func (m RMAMemory) addr() uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(m.Mem))) }
 
 // RMASource is implemented by a Source whose tensor is host memory the
 // transport may read while the source is open (namespace's frozen

@@ -257,12 +257,12 @@ func (s *Service) offer(metas []Meta, mem func(i int) (RMAMemory, bool), fill fu
 	var staged int64
 	for i, m := range metas {
 		o.stageAt[i] = -1
-		if mm, ok := mem(i); ok && mm.Rkey != nil && mm.Size > 0 {
-			r, seen := byAddr[mm.Addr]
+		if mm, ok := mem(i); ok && mm.Rkey != nil && len(mm.Mem) > 0 {
+			r, seen := byAddr[mm.addr()]
 			if !seen {
 				r = len(o.regions)
-				byAddr[mm.Addr] = r
-				o.regions = append(o.regions, rmaRegion{Addr: uint64(mm.Addr), Len: mm.Size, Rkey: mm.Rkey})
+				byAddr[mm.addr()] = r
+				o.regions = append(o.regions, rmaRegion{Addr: uint64(mm.addr()), Len: int64(len(mm.Mem)), Rkey: mm.Rkey})
 			}
 			o.targets[i] = rmaTarget{R: r, Off: mm.Off}
 			continue
@@ -352,7 +352,7 @@ func (s *Service) plan(metas, theirs []Meta, r reply, mem func(i int) (RMAMemory
 		if at := p.stageAt[i]; at >= 0 {
 			local = append(local, rmaRun{0, int64(st.addr()) + at, m.NBytes})
 		} else {
-			local = runsAt(local, m, int64(mems[i].Addr), mems[i].Off, true, false)
+			local = runsAt(local, m, int64(mems[i].addr()), mems[i].Off, true, false)
 		}
 		t := r.RMAAt[i]
 		remote = runsAt(remote, theirs[i], 0, t.Off, !t.Linear, true)

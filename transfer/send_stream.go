@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"runtime"
@@ -18,8 +19,18 @@ type sender struct {
 	chunk int64
 	ss    *streamSet
 
-	free chan []byte // empty buffers, header and chunk
-	full chan []byte // read chunks, to be sent; closed once the readers stop
+	// crc: the chunks carry their CRC32C (Service.checksums). Without
+	// it, a source in host memory (hostMem) is sent from there: its
+	// frames' bytes are slices of the mapping, written by writev behind
+	// their headers, not copied into a buffer first. (A CRC needs the
+	// copy: the sum and the bytes sent must be of one snapshot, and a
+	// process that maps the source may write it during the copy.)
+	crc     bool
+	hostMem [][]byte // per source, its host memory from the tensor's byte 0; nil: read it
+	hostOff []int64  // per source, where its bytes start in hostMem (one range)
+
+	free chan *sendBuf // empty buffers
+	full chan *sendBuf // read chunks, to be sent; closed once the readers stop
 	stop chan struct{}
 	once sync.Once // closes stop
 
@@ -59,16 +70,44 @@ const frameOverhead = frameHeaderLen + dataHeaderLen
 // write, as the connection's buffered writer did, without the copy into it.
 const inlineBlock = 256 << 10
 
+// sendBuf is one buffer of a sender and what of it goes out: the frames
+// read into b, or, for a source sent from its host memory, their headers
+// in b and their bytes in that memory.
+type sendBuf struct {
+	b      []byte
+	out    [][]byte // to the socket, in order: slices of b and of sources' host memory
+	n      int64    // the chunk bytes out carries
+	frames int      // the data frames out carries
+}
+
+// maxPieces is the most pieces of host memory one chunk is sent from
+// (sender.hostMem): one writev takes at most 1024 slices (IOV_MAX), and a
+// chunk of more, smaller pieces (a range list of tiny blocks) is cheaper
+// gathered into a buffer than described to the kernel piece by piece.
+const maxPieces = 256
+
 // newSender prepares the buffers for k streams sending srcs in chunks of
-// chunk bytes.
-func newSender(srcs []Source, chunk int64, k int, rec *Record, ss *streamSet) *sender {
+// chunk bytes, with their CRC32C when crc.
+func newSender(srcs []Source, chunk int64, k int, crc bool, rec *Record, ss *streamSet) *sender {
 	// Buffers no larger than the largest tensor: a 4 KiB copy should not
 	// allocate (and collect) megabytes.
 	size := int64(1)
 	for _, sc := range srcs {
 		size = max(size, min(sc.Meta().NBytes, chunk))
 	}
-	sd := &sender{srcs: srcs, rec: rec, chunk: chunk, ss: ss, free: make(chan []byte, 2*k+1), stop: make(chan struct{})}
+	sd := &sender{srcs: srcs, rec: rec, chunk: chunk, ss: ss, crc: crc, free: make(chan *sendBuf, 2*k+1), stop: make(chan struct{})}
+	if !crc {
+		sd.hostMem, sd.hostOff = make([][]byte, len(srcs)), make([]int64, len(srcs))
+		for i, sc := range srcs {
+			// The source holds its tensor's allocation still until it is
+			// closed, after the writers have stopped (RMASource).
+			if rs, ok := sc.(RMASource); ok {
+				if m, ok := rs.RMAMemory(); ok && len(m.Mem) > 0 {
+					sd.hostMem[i], sd.hostOff[i] = m.Mem, m.Off
+				}
+			}
+		}
+	}
 	sd.inline = size <= inlineMax
 	sd.maxChunk = int(size)
 	n := frameOverhead + int(size)
@@ -79,9 +118,9 @@ func newSender(srcs []Source, chunk int64, k int, rec *Record, ss *streamSet) *s
 		n = max(n, int(min(need, inlineBlock)))
 	}
 	for range cap(sd.free) {
-		sd.free <- getBuf(n)
+		sd.free <- &sendBuf{b: getBuf(n)}
 	}
-	sd.full = make(chan []byte, cap(sd.free))
+	sd.full = make(chan *sendBuf, cap(sd.free))
 	return sd
 }
 
@@ -100,7 +139,7 @@ func (sd *sender) release() {
 	for {
 		select {
 		case b := <-sd.free:
-			putBuf(b)
+			putBuf(b.b)
 		default:
 			return
 		}
@@ -151,28 +190,39 @@ func (sd *sender) read() {
 		if !ok {
 			return
 		}
-		var buf []byte
+		var sb *sendBuf
 		select {
-		case buf = <-sd.free:
+		case sb = <-sd.free:
 		case <-sd.stop:
 			return
 		}
-		chunk, ok := sd.readChunk(buf, i, off, n)
-		if !ok {
+		sb.out, sb.n, sb.frames = sb.out[:0], n, 1
+		if sb.out, _, ok = sd.readChunk(sb.out, sb.b, i, off, n); !ok {
+			sd.free <- sb
 			return
 		}
 		select {
-		case sd.full <- chunk:
+		case sd.full <- sb:
 		case <-sd.stop:
+			sd.free <- sb
 			return
 		}
 	}
 }
 
 // readChunk reads bytes [off, off+n) of source i into buf behind their
-// frame and chunk headers (with the CRC32C) and returns the frame; false
-// when the read failed (readErr is set and the transfer halts).
-func (sd *sender) readChunk(buf []byte, i int, off, n int64) ([]byte, bool) {
+// frame and chunk headers (with the CRC32C, when the chunks carry it) and
+// appends the frame to out; a source sent from its host memory (hostMem)
+// has only the headers read into buf, and its bytes appended as slices of
+// that memory. used is how much of buf the frame took. False when the read
+// failed (readErr is set and the transfer halts).
+func (sd *sender) readChunk(out [][]byte, buf []byte, i int, off, n int64) (_ [][]byte, used int, ok bool) {
+	h := chunkHeader{index: uint32(i), offset: off, noCRC: !sd.crc}
+	if !sd.crc && sd.hostMem[i] != nil {
+		if out, ok := sd.hostChunk(out, buf, i, off, n, h); ok {
+			return out, frameOverhead, true
+		}
+	}
 	data := buf[frameOverhead : frameOverhead+n]
 	got, err := sd.srcs[i].ReadAt(data, off)
 	if err == nil && got != len(data) {
@@ -184,70 +234,119 @@ func (sd *sender) readChunk(buf []byte, i int, off, n int64) ([]byte, bool) {
 	if err != nil {
 		sd.readErrOnce.Do(func() { sd.readErr = fmt.Errorf("read %s at %d: %w", sd.srcs[i].Meta().Rel, off, err) })
 		sd.halt()
-		return nil, false
+		return out, 0, false
+	}
+	if sd.crc {
+		h.crc = crc32.Checksum(data, crcTable)
 	}
 	putFrameHeader(buf, frameData, dataHeaderLen+int(n))
-	putChunkHeader(buf[frameHeaderLen:], chunkHeader{index: uint32(i), offset: off, crc: crc32.Checksum(data, crcTable)})
-	return buf[:frameOverhead+n], true
+	putChunkHeader(buf[frameHeaderLen:], h)
+	return append(out, buf[:frameOverhead+n]), frameOverhead + int(n), true
 }
 
-// produce packs the frames of the next chunks into buf, as many as fit,
+// hostChunk appends the frame of bytes [off, off+n) of source i sent from
+// its host memory: the headers, in buf, then the bytes, one slice per
+// piece. False, nothing appended, when the chunk is more than maxPieces
+// pieces or does not lie inside the memory (a source that is not what it
+// said: read the usual way, whose errors tell).
+func (sd *sender) hostChunk(out [][]byte, buf []byte, i int, off, n int64, h chunkHeader) ([][]byte, bool) {
+	mem, m := sd.hostMem[i], sd.srcs[i].Meta()
+	if off < 0 || n < 0 || off > m.NBytes-n {
+		return out, false
+	}
+	start := len(out)
+	out = append(out, buf[:frameOverhead])
+	if m.Spans == nil {
+		at := sd.hostOff[i] + off
+		if at < 0 || at > int64(len(mem))-n {
+			return out[:start], false
+		}
+		out = append(out, mem[at:at+n])
+	} else {
+		k := 0
+		err := Pieces(m.Spans, off, n, func(_, src, _, pn int64) error {
+			if k++; k > maxPieces || src < 0 || src > int64(len(mem))-pn {
+				return errSkip
+			}
+			out = append(out, mem[src:src+pn])
+			return nil
+		})
+		if err != nil {
+			clear(out[start:])
+			return out[:start], false
+		}
+	}
+	putFrameHeader(buf, frameData, dataHeaderLen+int(n))
+	putChunkHeader(buf[frameHeaderLen:], h)
+	return out, true
+}
+
+// errSkip stops a walk over pieces early.
+var errSkip = errors.New("skip")
+
+// produce packs the frames of the next chunks into sb, as many as fit,
 // each at a multiple of frameAlign (so that its chunk's bytes are aligned:
-// see bufPad), for an inline writer; it returns them in frames (reused)
-// and how many bytes they carry, or false when the chunks ran out before
-// one was packed, a read failed (readErr) or the transfer halted.
-func (sd *sender) produce(buf []byte, frames [][]byte) (_ [][]byte, bytes int64, ok bool) {
-	frames = frames[:0]
+// see bufPad), for an inline writer, with sb.n the bytes they carry; false
+// when the chunks ran out before one was packed, a read failed (readErr) or
+// the transfer halted. Frames sent from host memory take only their
+// headers' room in the buffer; a block then ends at inlineBlock bytes of
+// chunks, as one of frames read into it does.
+func (sd *sender) produce(sb *sendBuf) bool {
+	sb.out, sb.n, sb.frames = sb.out[:0], 0, 0
+	buf := sb.b[:cap(sb.b)]
 	pos := 0
-	for pos+frameOverhead+sd.maxChunk <= len(buf) || pos == 0 {
+	for (pos+frameOverhead+sd.maxChunk <= len(buf) && sb.n+int64(sd.maxChunk) <= inlineBlock) || pos == 0 {
 		select {
 		case <-sd.stop:
-			return frames, 0, false
+			return false
 		default:
 		}
 		i, off, n, more := sd.next()
 		if !more {
 			break
 		}
-		f, ok := sd.readChunk(buf[pos:], i, off, n)
-		if !ok {
-			return frames, 0, false
+		var used int
+		var ok bool
+		if sb.out, used, ok = sd.readChunk(sb.out, buf[pos:], i, off, n); !ok {
+			return false
 		}
-		frames = append(frames, f)
-		bytes += n
-		pos = (pos + len(f) + frameAlign - 1) &^ (frameAlign - 1)
+		sb.n += n
+		sb.frames++
+		pos = (pos + used + frameAlign - 1) &^ (frameAlign - 1)
 	}
-	return frames, bytes, len(frames) > 0
+	return len(sb.out) > 0
 }
 
 // frameAlign is the alignment of the frames an inline writer packs into
 // its buffer, in bytes (see bufPad).
 const frameAlign = 32
 
-// chunks yields what a writer sends, frames and the chunk bytes they
-// carry: one frame at a time from the readers (full), or, inline, the
-// frames read by the writer itself into one buffer of its own.
-func (sd *sender) chunks(yield func([][]byte, int64) bool) {
+// chunks yields what a writer sends, one buffer's frames at a time: from
+// the readers (full), or, inline, the frames read by the writer itself into
+// one buffer of its own. A buffer from full goes back to free after the
+// yield.
+func (sd *sender) chunks(yield func(*sendBuf) bool) {
 	if !sd.inline {
-		var one [1][]byte
-		for buf := range sd.full {
-			one[0] = buf
-			if !yield(one[:], int64(len(buf)-frameOverhead)) {
-				for range sd.full {
+		for sb := range sd.full {
+			ok := yield(sb)
+			clear(sb.out)
+			sd.free <- sb
+			if !ok {
+				for sb := range sd.full {
+					sd.free <- sb
 				}
 				return
 			}
 		}
 		return
 	}
-	buf := <-sd.free
-	defer func() { sd.free <- buf }()
-	var frames [][]byte
+	sb := <-sd.free
+	defer func() {
+		clear(sb.out)
+		sd.free <- sb
+	}()
 	for !sd.ss.failed.Load() {
-		var n int64
-		var ok bool
-		frames, n, ok = sd.produce(buf[:cap(buf)], frames)
-		if !ok || !yield(frames, n) {
+		if !sd.produce(sb) || !yield(sb) {
 			return
 		}
 	}
@@ -259,20 +358,17 @@ func (sd *sender) chunks(yield func([][]byte, int64) bool) {
 // (c is out of step).
 func (sd *sender) write(c *conn) bool {
 	var chunks int64
-	for frames, n := range sd.chunks {
+	for sb := range sd.chunks {
 		if sd.ss.failed.Load() {
 			continue
 		}
-		if err := c.writeFrames(frames); err != nil {
+		if err := c.writeFrames(sb.out); err != nil {
 			sd.ss.fail(netErr(err))
 			sd.halt()
 			continue
 		}
-		chunks += int64(len(frames))
-		sd.rec.BytesDone.Add(n)
-		if !sd.inline {
-			sd.free <- frames[0][:cap(frames[0])]
-		}
+		chunks += int64(sb.frames)
+		sd.rec.BytesDone.Add(sb.n)
 	}
 	if sd.ss.failed.Load() {
 		return false
@@ -298,7 +394,7 @@ func (sd *sender) write(c *conn) bool {
 func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all bool, srcs []Source, chunk int, rec *Record, onFail func(error)) ([]*stream, error) {
 	ss := &streamSet{dead: make(chan struct{}), onFail: onFail}
 	k := 1 + want
-	sd := newSender(srcs, int64(chunk), k, rec, ss)
+	sd := newSender(srcs, int64(chunk), k, s.checksums(first), rec, ss)
 	readers := 1
 	if k > 1 {
 		readers = min(k, runtime.GOMAXPROCS(0))
@@ -327,8 +423,9 @@ func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all boo
 	}
 	wg.Wait()
 	sd.halt()
-	for b := range sd.full { // the readers stop; wait for them before the sources close
-		sd.free <- b[:cap(b)]
+	for sb := range sd.full { // the readers stop; wait for them before the sources close
+		clear(sb.out)
+		sd.free <- sb
 	}
 	sd.release()
 	extras, err := ss.result()

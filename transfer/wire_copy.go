@@ -138,18 +138,29 @@ type progressMsg struct {
 	BytesDone int64 `json:"bytes_done"`
 }
 
-// dataHeaderLen is the chunk header of a data frame: tensor index (4 bytes),
-// byte offset in the tensor (8), CRC32C of the bytes (4), all big-endian.
+// dataHeaderLen is the chunk header of a data frame: tensor index (4 bytes;
+// its top bit, noCRCFlag, set when the chunk carries no CRC32C), byte
+// offset in the tensor (8), CRC32C of the bytes (4; 0 without), all
+// big-endian.
 const dataHeaderLen = 16
+
+// noCRCFlag marks a chunk header whose chunk goes without its CRC32C
+// (Service.checksums); a descriptor table never reaches 2^31 tensors.
+const noCRCFlag = 1 << 31
 
 type chunkHeader struct {
 	index  uint32
 	offset int64
 	crc    uint32
+	noCRC  bool
 }
 
 func putChunkHeader(b []byte, h chunkHeader) {
-	binary.BigEndian.PutUint32(b[0:4], h.index)
+	idx := h.index
+	if h.noCRC {
+		idx |= noCRCFlag
+	}
+	binary.BigEndian.PutUint32(b[0:4], idx)
 	binary.BigEndian.PutUint64(b[4:12], uint64(h.offset))
 	binary.BigEndian.PutUint32(b[12:16], h.crc)
 }
@@ -160,10 +171,12 @@ func parseChunk(p []byte) (chunkHeader, []byte, error) {
 	if len(p) < dataHeaderLen {
 		return chunkHeader{}, nil, fmt.Errorf("data frame of %d bytes: %w", len(p), ErrFrame)
 	}
+	idx := binary.BigEndian.Uint32(p[0:4])
 	h := chunkHeader{
-		index:  binary.BigEndian.Uint32(p[0:4]),
+		index:  idx &^ noCRCFlag,
 		offset: int64(binary.BigEndian.Uint64(p[4:12])),
 		crc:    binary.BigEndian.Uint32(p[12:16]),
+		noCRC:  idx&noCRCFlag != 0,
 	}
 	if h.offset < 0 {
 		return chunkHeader{}, nil, fmt.Errorf("chunk offset %d: %w", h.offset, ErrFrame)
@@ -172,5 +185,5 @@ func parseChunk(p []byte) (chunkHeader, []byte, error) {
 }
 
 // crcTable is CRC32C (Castagnoli), checked per chunk so corruption is an EIO,
-// not bad data.
+// not bad data (unless both ends go without: Service.checksums).
 var crcTable = crc32.MakeTable(crc32.Castagnoli)

@@ -19,6 +19,9 @@ type hello struct {
 	// UCX is the node's UCX worker address (RMA.Address), absent when it
 	// has none; used only once the handshake has authenticated the peer.
 	UCX []byte `json:"ucx,omitempty"`
+	// NoChecksum says the node goes without CRC32C on its TCP copies
+	// (Config.NoChecksum); a copy does only when both ends do.
+	NoChecksum bool `json:"no_checksum,omitempty"`
 }
 
 // challenge answers hello (server -> client) and proves the server knows the
@@ -29,11 +32,12 @@ type challenge struct {
 	HostID  string `json:"host_id"`
 	Nonce   []byte `json:"nonce"`
 	Proof   []byte `json:"proof"`
-	// Instance, Imports, NoSecret and UCX: as in hello.
-	Instance string   `json:"instance"`
-	Imports  []string `json:"imports,omitempty"`
-	NoSecret bool     `json:"no_secret,omitempty"`
-	UCX      []byte   `json:"ucx,omitempty"`
+	// Instance, Imports, NoSecret, UCX and NoChecksum: as in hello.
+	Instance   string   `json:"instance"`
+	Imports    []string `json:"imports,omitempty"`
+	NoSecret   bool     `json:"no_secret,omitempty"`
+	UCX        []byte   `json:"ucx,omitempty"`
+	NoChecksum bool     `json:"no_checksum,omitempty"`
 }
 
 // authMsg proves the client knows the secret (client -> server).

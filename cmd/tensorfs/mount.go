@@ -79,9 +79,16 @@ sleeps: a sleeping thread's wake-up costs a small copy 8-16 µs each way; the
 poll costs a core for at most that long per wait.
 
 --streams N spreads each large copy over N parallel TCP connections to the
-peer (1 to 8; default 2): chunks of at least 4 per stream, each checked by
-CRC32C and counted exactly once; a stream that dies fails the whole copy. The
-receiving side of a copy decides, up to what the asking side offers.
+peer (1 to 8; default 2): chunks of at least 4 per stream, each counted
+exactly once; a stream that dies fails the whole copy. The receiving side of a
+copy decides, up to what the asking side offers.
+
+--checksum crc32c (the default) sends each chunk of a TCP copy with its CRC32C,
+which the receiver checks (a mismatch fails the copy, EIO); none leaves the
+check to TCP's own checksum, as raw TCP and UCX do, and sends a host-memory
+source straight from its memory (writev), with no copy into a buffer: on a
+host short of cores the two passes over every byte are most of a large copy's
+cost beyond raw TCP. A copy goes without only when both nodes say none.
 
 --transport (a build with UCX, -tags ucx): auto moves a copy's bytes with a
 peer of another host on UCX where the endpoint to it is one-sided and detects

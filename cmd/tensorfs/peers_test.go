@@ -36,3 +36,26 @@ func TestSpinFlag(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 500*time.Microsecond, cfg.Spin)
 }
+
+// TestChecksumFlag: --checksum is crc32c by default, none sets
+// NoChecksum, anything else is refused with its name.
+func TestChecksumFlag(t *testing.T) {
+	config := func(args ...string) (transfer.Config, error) {
+		var p peerFlags
+		f := pflag.NewFlagSet("mount", pflag.ContinueOnError)
+		p.register(f)
+		require.NoError(t, f.Parse(append(args, "--name", "n", "--host-id", "h")))
+		return p.config()
+	}
+	cfg, err := config()
+	require.NoError(t, err)
+	require.False(t, cfg.NoChecksum)
+	cfg, err = config("--checksum", "crc32c")
+	require.NoError(t, err)
+	require.False(t, cfg.NoChecksum)
+	cfg, err = config("--checksum", "none")
+	require.NoError(t, err)
+	require.True(t, cfg.NoChecksum)
+	_, err = config("--checksum", "md5")
+	require.ErrorContains(t, err, `--checksum "md5": want crc32c or none`)
+}
