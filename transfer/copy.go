@@ -234,7 +234,7 @@ func (s *Service) pushData(ctx context.Context, peer string, c *conn, ok reply, 
 // started and no other wakes up: a KV block's copy is one round trip.
 func (s *Service) sendSmall(c *conn, req request, sd *sender) (int, error) {
 	close(sd.full) // no readers: the writer reads
-	if err := c.send(frameRequest, encodeMsg(req)); err != nil {
+	if err := c.send(frameRequest, c.encode(req)); err != nil {
 		return 0, netErr(err)
 	}
 	if !sd.write(c) {

@@ -41,7 +41,7 @@ func frameSeeds() [][]byte {
 		frameBytes(frameData, dataFrame(0, -1, data, 0)),
 		frameBytes(frameData, dataFrame(math.MaxUint32, math.MaxInt64, nil, 0)),
 		frameBytes(frameData, []byte{1, 2, 3}),
-		cat(frameBytes(frameRequest, encodeMsg(request{Op: "get", Path: "/t"})), frameBytes(frameDone, marshal(doneMsg{}))),
+		cat(frameBytes(frameRequest, encodeMsg(nil, request{Op: "get", Path: "/t"})), frameBytes(frameDone, marshal(doneMsg{}))),
 		frameBytes(frameData, dataFrame(0, 0, data, crcOf(data)))[:20],
 		frameBytes(frameRevoke, marshal(idsMsg{IDs: []uint64{1, math.MaxUint64}})),
 		frameBytes(frameRevoked, marshal(idsMsg{})),
@@ -130,11 +130,11 @@ func FuzzReadFrame(f *testing.F) {
 func serveSeeds() (authed, raw [][]byte) {
 	data := []byte("newbytes")
 	m := Meta{DType: "U8", Shape: "8", NBytes: 8}
-	put := frameBytes(frameRequest, encodeMsg(request{Op: "put", Path: "/t", Tensors: []Meta{m}}))
-	dirPut := frameBytes(frameRequest, encodeMsg(request{Op: "put", Path: "/d", Dir: true, Tensors: []Meta{{Rel: "a/b", NBytes: 8}, {Rel: "c", NBytes: 0}}}))
+	put := frameBytes(frameRequest, encodeMsg(nil, request{Op: "put", Path: "/t", Tensors: []Meta{m}}))
+	dirPut := frameBytes(frameRequest, encodeMsg(nil, request{Op: "put", Path: "/d", Dir: true, Tensors: []Meta{{Rel: "a/b", NBytes: 8}, {Rel: "c", NBytes: 0}}}))
 	chunk := frameBytes(frameData, dataFrame(0, 0, data, crcOf(data)))
 	done := frameBytes(frameDone, marshal(doneMsg{Chunks: 1}))
-	lease := frameBytes(frameRequest, encodeMsg(request{Op: "lease", Path: "/"}))
+	lease := frameBytes(frameRequest, encodeMsg(nil, request{Op: "lease", Path: "/"}))
 	manyIDs := make([]uint64, 10000)
 	for i := range manyIDs {
 		manyIDs[i] = uint64(i) * 7919
@@ -148,17 +148,17 @@ func serveSeeds() (authed, raw [][]byte) {
 		cat(put, frameBytes(frameData, dataFrame(1, 0, data, crcOf(data))), done),
 		cat(put, frameBytes(frameError, marshal(wireError{Errno: "EIO", Message: "x"}))),
 		cat(dirPut, chunk, done),
-		frameBytes(frameRequest, encodeMsg(request{Op: "get", Path: "/t"})),
-		frameBytes(frameRequest, encodeMsg(request{Op: "get", Path: "/"})),
-		cat(frameBytes(frameRequest, encodeMsg(request{Op: "get", Path: "/nope"})), frameBytes(frameRequest, encodeMsg(request{Op: "get", Path: "/t"}))),
-		frameBytes(frameRequest, encodeMsg(request{Op: "rm", Path: "/t"})),
+		frameBytes(frameRequest, encodeMsg(nil, request{Op: "get", Path: "/t"})),
+		frameBytes(frameRequest, encodeMsg(nil, request{Op: "get", Path: "/"})),
+		cat(frameBytes(frameRequest, encodeMsg(nil, request{Op: "get", Path: "/nope"})), frameBytes(frameRequest, encodeMsg(nil, request{Op: "get", Path: "/t"}))),
+		frameBytes(frameRequest, encodeMsg(nil, request{Op: "rm", Path: "/t"})),
 		// several streams: a put that waits for a join, and joins
-		cat(frameBytes(frameRequest, encodeMsg(request{Op: "put", Path: "/big", Tensors: []Meta{{DType: "U8", Shape: "8192", NBytes: 8192}}, Streams: 2, Chunk: 1024})),
+		cat(frameBytes(frameRequest, encodeMsg(nil, request{Op: "put", Path: "/big", Tensors: []Meta{{DType: "U8", Shape: "8192", NBytes: 8192}}, Streams: 2, Chunk: 1024})),
 			frameBytes(frameData, dataFrame(0, 1024, make([]byte, 1024), crcOf(make([]byte, 1024)))), done),
-		frameBytes(frameRequest, encodeMsg(request{Op: "join", Path: "/", Token: []byte("nope")})),
-		frameBytes(frameRequest, encodeMsg(request{Op: "get", Path: "/t", Streams: 8})),
+		frameBytes(frameRequest, encodeMsg(nil, request{Op: "join", Path: "/", Token: []byte("nope")})),
+		frameBytes(frameRequest, encodeMsg(nil, request{Op: "get", Path: "/t", Streams: 8})),
 		frameBytes(frameRequest, []byte("{not json")),
-		frameBytes(frameRequest, encodeMsg(request{Op: "put", Path: "/t", Tensors: []Meta{{NBytes: 1 << 40}}})),
+		frameBytes(frameRequest, encodeMsg(nil, request{Op: "put", Path: "/t", Tensors: []Meta{{NBytes: 1 << 40}}})),
 		// Lease channels: a hostile peer's revocations, answers for ids it
 		// never held, garbage, a huge id list, frames of other kinds.
 		cat(lease, frameBytes(frameRevoke, marshal(idsMsg{IDs: []uint64{1, 2, 3}}))),

@@ -133,7 +133,7 @@ func (s *Service) conn(ctx context.Context, peer string) (*conn, error) {
 // non-blocking peek at the socket (a Go read with a past deadline would not
 // look at all).
 func alive(c *conn) bool {
-	if c.r.Buffered() > 0 {
+	if c.r.Buffered() > 0 || len(c.c.pre) > 0 {
 		return false
 	}
 	raw, err := c.c.SyscallConn()

@@ -382,7 +382,7 @@ func (rs *recvStream) readInPlace(w work) chunkOutcome {
 	var err, rerr error
 	if !rs.ss.guard(func() {
 		placed, err = rs.inPlace.WriteInPlace(w.i, w.off, w.n, func(iov [][]byte) error {
-			rerr = rs.c.readFullV(iov)
+			rerr = rs.c.readFullV(iov, true)
 			return rerr
 		})
 	}) {

@@ -141,7 +141,7 @@ func TestSpinRead(t *testing.T) {
 		}()
 		a, b, c := make([]byte, 2), make([]byte, 6), make([]byte, 2)
 		near.c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		require.NoError(t, near.readFullV([][]byte{a, b, c}))
+		require.NoError(t, near.readFullV([][]byte{a, b, c}, false))
 		require.Equal(t, "abcdefghij", string(a)+string(b)+string(c))
 	})
 }
@@ -165,4 +165,46 @@ func TestSpinSilentPeer(t *testing.T) {
 	requireErrno(t, err, syscall.ETIMEDOUT)
 	require.Less(t, time.Since(start), 3*timeout)
 	requireClean(t, a)
+}
+
+// TestReadAhead: readFullV with ahead takes the bytes past iov that came
+// with it (at most readAhead), never waits for more, and every later read
+// of the connection (the frame reader, exactReader, another readFullV)
+// gets them first, in order; a connection holding such bytes is not
+// pooled as idle.
+func TestReadAhead(t *testing.T) {
+	near, far := tcpPair(t, 0)
+	near.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	rest := "0123456789abcdefghijklmnopqrstuvwxyz" // more than readAhead
+	far.Write([]byte("chunk" + rest))
+	time.Sleep(20 * time.Millisecond) // all of it in the socket
+	a := make([]byte, 5)
+	require.NoError(t, near.readFullV([][]byte{a}, true))
+	require.Equal(t, "chunk", string(a))
+	require.Equal(t, rest[:readAhead], string(near.c.pre), "the bytes behind the chunk, as many as fit")
+	require.False(t, alive(near), "bytes waiting: not idle")
+
+	b := make([]byte, 3)
+	_, err := io.ReadFull(exactReader{near}, b)
+	require.NoError(t, err)
+	require.Equal(t, rest[:3], string(b))
+	c, d := make([]byte, 4), make([]byte, len(rest)-7)
+	require.NoError(t, near.readFullV([][]byte{c, d}, false))
+	require.Equal(t, rest[3:], string(c)+string(d), "pre first, then the socket")
+	require.Empty(t, near.c.pre)
+
+	// Nothing behind the chunk: it returns at once with none ahead; what
+	// comes later goes through the buffered reader as before.
+	done := make(chan error, 1)
+	e := make([]byte, 4)
+	go func() { done <- near.readFullV([][]byte{e}, true) }()
+	far.Write([]byte("tail"))
+	require.NoError(t, <-done)
+	require.Equal(t, "tail", string(e))
+	require.Empty(t, near.c.pre)
+	far.Write([]byte("frame"))
+	f := make([]byte, 5)
+	_, err = io.ReadFull(near.r, f)
+	require.NoError(t, err)
+	require.Equal(t, "frame", string(f))
 }

@@ -25,7 +25,7 @@ func TestTableRoundTrip(t *testing.T) {
 		{Handle: "cuda:ab", Offset: math.MaxInt64, Alloc: math.MaxUint64, Export: 5, Generation: 6},
 		{Handle: "cuda:ab", Offset: 0, Alloc: 7, Export: 8, Generation: 9},
 	}
-	b := encodeMsg(request{Op: "put", Path: "/", Dir: true, Tensors: metas, IPC: descs})
+	b := encodeMsg(nil, request{Op: "put", Path: "/", Dir: true, Tensors: metas, IPC: descs})
 	js, _, _ := bytes.Cut(b, []byte{0})
 	require.NotContains(t, string(js), "kv/0", "descriptors go as a table, after the JSON")
 	require.True(t, json.Valid(js))
@@ -35,12 +35,12 @@ func TestTableRoundTrip(t *testing.T) {
 	require.Equal(t, descs, r.IPC)
 	require.Equal(t, "put", r.Op)
 	var rp reply
-	require.NoError(t, decodeMsg(encodeMsg(reply{Dir: true, Tensors: metas}), &rp))
+	require.NoError(t, decodeMsg(encodeMsg(nil, reply{Dir: true, Tensors: metas}), &rp))
 	require.Equal(t, metas, rp.Tensors)
 	require.Empty(t, rp.IPC)
 	require.Error(t, decodeMsg(append([]byte(`{}`), 0, 1), &rp), "a malformed table")
 	var d doneMsg
-	require.Error(t, decodeMsg(encodeMsg(reply{Tensors: metas}), &d), "a table on a message that takes none")
+	require.Error(t, decodeMsg(encodeMsg(nil, reply{Tensors: metas}), &d), "a table on a message that takes none")
 
 	tab := appendTable(nil, metas, descs)
 	for n := range len(tab) {
@@ -141,11 +141,11 @@ func BenchmarkTable1000Spans(b *testing.B) {
 	metas := []Meta{{Rel: "cache", DType: "U8", Shape: "8192000", NBytes: pos, InPlace: true, Spans: spans}}
 	descs := []IPCDesc{{Handle: "memfd:/proc/1/fd/3", Alloc: 1, Export: 2, Generation: 1}}
 	req := request{Op: "put", Path: "/", Tensors: metas, IPC: descs}
-	msg := encodeMsg(req)
+	msg := encodeMsg(nil, req)
 	b.Run("encode", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			encodeMsg(req)
+			encodeMsg(nil, req)
 		}
 	})
 	b.Run("decode", func(b *testing.B) {
