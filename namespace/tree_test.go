@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/tensorfs/tensorfs/tensor"
+	"github.com/tensorfs/tensorfs/transfer"
 )
 
 // TestPathWalksParents: a node's path follows renames (within and across
@@ -164,5 +165,53 @@ func TestScanNumber(t *testing.T) {
 		if _, _, ok := scanNumber(s, 0); ok {
 			t.Errorf("%q: taken", s)
 		}
+	}
+}
+
+// TestFastLine: fastLine takes a line exactly when the general parser
+// reads it as a range line with the same paths, no destination length and
+// a source range inside the tensor, with the same numbers and rest; every
+// other line it leaves alone (nothing added), for the general way and its
+// errors.
+func TestFastLine(t *testing.T) {
+	const size = 1 << 20
+	newCur := func() *fileSource {
+		return &fileSource{meta: transfer.Meta{NBytes: 0}, ref: &openTensor{meta: transfer.Meta{NBytes: size}}}
+	}
+	for _, c := range []struct {
+		src, dst, rest string
+		ok             bool
+	}{
+		{"", "b:/cache", "@0+8192 b:/cache@16384", true},
+		{"", "b:/cache", "@0+8192 b:/cache@16384\n@8192+8192 b:/cache@0", true},
+		{"/blocks", "b:/cache", "/blocks@4096+4096 b:/cache@4096\n", true},
+		{"", "b:/cache", "@0+8192 b:/cache@16384+8192", false},        // a destination length
+		{"", "b:/cache", "@0+8192 b:/cache2@16384", false},            // another destination
+		{"", "b:/cache", "@0+8192 b:/cach@16384", false},              // a prefix of it
+		{"", "b:/cache", "@0+8192  b:/cache@16384", false},            // two spaces
+		{"", "b:/cache", "@0+8192 b:/cache@16384 ", false},            // a trailing space
+		{"", "b:/cache", "@0x10+8192 b:/cache@16384", false},          // hex
+		{"", "b:/cache", "@1048576+1 b:/cache@0", false},              // past the tensor
+		{"", "b:/cache", "@1048570+8 b:/cache@0", false},              // across its end
+		{"", "b:/cache", "@+8 b:/cache@0", false},                     // no offset
+		{"", "b:/cache", "@0+8 b:/cache@", false},                     // no destination offset
+		{"", "b:/cache", "@0+8 b:/cache@0\r\n", false},                // CR
+		{"", "b:/cache", "@99999999999999999999+8 b:/cache@0", false}, // 20 digits
+		{"/blocks", "b:/cache", "/blocks2@0+8 b:/cache@0", false},     // another source
+		{"/blocks", "b:/cache", "@0+8 b:/cache@0", false},             // a batch line names its source
+		{"", "b:/cache", "", false},
+	} {
+		cur := newCur()
+		after, ok := fastLine(c.rest, c.src, c.dst, cur, 4)
+		require.Equal(t, c.ok, ok, "%q", c.rest)
+		if !ok {
+			require.Nil(t, cur.meta.Spans, "%q: nothing added", c.rest)
+			continue
+		}
+		prev := &rangeLine{srcRef: c.src, dstRef: c.dst}
+		l, wantAfter, wantOK := nextRangeLine(c.rest, c.src != "", prev)
+		require.True(t, wantOK, "%q", c.rest)
+		require.Equal(t, wantAfter, after, "%q", c.rest)
+		require.Equal(t, []transfer.Span{{Pos: 0, Src: 0, Dst: 0, N: 0}, {Pos: 0, Src: l.src, Dst: l.dst, N: l.n}}, cur.meta.Spans, "%q", c.rest)
 	}
 }
