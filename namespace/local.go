@@ -325,7 +325,7 @@ func (f *Tree) Put(p string, isDir bool, metas []transfer.Meta) (transfer.Dest, 
 // (tensor.WriteInPlaceV); ok is false for GPU memory (the copy then stages
 // through WriteAt). A range list's bytes are its spans' pieces, in order.
 // Ranges that overlap others of the copy are declined too (findShared).
-func (d *dest) WriteInPlace(i int, off, n int64, fill func(iov [][]byte) error) (bool, error) {
+func (d *dest) WriteInPlace(i int, off, n int64, fill func(iov [][]byte) (int64, error)) (bool, error) {
 	d.sharedOnce.Do(d.findShared)
 	if d.shared[i] {
 		return false, nil

@@ -15,13 +15,15 @@ import (
 // mapped into the daemon (gpu.InPlace), so that a copy receives from its
 // socket straight into the tensor, with one readv, instead of through a
 // buffer and WriteAt: fill gets each piece's bytes, in order, as the slices
-// of iov (one piece for a range, one per span's piece for a range list).
+// of iov (one piece for a range, one per span's piece for a range list),
+// and returns how many of them it wrote (from the first: what the socket
+// held).
 // The pieces must lie within the tensor's size (no growth); the tensor's
 // allocation cannot change or go away until fill returns. ok is false
 // (fill not run) for device memory or an unallocated tensor: the caller
 // writes with WriteAt then. Errors: ErrInvalid for a piece outside the
 // size, ErrReleased, or fill's.
-func (t *Tensor) WriteInPlaceV(pieces []Piece, fill func(iov [][]byte) error) (ok bool, err error) {
+func (t *Tensor) WriteInPlaceV(pieces []Piece, fill func(iov [][]byte) (int64, error)) (ok bool, err error) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	if t.released {
@@ -41,7 +43,8 @@ func (t *Tensor) WriteInPlaceV(pieces []Piece, fill func(iov [][]byte) error) (o
 		for _, pc := range pieces {
 			iov = append(iov, all[pc.Off:pc.Off+pc.N])
 		}
-		return fill(iov)
+		_, err := fill(iov)
+		return err
 	})
 }
 

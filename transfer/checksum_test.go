@@ -48,6 +48,7 @@ func TestNoChecksum(t *testing.T) {
 				require.Equal(t, int64(len(large)), p.b.reads.Load())
 			}
 			require.Greater(t, p.client.Stats().Copies.TCP, int64(0))
+			require.Equal(t, tc.zeroCopy, p.client.Stats().Peers["b"].NoChecksum, "stats say whether copies with b go without")
 			requireClean(t, p.a)
 			requireClean(t, p.b)
 		})

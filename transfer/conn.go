@@ -38,14 +38,14 @@ type closingConn struct {
 	// liveness peek uses it.
 	raw syscall.RawConn
 	// pre holds the connection's next bytes when a readv read past what
-	// it needed (conn.readFullV's ahead, in preBuf): every read serves them
+	// it needed (conn.readSomeV's ahead, in preBuf): every read serves them
 	// first, so that nothing is out of order whoever reads next.
 	pre    []byte
 	preBuf [readAhead]byte
 }
 
 // readAhead is the most bytes a data stream's readv takes past a chunk's
-// bytes (conn.readFullV): the next frame's and chunk's headers, which cost
+// bytes (conn.readSomeV): the next frame's and chunk's headers, which cost
 // a read(2) each when read apart (5.6 µs a read on the 2-core VM, a tenth
 // of a 1000 x 8 KiB scatter's receiving time).
 const readAhead = frameHeaderLen + dataHeaderLen
@@ -157,6 +157,8 @@ type conn struct {
 	timeout time.Duration
 	buf     []byte
 	enc     []byte // encode's buffer
+	// iovAhead is readSomeV's iov with the read-ahead behind it.
+	iovAhead [][]byte
 	peer    string
 	hostID  string
 	max     uint32 // largest frame accepted now
@@ -234,27 +236,30 @@ func (r exactReader) Read(p []byte) (int, error) {
 	return r.c.c.Read(p)
 }
 
-// readFullV fills every slice of iov from the connection, in order: what
-// its reader holds first, then straight from the socket with readv(2), so
-// that a range list's chunk lands in its spans without passing through the
-// reader's buffer (an 8 KiB span cost a memmove from there). With ahead,
-// the last readv also takes up to readAhead bytes past iov when the socket
-// has them, kept in the connection (closingConn.pre) for the next read: a
-// data stream's next frame and chunk headers come with the chunk, not by
-// two more read(2)s. A connection that is not a socket (tests) reads
-// through the reader. It honours the read deadline. Errors: the
+// readSomeV reads into the slices of iov, in order, what the connection
+// has now, without waiting: what its reader holds first, then straight
+// from the socket with one non-blocking readv(2), so that a range list's
+// chunk lands in its spans without passing through the reader's buffer (an
+// 8 KiB span cost a memmove from there). n is the bytes read into iov.
+// With ahead, a readv that fills iov also takes up to readAhead bytes past
+// it when the socket has them, kept in the connection (closingConn.pre)
+// for its next read: a data stream's next frame and chunk headers come
+// with the chunk, not by two more read(2)s. A connection that is not a
+// socket (tests) reads all of iov through the reader, waiting. Errors: the
 // connection's, io.ErrUnexpectedEOF.
-func (c *conn) readFullV(iov [][]byte, ahead bool) error {
+func (c *conn) readSomeV(iov [][]byte, ahead bool) (n int64, err error) {
 	for len(iov) > 0 && c.r.Buffered() > 0 {
-		n, _ := c.r.Read(iov[0]) // from the buffer: no syscall
-		if iov[0] = iov[0][n:]; len(iov[0]) == 0 {
+		k, _ := c.r.Read(iov[0]) // from the buffer: no syscall
+		n += int64(k)
+		if iov[0] = iov[0][k:]; len(iov[0]) == 0 {
 			iov = iov[1:]
 		}
 	}
 	for len(iov) > 0 && len(c.c.pre) > 0 {
-		n := copy(iov[0], c.c.pre)
-		c.c.pre = c.c.pre[n:]
-		if iov[0] = iov[0][n:]; len(iov[0]) == 0 {
+		k := copy(iov[0], c.c.pre)
+		c.c.pre = c.c.pre[k:]
+		n += int64(k)
+		if iov[0] = iov[0][k:]; len(iov[0]) == 0 {
 			iov = iov[1:]
 		}
 	}
@@ -262,61 +267,74 @@ func (c *conn) readFullV(iov [][]byte, ahead bool) error {
 		iov = iov[1:]
 	}
 	if len(iov) == 0 {
-		return nil
+		return n, nil
 	}
 	sc, err := c.c.SyscallConn()
 	if err != nil {
 		for _, p := range iov {
-			if _, err := io.ReadFull(c.r, p); err != nil {
-				return err
+			k, err := io.ReadFull(c.r, p)
+			if n += int64(k); err != nil {
+				return n, err
 			}
 		}
+		return n, nil
+	}
+	iov = iov[:min(len(iov), 1024)] // IOV_MAX: the rest in the next call
+	want := int64(0)
+	for _, p := range iov {
+		want += int64(len(p))
+	}
+	if ahead && len(iov) < 1024 {
+		// The bytes ahead ride behind iov, in the connection's own
+		// array (appending to iov could write into the caller's past
+		// its length). pre is empty here (served above), and so is the
+		// reader's buffer: nothing read earlier can come after them.
+		c.iovAhead = append(append(c.iovAhead[:0], iov...), c.c.preBuf[:])
+		iov = c.iovAhead
+		defer clear(c.iovAhead)
+	}
+	var got int
+	var rerr error
+	err = sc.Read(func(fd uintptr) bool {
+		got, rerr = unix.Readv(int(fd), iov)
+		switch {
+		case rerr == unix.EAGAIN || rerr == unix.EINTR:
+			got, rerr = 0, nil
+		case rerr == nil && got == 0:
+			rerr = io.ErrUnexpectedEOF
+		}
+		return true // never wait here: the caller waits (waitReadable), holding nothing
+	})
+	if err != nil {
+		return n, err
+	}
+	if int64(got) > want {
+		c.c.pre = c.c.preBuf[:int64(got)-want]
+		got = int(want)
+	}
+	return n + int64(got), rerr
+}
+
+// waitReadable waits until the connection has bytes to read (or its end,
+// or an error): what its reader or pre hold, else the socket, polled for
+// up to its spin and then waited for in the runtime's poller. It honours
+// the read deadline. A caller that reads in pieces (readSomeV) waits here
+// between them holding nothing: a chunk's destination tensor is not held
+// while its peer is slow to send the rest. Errors: the connection's.
+func (c *conn) waitReadable() error {
+	if c.r.Buffered() > 0 || len(c.c.pre) > 0 {
 		return nil
 	}
-	// The bytes ahead ride behind iov, in the readv that ends it; they are
-	// never waited for. pre is empty here (served above), and so is the
-	// reader's buffer: nothing read earlier can come after them.
-	var extra []byte
-	if ahead && len(iov) < 1024 {
-		extra = c.c.preBuf[:]
-		iov = append(iov, extra)
+	sc, err := c.c.SyscallConn()
+	if err != nil {
+		_, err := c.r.Peek(1)
+		return err
 	}
-	got := 0 // of extra
-	var rerr error
-	for len(iov) > 0 && (extra == nil || len(iov) > 1) && rerr == nil {
-		err := spinRead(sc, c.c.spinFor(), func(fd int) bool {
-			var n int
-			n, rerr = unix.Readv(fd, iov[:min(len(iov), 1024)]) // IOV_MAX
-			if rerr == unix.EAGAIN || rerr == unix.EINTR {
-				rerr = nil
-				return n > 0 // wait for more, unless some came
-			}
-			if rerr == nil && n == 0 {
-				rerr = io.ErrUnexpectedEOF
-			}
-			for n > 0 {
-				k := min(n, len(iov[0]))
-				if extra != nil && len(iov) == 1 {
-					got += k
-				}
-				iov[0], n = iov[0][k:], n-k
-				if len(iov[0]) == 0 {
-					iov = iov[1:]
-				}
-			}
-			for len(iov) > 0 && len(iov[0]) == 0 && (extra == nil || len(iov) > 1) {
-				iov = iov[1:]
-			}
-			return true
-		})
-		if err != nil {
-			return err
-		}
-	}
-	if extra != nil {
-		c.c.pre = c.c.preBuf[:got]
-	}
-	return rerr
+	var b [1]byte
+	return spinRead(sc, c.c.spinFor(), func(fd int) bool {
+		_, _, err := unix.Recvfrom(fd, b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		return err != unix.EAGAIN && err != unix.EINTR
+	})
 }
 
 func (c *conn) flush() error {
@@ -345,8 +363,8 @@ func (c *conn) encode(v any) []byte {
 }
 
 // maxKeptEnc is the largest encode buffer a connection keeps, in bytes: a
-// 1000-descriptor request's (25 KB) and well beyond.
-const maxKeptEnc = 1 << 20
+// 1000-descriptor request's (25 KB) and a 10,000-descriptor one's.
+const maxKeptEnc = 256 << 10
 
 // recv reads the next frame that is not a keepalive; each frame, keepalives
 // included, must come within the timeout.

@@ -94,7 +94,7 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 		}
 		end(err) // a peer that read nothing one-sided: its go-ahead stands
 		rec, end = s.TrackCtx(ctx, src, dst, "tcp", metas)
-		n, err = s.pushData(ctx, peer, c, *ok, srcs, chunk, rec)
+		n, err = s.pushData(ctx, peer, c, *ok, false, srcs, chunk, rec)
 		end(err)
 		return n, err
 	}
@@ -174,11 +174,22 @@ func (s *Service) checksums(c *conn) bool {
 
 // send runs one put on c over TCP: the request, then the data over c and
 // the extra streams the peer takes (their connections go back to the idle
-// pool after a success), then the peer's reply once it has committed.
+// pool after a success), then the peer's reply once it has committed. A
+// put of one stream up to eagerMax, and every put of several (Early,
+// joining with a token of its own), sends its data without waiting for a
+// go-ahead.
 func (s *Service) send(ctx context.Context, peer string, c *conn, remotePath string, srcs []Source, metas []Meta, isDir bool, rec *Record) (int, error) {
-	chunk := s.chunkFor(rec.BytesTotal.Load())
+	total := rec.BytesTotal.Load()
+	chunk := s.chunkFor(total)
 	req := request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, Streams: s.cfg.Streams, Chunk: chunk}
-	eager := eagerPut(rec.BytesTotal.Load(), s.cfg.Streams, chunk)
+	if k := streamsFor(total, s.cfg.Streams, chunk); k > 1 {
+		req.Early, req.Token = true, nonce()
+		if err := c.sendJSON(frameRequest, req); err != nil {
+			return 0, netErr(err)
+		}
+		return s.pushData(ctx, peer, c, reply{Streams: k, Token: req.Token}, true, srcs, chunk, rec)
+	}
+	eager := eagerPut(total, s.cfg.Streams, chunk)
 	if eager {
 		sd := newSender(srcs, int64(chunk), 1, s.checksums(c), rec, &streamSet{dead: make(chan struct{})})
 		if sd.inline {
@@ -196,18 +207,19 @@ func (s *Service) send(ctx context.Context, peer string, c *conn, remotePath str
 			return 0, err
 		}
 	}
-	return s.pushData(ctx, peer, c, ok, srcs, chunk, rec)
+	return s.pushData(ctx, peer, c, ok, false, srcs, chunk, rec)
 }
 
 // pushData sends a put's data, after its request and the destination's
-// answer ok (zero for an eager put), over c and the extra streams ok
-// takes, then reads the reply the destination sends once it committed.
-func (s *Service) pushData(ctx context.Context, peer string, c *conn, ok reply, srcs []Source, chunk int, rec *Record) (int, error) {
+// answer ok (zero for an eager put; the streams and token of its own for
+// an early one), over c and the extra streams ok takes, then reads the
+// reply the destination sends once it committed.
+func (s *Service) pushData(ctx context.Context, peer string, c *conn, ok reply, early bool, srcs []Source, chunk int, rec *Record) (int, error) {
 	want := 0
 	var joins <-chan joined
 	if ok.Streams > 1 {
 		want = min(ok.Streams, MaxStreams) - 1
-		joins = s.joinStreams(ctx, peer, ok.Token, want)
+		joins = s.joinStreams(ctx, peer, ok.Token, want, early)
 	}
 	// The destination may fail part-way (ENOSPC, a bad chunk): its error
 	// frame is read while the data still goes out, so the sender stops and
@@ -634,7 +646,32 @@ func (s *Service) servePut(c *conn, req request) error {
 		// waits for our go-ahead however small.
 	}
 	eager := !req.RMA && eagerPut(total, req.Streams, req.Chunk)
+	var early *pending
+	if req.Early {
+		k := streamsFor(total, req.Streams, req.Chunk)
+		var err error
+		if req.RMA || k < 2 {
+			err = &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: an early put of %d streams", c.peer, k)}
+		} else {
+			early, err = s.expectToken(c.peer, req.Token, k-1)
+		}
+		if err != nil {
+			// Its data is coming on streams this node cannot take.
+			c.sendError(err)
+			return &Error{Errno: syscall.EPROTO, Msg: err.Error(), broken: true}
+		}
+		eager = true
+		// A put refused or failed before recvPut takes the streams: the
+		// joins that came are let go (recvPut's close is the same call).
+		defer early.close(nil)
+	}
 	if err := s.refuseTCP(c); err != nil && total > 0 {
+		if early != nil {
+			// Its data is coming on several streams: refused, and c
+			// dropped (the joins with it, by the deferred close).
+			c.sendError(err)
+			return &Error{Errno: Errno(err), Msg: err.Error(), broken: true}
+		}
 		if eager {
 			// Its data is coming behind the request: read to its
 			// done frame first, so that the refusal reaches the
@@ -649,7 +686,7 @@ func (s *Service) servePut(c *conn, req request) error {
 	}
 	rec, end := s.Track(c.peer, req.Path, "tcp", req.Tensors)
 	n, err := Deliver(rec, req.Tensors, s.putPrepare(c, req, eager), func(dest Dest, abort func()) error {
-		return s.recvPut(c, req, total, eager, dest, abort, rec)
+		return s.recvPut(c, req, total, eager, early, dest, abort, rec)
 	}, s.putCommit(c))
 	end(err)
 	if err != nil {
@@ -701,14 +738,16 @@ func (s *Service) putCommit(c *conn) func(dest Dest) (int, error) {
 // them. At a failure recvChunks aborts dest, then the sender hears why on
 // c; recvChunks then reads on until the sender stops, so c stays in step
 // for the next request.
-func (s *Service) recvPut(c *conn, req request, total int64, eager bool, dest Dest, abort func(), rec *Record) error {
+func (s *Service) recvPut(c *conn, req request, total int64, eager bool, early *pending, dest Dest, abort func(), rec *Record) error {
 	k := streamsFor(total, req.Streams, req.Chunk)
-	var pend *pending
+	pend := early
 	ok := reply{}
 	var joins <-chan joined
 	var chunk int64
 	if k > 1 {
-		pend = s.expect(c.peer, k-1)
+		if pend == nil {
+			pend = s.expect(c.peer, k-1)
+		}
 		ok.Streams, ok.Token = k, []byte(pend.token)
 		joins, chunk = pend.joins, int64(req.Chunk)
 	}
@@ -930,7 +969,7 @@ func (s *Service) receiveTCP(c *conn, peer string, r reply, dest Dest, rec *Reco
 		want, chunk = r.Streams-1, int64(r.Chunk)
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
 		defer cancel()
-		joins = s.joinStreams(ctx, peer, r.Token, want)
+		joins = s.joinStreams(ctx, peer, r.Token, want, false)
 	}
 	extras, _, err := s.recvChunks(c, joins, want, true, dest, r.Tensors, chunk, rec, nil, func(error) { c.c.Close() })
 	s.releaseStreams(peer, extras, err)

@@ -11,8 +11,10 @@ import (
 // ProtocolVersion is the version of the wire protocol (these frames and the
 // messages of wire_*.go); peers with another version are refused at the
 // handshake with both versions named. 3: descriptor tables (wire_table.go)
-// with in-place ranges; 4: range-list descriptors (Meta.Spans).
-const ProtocolVersion = 4
+// with in-place ranges; 4: range-list descriptors (Meta.Spans); 5: chunks
+// without CRC32C (hello.NoChecksum) and early multi-stream puts
+// (request.Early).
+const ProtocolVersion = 5
 
 // Frame types. Control frames carry JSON; data frames carry a binary chunk
 // header (see dataHeaderLen) followed by the bytes.

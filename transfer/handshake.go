@@ -43,7 +43,7 @@ func (s *Service) authenticate(c *conn, addr string) error {
 	c.hostID = ch.HostID
 	c.instance, c.imports, c.noChecksum = ch.Instance, ch.Imports, ch.NoChecksum
 	c.max = MaxFrame
-	s.notePeer(ch.Name, ch.HostID, ch.Instance)
+	s.notePeer(ch.Name, ch.HostID, ch.Instance, ch.NoChecksum)
 	s.noteRMA(ch.Name, ch.Instance, ch.UCX)
 	return nil
 }
@@ -88,7 +88,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	c.hostID = h.HostID
 	c.instance, c.imports, c.noChecksum = h.Instance, h.Imports, h.NoChecksum
 	c.max = MaxFrame
-	s.notePeer(h.Name, h.HostID, h.Instance)
+	s.notePeer(h.Name, h.HostID, h.Instance, h.NoChecksum)
 	s.noteRMA(h.Name, h.Instance, h.UCX)
 	return c, nil
 }

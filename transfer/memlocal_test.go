@@ -46,6 +46,9 @@ type memLocal struct {
 	// as GPU tensors do.
 	inPlace  bool
 	inPlaces int64 // chunks written in place
+	// inFill counts the in-place fills running now: each holds the
+	// destination (a real tensor's lock).
+	inFill atomic.Int32
 	// batch: its dests take WriteBatch (else they decline it, and the
 	// chunks come one by one); batches counts the batches taken.
 	batch   bool
@@ -451,7 +454,7 @@ func (d *memDest) WriteBatch(data []byte, chunks []BatchChunk) (bool, error) {
 // WriteInPlace implements inPlaceDest when the local is inPlace: fill gets
 // the temporary's bytes. The checks match WriteAt's; the range is recorded
 // once (a second call on the same range reads it, for the CRC32C).
-func (d *memDest) WriteInPlace(i int, off, n int64, fill func(iov [][]byte) error) (bool, error) {
+func (d *memDest) WriteInPlace(i int, off, n int64, fill func(iov [][]byte) (int64, error)) (bool, error) {
 	if !d.l.inPlace || d.l.sink {
 		return false, nil
 	}
@@ -467,15 +470,19 @@ func (d *memDest) WriteInPlace(i int, off, n int64, fill func(iov [][]byte) erro
 		d.l.mu.Unlock()
 		return true, &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("memLocal: in place [%d,+%d) outside tensor %d", off, n, i)}
 	}
-	r := [2]int64{off, off + n}
-	if !slices.Contains(d.written[i], r) {
+	d.l.inFill.Add(1)
+	k, err := fill([][]byte{d.tmp[i][off : off+n]})
+	d.l.inFill.Add(-1)
+	// What fill wrote (a stream's read of what its socket held; all of it
+	// for a check), once.
+	if r := [2]int64{off, off + k}; k > 0 && !slices.Contains(d.written[i], r) {
 		d.written[i] = append(d.written[i], r)
 		d.l.mu.Lock()
-		d.l.writes += n
+		d.l.writes += k
 		d.l.inPlaces++
 		d.l.mu.Unlock()
 	}
-	return true, fill([][]byte{d.tmp[i][off : off+n]})
+	return true, err
 }
 
 func (d *memDest) finish(what string) bool {

@@ -16,11 +16,13 @@ import (
 // (host memory mapped into the daemon): fill runs on bytes [off, off+n) of
 // tensor i, which stay valid until it returns, as the slices of iov in
 // order (one, or, for a range list (Meta.Spans), one per span's piece: a
-// chunk is read into them by one readv). ok is false, fill not run,
+// chunk is read into them by one readv), and returns how many bytes it
+// wrote from the first (a stream's read of what its socket held: the
+// stream asks again for the rest). ok is false, fill not run,
 // when tensor i is not in such memory (GPU memory: the copy stages through
 // a buffer and WriteAt). Errors: a range outside the tensor, or fill's.
 type inPlaceDest interface {
-	WriteInPlace(i int, off, n int64, fill func(iov [][]byte) error) (ok bool, err error)
+	WriteInPlace(i int, off, n int64, fill func(iov [][]byte) (int64, error)) (ok bool, err error)
 }
 
 // BatchWriter is implemented by a Dest that takes several small chunks as
@@ -376,33 +378,49 @@ func (rs *recvStream) skip(n int64) chunkOutcome {
 }
 
 // readInPlace reads chunk w's bytes from the socket straight into the
-// destination's memory, when the destination has it there.
+// destination's memory, when the destination has it there: what the
+// socket holds at each turn, with the destination held only while a
+// readv runs, never while the peer is slow to send the rest (an unlink or
+// a truncate of it waits for no stalled peer; a sender stopped mid-chunk
+// held an rm of the copy's destination for the whole timeout).
 func (rs *recvStream) readInPlace(w work) chunkOutcome {
-	var placed bool
-	var err, rerr error
-	if !rs.ss.guard(func() {
-		placed, err = rs.inPlace.WriteInPlace(w.i, w.off, w.n, func(iov [][]byte) error {
-			rerr = rs.c.readFullV(iov, true)
-			return rerr
-		})
-	}) {
-		// Failed meanwhile: the destination is gone.
-		return rs.skip(w.n)
+	var done int64
+	for {
+		var placed bool
+		var got int64
+		var err, rerr error
+		if !rs.ss.guard(func() {
+			placed, err = rs.inPlace.WriteInPlace(w.i, w.off+done, w.n-done, func(iov [][]byte) (int64, error) {
+				got, rerr = rs.c.readSomeV(iov, true)
+				return got, rerr
+			})
+		}) {
+			// Failed meanwhile: the destination is gone.
+			return rs.skip(w.n - done)
+		}
+		done += got
+		switch {
+		case rerr != nil:
+			rs.ss.fail(netErr(rerr))
+			return chunkBroken
+		case placed && err != nil:
+			// The destination went away under the copy (ENOSPC, a
+			// released tensor): the rest of the bytes were not read.
+			rs.ss.fail(err)
+			return rs.skip(w.n - done)
+		case !placed && done > 0:
+			rs.ss.fail(&Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%q: in place for %d bytes of a chunk, then not", rs.tr.metas[w.i].Rel, done)})
+			return rs.skip(w.n - done)
+		case !placed:
+			return chunkBuffer
+		case done == w.n:
+			return chunkPlaced
+		}
+		if err := rs.c.waitReadable(); err != nil {
+			rs.ss.fail(netErr(err))
+			return chunkBroken
+		}
 	}
-	if rerr != nil {
-		rs.ss.fail(netErr(rerr))
-		return chunkBroken
-	}
-	if placed && err != nil {
-		// The destination went away under the copy (ENOSPC, a released
-		// tensor): the bytes were not read.
-		rs.ss.fail(err)
-		return rs.skip(w.n)
-	}
-	if !placed {
-		return chunkBuffer
-	}
-	return chunkPlaced
 }
 
 // readBatched reads small chunk w's bytes behind the others gathered for
@@ -519,11 +537,11 @@ func (rs *recvStream) check(w work) {
 		crc = w.crc
 	case w.buf == nil:
 		ran = ss.guard(func() {
-			_, werr = rs.inPlace.WriteInPlace(w.i, w.off, w.n, func(iov [][]byte) error {
+			_, werr = rs.inPlace.WriteInPlace(w.i, w.off, w.n, func(iov [][]byte) (int64, error) {
 				for _, p := range iov {
 					crc = crc32.Update(crc, crcTable, p)
 				}
-				return nil
+				return 0, nil // it reads them, writing none
 			})
 		})
 	default:

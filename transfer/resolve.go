@@ -100,6 +100,7 @@ func (s *Service) peerReports() (map[string]PeerReport, *ClusterReport) {
 		}
 		if m, ok := s.met[name]; ok {
 			p.HostID, p.Instance, p.Reached = m.hostID, m.instance, m.at.UTC().Format(time.RFC3339)
+			p.NoChecksum = s.cfg.NoChecksum && m.noChecksum
 			p.SameHost = s.cfg.HostID != "" && m.hostID == s.cfg.HostID
 		}
 		peers[name] = p
@@ -117,16 +118,17 @@ func (s *Service) peerReports() (map[string]PeerReport, *ClusterReport) {
 // peerMet is what a handshake with a peer said of it, and when.
 type peerMet struct {
 	hostID, instance string
+	noChecksum       bool // the peer runs --checksum none
 	at               time.Time
 }
 
 // notePeer records an authenticated handshake with peer name, whose hello
 // or challenge gave its host id and instance (stats: PeerReport.Reached).
-func (s *Service) notePeer(name, hostID, instance string) {
+func (s *Service) notePeer(name, hostID, instance string, noChecksum bool) {
 	s.metMu.Lock()
 	defer s.metMu.Unlock()
 	if s.met == nil {
 		s.met = map[string]peerMet{}
 	}
-	s.met[name] = peerMet{hostID: hostID, instance: instance, at: time.Now()}
+	s.met[name] = peerMet{hostID: hostID, instance: instance, noChecksum: noChecksum, at: time.Now()}
 }

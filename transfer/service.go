@@ -125,8 +125,10 @@ type Config struct {
 	// needs that copy: the sum and the bytes sent must be one snapshot,
 	// and a process that maps the source may write it meanwhile). The two
 	// passes over every byte cost a CPU-starved host most: on 2 cores a
-	// 512 MiB copy went from 0.52 to 0.69-0.81 of raw TCP without them
-	// (2026-12-06). The daemon's --checksum crc32c (the default) or none.
+	// 512 MiB copy went from 0.36-0.52 of raw TCP to 0.69-1.06 without
+	// them, on an H100 host an 8 MiB one from 0.63-0.70 to 0.81-0.96
+	// (2026-12-06, docs/performance.md). The daemon's --checksum crc32c
+	// (the default) or none.
 	NoChecksum bool
 	// CopyDone, when set, is called at the end of every successful copy
 	// this node tracks (Service.Track), with its path ("local", "ipc",
@@ -186,8 +188,10 @@ type Service struct {
 	idle    map[string][]idleConn
 	reaping bool
 	// pending holds the transfers that wait for extra streams to join, by
-	// token.
-	pending map[string]*pending
+	// token; pendingAdded is closed (and replaced) at each registration,
+	// for the early joins that came before their put (serveJoin).
+	pending      map[string]*pending
+	pendingAdded chan struct{}
 
 	// instance identifies this run of the node (random, fresh at New).
 	instance string

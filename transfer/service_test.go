@@ -938,8 +938,10 @@ func TestDestinationDiesMidStream(t *testing.T) {
 	})
 
 	t.Run("raw server hangs up", func(t *testing.T) {
-		addr := rawPeer(t, func(_ net.Conn, c *conn, _ request) {
-			c.sendJSON(frameOK, reply{})
+		addr := rawPeer(t, func(_ net.Conn, c *conn, req request) {
+			if !req.Early { // an early put's data comes with no go-ahead
+				c.sendJSON(frameOK, reply{})
+			}
 			for i := 0; i < 3; i++ {
 				if _, _, err := c.recv(); err != nil {
 					return

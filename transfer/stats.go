@@ -403,6 +403,9 @@ type PeerReport struct {
 	// side dialling); HostID, SameHost and Instance are then from it.
 	// Absent until one has.
 	Reached string `json:"reached,omitempty"`
+	// NoChecksum, for a peer reached so, says TCP copies with it go
+	// without CRC32C: both nodes run --checksum none (Config.NoChecksum).
+	NoChecksum bool `json:"no_checksum,omitempty"`
 }
 
 // Stats returns the copies, transfers and peers now. A nil service (no peer

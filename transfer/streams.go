@@ -104,14 +104,61 @@ type pending struct {
 // expect registers a transfer with peer that n extra streams will join, and
 // returns its token for the reply.
 func (s *Service) expect(peer string, n int) *pending {
-	p := &pending{s: s, token: string(nonce()), peer: peer, joins: make(chan joined, n)}
+	p, _ := s.expectToken(peer, nonce(), n)
+	return p
+}
+
+// expectToken is expect with the token given: an early put's, which its
+// sender chose (request.Early). Errors: EPROTO for a token of another
+// length than nonce's, or one already registered.
+func (s *Service) expectToken(peer string, token []byte, n int) (*pending, error) {
+	if len(token) != len(nonce()) {
+		return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: a transfer token of %d bytes", peer, len(token))}
+	}
+	p := &pending{s: s, token: string(token), peer: peer, joins: make(chan joined, n)}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.pending == nil {
 		s.pending = map[string]*pending{}
 	}
+	if s.pending[p.token] != nil {
+		return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: a transfer token already in use", peer)}
+	}
 	s.pending[p.token] = p
-	s.mu.Unlock()
-	return p
+	if s.pendingAdded != nil {
+		close(s.pendingAdded)
+		s.pendingAdded = nil
+	}
+	return p, nil
+}
+
+// findPending is the transfer of token, registered or, for an early join
+// (wait), registered within the timeout: its put may come on its own
+// connection after the join. nil when none.
+func (s *Service) findPending(token string, wait bool, timeout time.Duration) *pending {
+	var deadline *time.Timer
+	for {
+		s.mu.Lock()
+		p := s.pending[token]
+		if p != nil || !wait {
+			s.mu.Unlock()
+			return p
+		}
+		if s.pendingAdded == nil {
+			s.pendingAdded = make(chan struct{})
+		}
+		added := s.pendingAdded
+		s.mu.Unlock()
+		if deadline == nil {
+			deadline = time.NewTimer(timeout)
+			defer deadline.Stop()
+		}
+		select {
+		case <-added:
+		case <-deadline.C:
+			return nil
+		}
+	}
 }
 
 // close ends the registration: joins that come later are refused, and
@@ -142,23 +189,27 @@ func (p *pending) close(extras []*stream) {
 // serveJoin adds connection c to the transfer its token names, and waits
 // until the transfer is done with it; false means c is out of step (or
 // failed) and must be dropped.
+//
+// An early join (request.Early) waits up to the timeout for its put to
+// register, and is answered only with a refusal, after which c is dropped
+// (the joiner's data follows the request).
 func (s *Service) serveJoin(c *conn, req request) bool {
-	s.mu.Lock()
-	p := s.pending[string(req.Token)]
-	s.mu.Unlock()
+	p := s.findPending(string(req.Token), req.Early, c.timeout)
 	if p == nil || p.peer != c.peer {
 		c.sendError(&Error{Errno: syscall.ENOENT, Msg: "no transfer to join with that token"})
-		return true
+		return !req.Early
 	}
 	p.mu.Lock()
 	if p.closed || p.joined == cap(p.joins) {
 		p.mu.Unlock()
 		c.sendError(&Error{Errno: syscall.EBUSY, Msg: "the transfer takes no more streams"})
-		return true
+		return !req.Early
 	}
-	if err := c.sendJSON(frameOK, reply{}); err != nil {
-		p.mu.Unlock()
-		return false
+	if !req.Early {
+		if err := c.sendJSON(frameOK, reply{}); err != nil {
+			p.mu.Unlock()
+			return false
+		}
 	}
 	st := &stream{c: c, ended: make(chan bool, 1)}
 	p.joined++
@@ -169,8 +220,9 @@ func (s *Service) serveJoin(c *conn, req request) bool {
 
 // joinStreams opens n extra streams of a transfer to peer (idle connections
 // or new ones) and joins them to it with token; each arrives on the channel
-// as soon as it is ready (or its error does).
-func (s *Service) joinStreams(ctx context.Context, peer string, token []byte, n int) <-chan joined {
+// as soon as it is ready (or its error does): early, as soon as its join
+// request is written (request.Early: the data follows it at once).
+func (s *Service) joinStreams(ctx context.Context, peer string, token []byte, n int, early bool) <-chan joined {
 	out := make(chan joined, n)
 	for range n {
 		go func() {
@@ -179,9 +231,13 @@ func (s *Service) joinStreams(ctx context.Context, peer string, token []byte, n 
 				out <- joined{err: err}
 				return
 			}
-			if err := c.sendJSON(frameRequest, request{Op: "join", Path: "/", Token: token}); err != nil {
+			if err := c.sendJSON(frameRequest, request{Op: "join", Path: "/", Token: token, Early: early}); err != nil {
 				c.c.Close()
 				out <- joined{err: netErr(err)}
+				return
+			}
+			if early {
+				out <- joined{st: &stream{c: c}}
 				return
 			}
 			if err := c.recvJSON(frameOK, nil); err != nil {

@@ -245,6 +245,9 @@ type Peer struct {
 	// authenticated handshake with it (RFC 3339, UTC); HostID, SameHost
 	// and Instance are then from that handshake. Absent until one has.
 	Reached string `json:"reached,omitempty"`
+	// NoChecksum, for a peer reached so: TCP copies with it go without
+	// CRC32C (both nodes run --checksum none).
+	NoChecksum bool `json:"no_checksum,omitempty"`
 }
 
 // Cluster is the "cluster" object of Stats: the etcd view's state.

@@ -85,10 +85,11 @@ copy decides, up to what the asking side offers.
 
 --checksum crc32c (the default) sends each chunk of a TCP copy with its CRC32C,
 which the receiver checks (a mismatch fails the copy, EIO); none leaves the
-check to TCP's own checksum, as raw TCP and UCX do, and sends a host-memory
-source straight from its memory (writev), with no copy into a buffer: on a
-host short of cores the two passes over every byte are most of a large copy's
-cost beyond raw TCP. A copy goes without only when both nodes say none.
+check to TCP's own checksum, as raw TCP and UCX's TCP transport do, and writes
+a host-memory source's chunks from its memory (writev) instead of copying them
+into send buffers first: on a host short of cores the two passes over every
+byte are most of a large copy's cost beyond raw TCP. A copy goes without only
+when both nodes say none (stats: peers' no_checksum).
 
 --transport (a build with UCX, -tags ucx): auto moves a copy's bytes with a
 peer of another host on UCX where the endpoint to it is one-sided and detects

@@ -1,0 +1,118 @@
+package transfer
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestEarlyPut: a put of several streams sends its data right behind its
+// request (request.Early), and its extra stream joins with the sender's
+// token and sends at once: here the join even comes before the put, and
+// waits for it. The server answers nothing until its final reply.
+func TestEarlyPut(t *testing.T) {
+	const chunk = 1 << 10
+	data := pattern(31, 8*chunk) // 8 chunks: 2 streams of 4 (streamsFor)
+	require.Equal(t, 2, streamsFor(int64(len(data)), 2, chunk))
+	b := newMemLocal()
+	b.put("/x", make([]byte, len(data)))
+	srv := startServer(t, "b", b, testSecret, nil)
+	ctl, extra := authed(t, srv), authed(t, srv)
+	token := nonce()
+	// The join first: the server holds it until the put registers.
+	require.NoError(t, extra.sendJSON(frameRequest, request{Op: "join", Path: "/", Token: token, Early: true}))
+	for j := 1; j < 8; j += 2 {
+		require.NoError(t, extra.send(frameData, dataFrame(0, int64(j*chunk), data[j*chunk:(j+1)*chunk], crcOf(data[j*chunk:(j+1)*chunk]))))
+	}
+	require.NoError(t, extra.sendJSON(frameDone, doneMsg{Chunks: 4}))
+	time.Sleep(50 * time.Millisecond)
+	m := Meta{DType: "U8", Shape: "8192", NBytes: int64(len(data))}
+	require.NoError(t, ctl.sendJSON(frameRequest, request{Op: "put", Path: "/x", Tensors: []Meta{m}, Streams: 2, Chunk: chunk, Early: true, Token: token}))
+	for j := 0; j < 8; j += 2 {
+		require.NoError(t, ctl.send(frameData, dataFrame(0, int64(j*chunk), data[j*chunk:(j+1)*chunk], crcOf(data[j*chunk:(j+1)*chunk]))))
+	}
+	require.NoError(t, ctl.sendJSON(frameDone, doneMsg{Chunks: 4}))
+	require.NoError(t, ctl.flush())
+	var r reply
+	require.NoError(t, ctl.recvJSON(frameOK, &r), "the first frame the server sends is its final reply")
+	require.Equal(t, 1, r.Copied)
+	got, _, _ := b.get("/x")
+	require.Equal(t, data, got)
+	requireClean(t, b)
+}
+
+// TestEarlyPutRefusals: an early put that cannot be one (a single stream's
+// worth of data, a token of the wrong size, one in use) is EPROTO and its
+// connection dropped; an early join whose put never comes is refused
+// (ENOENT) once the timeout passes, and dropped.
+func TestEarlyPutRefusals(t *testing.T) {
+	const chunk = 1 << 10
+	b := newMemLocal()
+	srv := startServer(t, "b", b, testSecret, func(c *Config) { c.Timeout = 300 * time.Millisecond })
+	m := Meta{DType: "U8", Shape: "8192", NBytes: 8 * chunk}
+	for _, tc := range []struct {
+		name string
+		req  request
+	}{
+		{"one stream", request{Op: "put", Path: "/x", Tensors: []Meta{m}, Streams: 1, Chunk: chunk, Early: true, Token: nonce()}},
+		{"short token", request{Op: "put", Path: "/x", Tensors: []Meta{m}, Streams: 2, Chunk: chunk, Early: true, Token: []byte("short")}},
+	} {
+		c := authed(t, srv)
+		require.NoError(t, c.sendJSON(frameRequest, tc.req))
+		we := expectError(t, c)
+		require.Equal(t, "EPROTO", we.Errno, tc.name)
+		expectClosed(t, c, 2*time.Second)
+	}
+	// A token in use: a join holds none, a put registers it; a second put
+	// with it is refused while the first waits for its data.
+	token := nonce()
+	first := authed(t, srv)
+	require.NoError(t, first.sendJSON(frameRequest, request{Op: "put", Path: "/x", Tensors: []Meta{m}, Streams: 2, Chunk: chunk, Early: true, Token: token}))
+	time.Sleep(50 * time.Millisecond)
+	second := authed(t, srv)
+	require.NoError(t, second.sendJSON(frameRequest, request{Op: "put", Path: "/y", Tensors: []Meta{m}, Streams: 2, Chunk: chunk, Early: true, Token: token}))
+	we := expectError(t, second)
+	require.Equal(t, "EPROTO", we.Errno)
+	require.Contains(t, we.Message, "in use")
+	expectClosed(t, second, 2*time.Second)
+
+	lone := authed(t, srv)
+	start := time.Now()
+	require.NoError(t, lone.sendJSON(frameRequest, request{Op: "join", Path: "/", Token: nonce(), Early: true}))
+	we = expectError(t, lone)
+	require.Equal(t, "ENOENT", we.Errno)
+	require.GreaterOrEqual(t, time.Since(start), 250*time.Millisecond, "the join waited for its put")
+	expectClosed(t, lone, 2*time.Second)
+	first.c.Close()
+	requireClean(t, b)
+}
+
+// TestStalledChunkHoldsNothing: a sender that stops in the middle of a
+// chunk does not keep the receiver inside the destination's fill (which
+// holds a real tensor's lock: an rm of the copy's destination waited for
+// the whole timeout behind it); the chunk completes when the rest comes.
+func TestStalledChunkHoldsNothing(t *testing.T) {
+	b := newMemLocal()
+	b.inPlace = true
+	b.put("/x", make([]byte, 64<<10))
+	srv := startServer(t, "b", b, testSecret, nil)
+	c := authed(t, srv)
+	data := pattern(32, 64<<10)
+	putRequest(t, c, "/x", Meta{DType: "U8", Shape: "65536", NBytes: int64(len(data))})
+	frame := dataFrame(0, 0, data, crcOf(data))
+	var hdr [frameHeaderLen]byte
+	putFrameHeader(hdr[:], frameData, len(frame))
+	half := dataHeaderLen + len(data)/2
+	_, err := c.c.Write(append(hdr[:], frame[:half]...))
+	require.NoError(t, err)
+	time.Sleep(200 * time.Millisecond) // the receiver has half the chunk
+	require.Zero(t, b.inFill.Load(), "the receiver waits for the rest inside the destination's fill")
+	_, err = c.c.Write(frame[half:])
+	require.NoError(t, err)
+	require.NoError(t, c.sendJSON(frameDone, doneMsg{Chunks: 1}))
+	require.NoError(t, c.recvJSON(frameOK, nil))
+	got, _, _ := b.get("/x")
+	require.Equal(t, data, got)
+	requireClean(t, b)
+}
