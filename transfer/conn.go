@@ -159,9 +159,9 @@ type conn struct {
 	enc     []byte // encode's buffer
 	// iovAhead is readSomeV's iov with the read-ahead behind it.
 	iovAhead [][]byte
-	peer    string
-	hostID  string
-	max     uint32 // largest frame accepted now
+	peer     string
+	hostID   string
+	max      uint32 // largest frame accepted now
 	// instance, imports and noChecksum: the peer's, from the handshake.
 	instance   string
 	imports    []string
