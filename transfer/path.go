@@ -127,13 +127,26 @@ func SplitRange(s string) (string, Range, error) {
 	}
 	r := Range{Set: true, HasLen: hasLen}
 	var err error
-	if r.Off, err = strconv.ParseInt(offS, 0, 64); err == nil && hasLen {
-		r.Len, err = strconv.ParseInt(lenS, 0, 64)
+	if r.Off, err = parseNumber(offS); err == nil && hasLen {
+		r.Len, err = parseNumber(lenS)
 	}
 	if err != nil || r.HasLen && r.Off > math.MaxInt64-r.Len {
 		return "", Range{}, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("range %q does not fit in 63 bits", s[i:])}
 	}
 	return s[:i], r, nil
+}
+
+// parseNumber parses a number isNumber accepted: hex after "0x", else
+// decimal, leading zeros included (DESIGN.md: "decimal bytes (0x hex
+// accepted)"). Until 2026-12-06 strconv's base 0 read "010" as octal 8
+// here, while the range lines' fast parser (namespace's scanNumber) read
+// it as 10: one call's bytes went to another place than the same line in
+// a longer call. Errors: strconv's (a number past 63 bits).
+func parseNumber(s string) (int64, error) {
+	if rest, ok := strings.CutPrefix(s, "0x"); ok {
+		return strconv.ParseInt(rest, 16, 64)
+	}
+	return strconv.ParseInt(s, 10, 64)
 }
 
 // isNumber reports whether s is a decimal or 0x-hex number with no sign.

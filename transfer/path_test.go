@@ -26,12 +26,16 @@ func TestSplitRange(t *testing.T) {
 		{"/a@", "/a", Range{}},
 		{"b:/kv@8", "b:/kv", Range{Set: true, Off: 8}},
 		{"@0+10", "", Range{Set: true, Len: 10, HasLen: true}},
+		// Decimal with leading zeros, never octal (as the range lines'
+		// fast parser reads them).
+		{"/a@010+010", "/a", Range{Set: true, Off: 10, Len: 10, HasLen: true}},
+		{"/a@09", "/a", Range{Set: true, Off: 9}},
 	} {
 		p, r, err := SplitRange(c.in)
 		require.NoError(t, err, c.in)
 		require.Equal(t, c.path, p, c.in)
 		require.Equal(t, c.r, r, c.in)
-		if r.Set && !strings.Contains(c.in, "0x") {
+		if r.Set && !strings.Contains(c.in, "0x") && !strings.Contains(c.in, "@0") {
 			require.Equal(t, c.in[len(p):], r.String(), "%s: String gives the suffix back (decimal)", c.in)
 		}
 	}
