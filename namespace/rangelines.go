@@ -238,9 +238,9 @@ func (f *Tree) planRangeLines(p *linePlan, src Node, value string) (rest string,
 
 // fastLine takes the first line of rest when it is a range line with the
 // paths srcRef and dstRef of the line before ("" for a copy_to's source),
-// "SRCREF@OFF+LEN DSTREF@DST" with no destination length, whose source
-// range lies inside cur's tensor: it adds the span to cur and returns the
-// rest after the line. ok is false, nothing added, for anything else,
+// "SRCREF@OFF+LEN DSTREF@DST[+LEN]" (rangeAt's and destAt's forms), whose
+// source range lies inside cur's tensor: it adds the span to cur and
+// returns the rest after the line. ok is false, nothing added, for anything else,
 // which nextRangeLine and planRangeLines then take as before (their
 // errors included). Why: in a 1000-line call nearly every line is this
 // one, and the general loop (the line's struct, the paths compared, the
@@ -248,37 +248,24 @@ func (f *Tree) planRangeLines(p *linePlan, src Node, value string) (rest string,
 // 1000-line call on an H100 host (2026-12-06); this is one pass over the
 // line's bytes.
 func fastLine(rest, srcRef, dstRef string, cur *fileSource, hint int) (after string, ok bool) {
-	i := len(srcRef)
-	if len(rest) <= i || rest[i] != '@' || rest[:i] != srcRef {
+	if i := len(srcRef); len(rest) <= i || rest[i] != '@' || rest[:i] != srcRef {
 		return "", false
 	}
-	off, j, ok := scanNumber(rest, i+1)
-	if !ok || j >= len(rest) || rest[j] != '+' {
+	var l rangeLine
+	j, ok := rangeAt(rest, len(srcRef)+1, &l)
+	if !ok {
 		return "", false
 	}
-	n, j, ok := scanNumber(rest, j+1)
-	if !ok || j >= len(rest) || rest[j] != ' ' {
+	b := rest[j+1:] // past the space
+	if !startsWithRef(b, dstRef) {
 		return "", false
 	}
-	j++
-	k := j + len(dstRef)
-	if len(rest) <= k || rest[k] != '@' || rest[j:k] != dstRef {
+	if after, ok = destAt(b, len(dstRef)+1, &l); !ok {
 		return "", false
 	}
-	dst, j, ok := scanNumber(rest, k+1)
-	switch {
-	case !ok:
-		return "", false
-	case j == len(rest):
-		after = ""
-	case rest[j] == '\n':
-		after = rest[j+1:]
-	default: // a destination length, or anything else
-		return "", false
-	}
-	if size := cur.ref.meta.NBytes; off > size || n > size-off {
+	if size := cur.ref.meta.NBytes; l.src > size || l.n > size-l.src {
 		return "", false // rangeIn's error, by the general way
 	}
-	cur.addSpan(off, dst, n, hint)
+	cur.addSpan(l.src, l.dst, l.n, hint)
 	return after, true
 }

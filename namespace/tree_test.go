@@ -185,7 +185,8 @@ func TestFastLine(t *testing.T) {
 		{"", "b:/cache", "@0+8192 b:/cache@16384", true},
 		{"", "b:/cache", "@0+8192 b:/cache@16384\n@8192+8192 b:/cache@0", true},
 		{"/blocks", "b:/cache", "/blocks@4096+4096 b:/cache@4096\n", true},
-		{"", "b:/cache", "@0+8192 b:/cache@16384+8192", false},        // a destination length
+		{"", "b:/cache", "@0+8192 b:/cache@16384+8192", true},         // a destination length, the same
+		{"", "b:/cache", "@0+8192 b:/cache@16384+4096", false},        // a destination length that differs
 		{"", "b:/cache", "@0+8192 b:/cache2@16384", false},            // another destination
 		{"", "b:/cache", "@0+8192 b:/cach@16384", false},              // a prefix of it
 		{"", "b:/cache", "@0+8192  b:/cache@16384", false},            // two spaces

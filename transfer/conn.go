@@ -248,16 +248,8 @@ func (r exactReader) Read(p []byte) (int, error) {
 // socket (tests) reads all of iov through the reader, waiting. Errors: the
 // connection's, io.ErrUnexpectedEOF.
 func (c *conn) readSomeV(iov [][]byte, ahead bool) (n int64, err error) {
-	for len(iov) > 0 && c.r.Buffered() > 0 {
-		k, _ := c.r.Read(iov[0]) // from the buffer: no syscall
-		n += int64(k)
-		if iov[0] = iov[0][k:]; len(iov[0]) == 0 {
-			iov = iov[1:]
-		}
-	}
-	for len(iov) > 0 && len(c.c.pre) > 0 {
-		k := copy(iov[0], c.c.pre)
-		c.c.pre = c.c.pre[k:]
+	for len(iov) > 0 && (c.r.Buffered() > 0 || len(c.c.pre) > 0) {
+		k, _ := exactReader{c}.Read(iov[0]) // from the reader, then pre: no syscall
 		n += int64(k)
 		if iov[0] = iov[0][k:]; len(iov[0]) == 0 {
 			iov = iov[1:]

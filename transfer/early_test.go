@@ -26,7 +26,11 @@ func TestEarlyPut(t *testing.T) {
 		require.NoError(t, extra.send(frameData, dataFrame(0, int64(j*chunk), data[j*chunk:(j+1)*chunk], crcOf(data[j*chunk:(j+1)*chunk]))))
 	}
 	require.NoError(t, extra.sendJSON(frameDone, doneMsg{Chunks: 4}))
-	time.Sleep(50 * time.Millisecond)
+	require.Eventually(t, func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return srv.pendingAdded != nil // the join waits for its put
+	}, 5*time.Second, time.Millisecond)
 	m := Meta{DType: "U8", Shape: "8192", NBytes: int64(len(data))}
 	require.NoError(t, ctl.sendJSON(frameRequest, request{Op: "put", Path: "/x", Tensors: []Meta{m}, Streams: 2, Chunk: chunk, Early: true, Token: token}))
 	for j := 0; j < 8; j += 2 {
@@ -69,7 +73,7 @@ func TestEarlyPutRefusals(t *testing.T) {
 	token := nonce()
 	first := authed(t, srv)
 	require.NoError(t, first.sendJSON(frameRequest, request{Op: "put", Path: "/x", Tensors: []Meta{m}, Streams: 2, Chunk: chunk, Early: true, Token: token}))
-	time.Sleep(50 * time.Millisecond)
+	require.Eventually(t, func() bool { return srv.findPending(string(token), false, 0) != nil }, 5*time.Second, time.Millisecond, "the first put registers its token")
 	second := authed(t, srv)
 	require.NoError(t, second.sendJSON(frameRequest, request{Op: "put", Path: "/y", Tensors: []Meta{m}, Streams: 2, Chunk: chunk, Early: true, Token: token}))
 	we := expectError(t, second)

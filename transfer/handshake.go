@@ -123,8 +123,12 @@ func proof(secret []byte, role string, clientNonce, serverNonce []byte, client, 
 	return m.Sum(nil)
 }
 
+// nonceLen is the bytes of a nonce: a handshake's, and a transfer token.
+const nonceLen = 32
+
+// nonce returns nonceLen random bytes.
 func nonce() []byte {
-	b := make([]byte, 32)
+	b := make([]byte, nonceLen)
 	rand.Read(b)
 	return b
 }

@@ -333,13 +333,6 @@ func (rs *recvStream) data(dlen int64) bool {
 		return false
 	case chunkSkipped:
 		return true
-	case chunkPlaced:
-		if w.noCRC { // in place, and nothing to check
-			if !ss.failed.Load() {
-				rs.rec.BytesDone.Add(w.n)
-			}
-			return true
-		}
 	case chunkBuffer:
 		if rs.batch != nil && w.n <= inlineMax {
 			if ok, taken := rs.readBatched(w); taken {
@@ -350,9 +343,10 @@ func (rs *recvStream) data(dlen int64) bool {
 			return false
 		}
 	}
-	if w.n <= inlineMax {
+	if w.n <= inlineMax || w.noCRC && w.buf == nil {
 		// A small chunk (a KV block) is checked here: handing it to the
-		// checker cost a goroutine wake-up per chunk, more than its CRC.
+		// checker cost a goroutine wake-up per chunk, more than its CRC;
+		// and one in place without a CRC has nothing to check.
 		rs.check(w)
 		return true
 	}

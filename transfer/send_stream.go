@@ -80,6 +80,13 @@ type sendBuf struct {
 	frames int      // the data frames out carries
 }
 
+// recycle gives sb back to free, its slices of sources' memory dropped.
+func (sd *sender) recycle(sb *sendBuf) {
+	clear(sb.out)
+	sb.out = sb.out[:0]
+	sd.free <- sb
+}
+
 // maxPieces is the most pieces of host memory one chunk is sent from
 // (sender.hostMem): one writev takes at most 1024 slices (IOV_MAX), and a
 // chunk of more, smaller pieces (a range list of tiny blocks) is cheaper
@@ -198,13 +205,13 @@ func (sd *sender) read() {
 		}
 		sb.out, sb.n, sb.frames = sb.out[:0], n, 1
 		if sb.out, _, ok = sd.readChunk(sb.out, sb.b, i, off, n); !ok {
-			sd.free <- sb
+			sd.recycle(sb)
 			return
 		}
 		select {
 		case sd.full <- sb:
 		case <-sd.stop:
-			sd.free <- sb
+			sd.recycle(sb)
 			return
 		}
 	}
@@ -239,8 +246,7 @@ func (sd *sender) readChunk(out [][]byte, buf []byte, i int, off, n int64) (_ []
 	if sd.crc {
 		h.crc = crc32.Checksum(data, crcTable)
 	}
-	putFrameHeader(buf, frameData, dataHeaderLen+int(n))
-	putChunkHeader(buf[frameHeaderLen:], h)
+	putDataHeaders(buf, n, h)
 	return append(out, buf[:frameOverhead+n]), frameOverhead + int(n), true
 }
 
@@ -276,9 +282,15 @@ func (sd *sender) hostChunk(out [][]byte, buf []byte, i int, off, n int64, h chu
 			return out[:start], false
 		}
 	}
+	putDataHeaders(buf, n, h)
+	return out, true
+}
+
+// putDataHeaders writes the frame and chunk headers of an n-byte chunk
+// into buf's first frameOverhead bytes.
+func putDataHeaders(buf []byte, n int64, h chunkHeader) {
 	putFrameHeader(buf, frameData, dataHeaderLen+int(n))
 	putChunkHeader(buf[frameHeaderLen:], h)
-	return out, true
 }
 
 // errSkip stops a walk over pieces early.
@@ -329,11 +341,10 @@ func (sd *sender) chunks(yield func(*sendBuf) bool) {
 	if !sd.inline {
 		for sb := range sd.full {
 			ok := yield(sb)
-			clear(sb.out)
-			sd.free <- sb
+			sd.recycle(sb)
 			if !ok {
 				for sb := range sd.full {
-					sd.free <- sb
+					sd.recycle(sb)
 				}
 				return
 			}
@@ -341,10 +352,7 @@ func (sd *sender) chunks(yield func(*sendBuf) bool) {
 		return
 	}
 	sb := <-sd.free
-	defer func() {
-		clear(sb.out)
-		sd.free <- sb
-	}()
+	defer sd.recycle(sb)
 	for !sd.ss.failed.Load() {
 		if !sd.produce(sb) || !yield(sb) {
 			return
@@ -424,8 +432,7 @@ func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all boo
 	wg.Wait()
 	sd.halt()
 	for sb := range sd.full { // the readers stop; wait for them before the sources close
-		clear(sb.out)
-		sd.free <- sb
+		sd.recycle(sb)
 	}
 	sd.release()
 	extras, err := ss.result()

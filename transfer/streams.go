@@ -112,7 +112,7 @@ func (s *Service) expect(peer string, n int) *pending {
 // sender chose (request.Early). Errors: EPROTO for a token of another
 // length than nonce's, or one already registered.
 func (s *Service) expectToken(peer string, token []byte, n int) (*pending, error) {
-	if len(token) != len(nonce()) {
+	if len(token) != nonceLen {
 		return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: a transfer token of %d bytes", peer, len(token))}
 	}
 	p := &pending{s: s, token: string(token), peer: peer, joins: make(chan joined, n)}
