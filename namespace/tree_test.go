@@ -224,6 +224,7 @@ func TestFastLine(t *testing.T) {
 // the fast one, so one line's bytes landed elsewhere alone than in a
 // longer call.
 func TestRangeNumbersAgree(t *testing.T) {
+	compared := 0
 	for _, n := range []string{"0", "7", "010", "0009", "8192", "000000000000000001", "123456789012345678"} {
 		for _, m := range []string{"1", "010", "4096"} {
 			line := "@" + n + "+" + m + " b:/c@" + n
@@ -232,6 +233,7 @@ func TestRangeNumbersAgree(t *testing.T) {
 			if !ok || err != nil {
 				continue // a form the fast parser leaves to the general one
 			}
+			compared++
 			require.Equal(t, r.Off, l.src, "%q", line)
 			require.Equal(t, r.Len, l.n, "%q", line)
 			_, d, err := transfer.SplitRange("b:/c@" + n)
@@ -239,4 +241,5 @@ func TestRangeNumbersAgree(t *testing.T) {
 			require.Equal(t, d.Off, l.dst, "%q", line)
 		}
 	}
+	require.Equal(t, 21, compared, "every form read by both parsers")
 }
