@@ -28,14 +28,14 @@ type Extent struct {
 // outside its buffers is ErrInvalidSize and nothing is copied.
 // Overlapping extents race byte by byte (like RDMA writes).
 //
-// The batch goes to the BatchCopier of the first extent's Dst when every extent's
-// Dst is on that buffer's device; when it declines (done=false), or there is none
-// (host memory: memmove needs no batching), each extent is one Copy, in order,
-// without allocating anything per extent; when every buffer is mapped host
-// memory, as memmoves holding each buffer once, by several goroutines when
-// the batch is large (copyHost). An error other than a range stops the
-// batch there: the extents before it may have been copied, the rest are
-// not.
+// The batch goes first to the BatchCopier of the first extent's Dst, if it
+// is one, which checks it and takes it or declines; when it declines
+// (done=false), or there is none (host memory: memmove needs no batching),
+// each extent is one Copy, in order, without allocating anything per extent;
+// when every buffer is mapped host memory, as memmoves holding each buffer
+// once, by several goroutines when the batch is large (copyHost). An error
+// other than a range stops the batch there: the extents before it may have
+// been copied, the rest are not.
 // Errors: ErrInvalidSize (wrapped, naming the extent's index) for a negative offset
 // or length or a range outside either buffer, ErrFreed, or what the backend or Copy
 // reports.
@@ -43,11 +43,17 @@ func CopyBatch(exts []Extent) error {
 	if len(exts) == 0 {
 		return nil
 	}
-	// One pass checks every range and whether every Dst is on the first
-	// one's device (asked only when Dst changes: a batch usually writes
-	// one or a few buffers, and reads one or a few, so sizes are asked
-	// only when a buffer changes too).
-	dev, same, last := Device(nil), true, Buffer(nil)
+	// The BatchCopier's own pass checks every range: a check here first
+	// was a second pass over a thousand extents, with an interface call
+	// per buffer change.
+	if bc, ok := exts[0].Dst.(BatchCopier); ok {
+		if done, err := bc.CopyBatch(exts); done {
+			return err
+		}
+	}
+	// One pass checks every range (sizes are asked only when a buffer
+	// changes: a batch usually writes one or a few buffers, and reads one
+	// or a few).
 	var srcB, dstB Buffer
 	var srcN, dstN int64
 	for i := range exts {
@@ -64,19 +70,6 @@ func CopyBatch(exts []Extent) error {
 		if !inRange(srcN, e.SrcOff, e.N) || !inRange(dstN, e.DstOff, e.N) {
 			return fmt.Errorf("copy batch: extent %d: %d bytes from %d/%d to %d/%d: %w",
 				i, e.N, e.SrcOff, srcN, e.DstOff, dstN, ErrInvalidSize)
-		}
-		if same && e.Dst != last {
-			if last == nil {
-				dev = e.Dst.Device()
-			} else {
-				same = e.Dst.Device() == dev
-			}
-			last = e.Dst
-		}
-	}
-	if bc, ok := exts[0].Dst.(BatchCopier); ok && same {
-		if done, err := bc.CopyBatch(exts); done {
-			return err
 		}
 	}
 	if done, err := copyHost(exts); done {
@@ -273,15 +266,13 @@ func inRange(size, off, n int64) bool {
 	return off >= 0 && n >= 0 && off <= size && n <= size-off
 }
 
-// BatchCopier is implemented by buffers whose device can run a whole batch itself;
-// CopyBatch offers it the batch when every extent's Dst is on that device.
-// done=false: not this batch (e.g. a source it cannot read), use the generic path.
-//
-// CopyBatch calls it with every range already checked, but an implementation
-// checks them again (it may be called directly) and copies nothing when one is
-// outside its buffers (done=true, ErrInvalidSize). done=false must mean that
-// nothing was copied. With done=true it returns once every byte has landed (or
-// the copy failed), like Copy.
+// BatchCopier is implemented by buffers whose device can run a whole batch
+// itself: CopyBatch offers it every batch whose first extent's Dst it is.
+// done=false: not this batch (a Dst on another device, a source it cannot
+// read), and nothing was copied; CopyBatch then uses the generic path.
+// done=true: it checked every range first and copied nothing when one is
+// outside its buffers (ErrInvalidSize), or it returns once every byte has
+// landed (or the copy failed), like Copy.
 type BatchCopier interface {
 	CopyBatch(exts []Extent) (done bool, err error)
 }

@@ -121,16 +121,23 @@ type batchBuf struct {
 
 func (b *batchBuf) Device() Device { return b.dev }
 
+// CopyBatch declines batches with a destination on another device, as the
+// BatchCopier contract asks, and otherwise says b.done, copying nothing.
 func (b *batchBuf) CopyBatch(exts []Extent) (bool, error) {
 	*b.calls++
+	for _, e := range exts {
+		if e.Dst.Device() != b.dev {
+			return false, nil
+		}
+	}
 	return b.done, nil
 }
 
 type otherDev struct{ Device }
 
 // TestCopyBatchOffersTheBatch: the BatchCopier of the first Dst gets the
-// batch when every Dst is on its device; done=false, or destinations on
-// two devices, fall back to extent by extent.
+// batch; when it declines (done=false; here for destinations on two
+// devices) the batch goes extent by extent.
 func TestCopyBatchOffersTheBatch(t *testing.T) {
 	h, err := NewHost(64 << 20)
 	require.NoError(t, err)
@@ -155,10 +162,15 @@ func TestCopyBatchOffersTheBatch(t *testing.T) {
 	require.Equal(t, srcB[20:30], got[10:20])
 
 	dst.done = true
+	_, err = raw.WriteAt(make([]byte, 4096), 0)
+	require.NoError(t, err)
 	other := &batchBuf{Buffer: raw, dev: otherDev{h}, done: true, calls: &calls}
 	exts[1].Dst = other
 	require.NoError(t, CopyBatch(exts))
-	require.Equal(t, 2, calls, "destinations on two devices: not offered")
+	require.Equal(t, 3, calls, "offered, and declined")
+	got = readAllHost(t, raw)
+	require.Equal(t, srcB[:10], got[:10], "destinations on two devices: extent by extent")
+	require.Equal(t, srcB[20:30], got[10:20])
 }
 
 // BenchmarkCopyBatchHost: 1000 scattered 8 KiB host copies as one batch.

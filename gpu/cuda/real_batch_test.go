@@ -142,20 +142,21 @@ func launchAlone(tb testing.TB, d *Device, exts []gpu.Extent, fn func(launch fun
 		if err := d.descArrays(s); err != nil {
 			return err
 		}
-		q := batchQueue{d: d, s: s, fn: k}
-		if err := q.issue(exts, true); err != nil {
-			return err
+		var pl batchPlan
+		for _, e := range exts {
+			pl.add(e.Dst.(*buffer).ptr(e.DstOff), d, e.Src.(*buffer).ptr(e.SrcOff), e.N, true)
 		}
-		n := q.n
+		n := len(pl.descs)
 		require.Positive(tb, n)
+		require.Empty(tb, pl.engine)
 		require.Less(tb, n, batchDescMax)
-		if err := q.flush(); err != nil {
+		if err := d.issueBatch(s, &pl, k); err != nil {
 			return err
 		}
 		if err := d.sync(s); err != nil {
 			return err
 		}
-		// flush left the arguments of staging buffer 0 in place.
+		// issueBatch left the arguments of staging buffer 0 in place.
 		params := unsafe.Add(s.ptr[0], paramsOff+16)
 		fn(func() error {
 			if r := d.drv.launchKernel(k, [3]uint32{uint32(n), 1, 1}, [3]uint32{batchBlock, 1, 1}, 0, s.stream, params); r != success {
