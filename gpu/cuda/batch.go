@@ -101,40 +101,10 @@ func (b *buffer) CopyBatch(exts []gpu.Extent) (done bool, err error) {
 	fn, kernel := d.scatterKernel()
 	pl := planPool.Get().(*batchPlan)
 	defer pl.put()
-	var set bufSet      // every buffer of the batch, once
-	var peers []*Device // other GPUs that sources live on
-	var lastDst, lastSrc *buffer
-	for i := range exts {
-		e := &exts[i]
-		// A type assertion is a comparison of the itab word, inlined; a
-		// comparison of the interfaces would call runtime.ifaceeq on each
-		// extent (a quarter of this loop's time).
-		dst, ok := e.Dst.(*buffer)
-		src, ok2 := e.Src.(*buffer)
-		if !ok || !ok2 {
-			return false, nil
-		}
-		if dst != lastDst || src != lastSrc { // most extents repeat the pair before
-			if dst.dev != d || src.dev.drv != d.drv {
-				return false, nil
-			}
-			if src.dev != d {
-				if src.a.imp != nil {
-					return false, nil // mapped in src.dev's context, not this one's
-				}
-				if !slices.Contains(peers, src.dev) {
-					peers = append(peers, src.dev)
-				}
-			}
-			set.add(dst)
-			set.add(src)
-			lastDst, lastSrc = dst, src
-		}
-		if !inRange(dst.size, e.DstOff, e.N) || !inRange(src.size, e.SrcOff, e.N) {
-			return true, fmt.Errorf("%s: copy batch: extent %d: %d bytes from %d/%d to %d/%d: %w",
-				d.name, i, e.N, e.SrcOff, src.size, e.DstOff, dst.size, gpu.ErrInvalidSize)
-		}
-		pl.add(dst.ptr(e.DstOff), src.dev, src.ptr(e.SrcOff), e.N, kernel)
+	var set bufSet // every buffer of the batch, once
+	peers, ok, err := d.planBatch(exts, kernel, pl, &set)
+	if !ok || err != nil {
+		return ok, err
 	}
 	for _, p := range peers {
 		if !d.peerReadable(p) {
@@ -146,6 +116,48 @@ func (b *buffer) CopyBatch(exts []gpu.Extent) (done bool, err error) {
 	}
 	defer set.runlock()
 	return true, d.runBatch(pl, fn)
+}
+
+// planBatch is CopyBatch's pass over the extents: it checks each one and
+// adds its work to pl, and every buffer to set; peers are the other GPUs
+// that sources live on. ok is false (nothing planned worth keeping) when
+// an extent is not this device's to copy; err is gpu.ErrInvalidSize for a
+// range outside its buffers.
+func (d *Device) planBatch(exts []gpu.Extent, kernel bool, pl *batchPlan, set *bufSet) (peers []*Device, ok bool, err error) {
+	var lastDst, lastSrc *buffer
+	for i := range exts {
+		e := &exts[i]
+		// A type assertion is a comparison of the itab word, inlined; a
+		// comparison of the interfaces would call runtime.ifaceeq on each
+		// extent (a quarter of this loop's time).
+		dst, ok := e.Dst.(*buffer)
+		src, ok2 := e.Src.(*buffer)
+		if !ok || !ok2 {
+			return nil, false, nil
+		}
+		if dst != lastDst || src != lastSrc { // most extents repeat the pair before
+			if dst.dev != d || src.dev.drv != d.drv {
+				return nil, false, nil
+			}
+			if src.dev != d {
+				if src.a.imp != nil {
+					return nil, false, nil // mapped in src.dev's context, not this one's
+				}
+				if !slices.Contains(peers, src.dev) {
+					peers = append(peers, src.dev)
+				}
+			}
+			set.add(dst)
+			set.add(src)
+			lastDst, lastSrc = dst, src
+		}
+		if !inRange(dst.size, e.DstOff, e.N) || !inRange(src.size, e.SrcOff, e.N) {
+			return nil, true, fmt.Errorf("%s: copy batch: extent %d: %d bytes from %d/%d to %d/%d: %w",
+				d.name, i, e.N, e.SrcOff, src.size, e.DstOff, dst.size, gpu.ErrInvalidSize)
+		}
+		pl.add(dst.ptr(e.DstOff), src.dev, src.ptr(e.SrcOff), e.N, kernel)
+	}
+	return peers, true, nil
 }
 
 // scatterDesc is one descriptor as the kernel reads it: struct

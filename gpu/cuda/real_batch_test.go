@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -221,6 +222,88 @@ func BenchmarkRealCopyBatch(b *testing.B) {
 					}
 				}
 			})
+		})
+		// The parts of CopyBatch beyond the kernel: its pass over the
+		// extents, the descriptors' upload, and the launch with the
+		// kernel reading them from the page-locked staging buffer
+		// instead (unified addressing maps it into every context).
+		b.Run(name+"/plan", func(b *testing.B) {
+			_, kernel := d.scatterKernel()
+			require.True(b, kernel)
+			var pl batchPlan
+			for b.Loop() {
+				pl.descs, pl.engine = pl.descs[:0], pl.engine[:0]
+				var set bufSet
+				if _, ok, err := d.planBatch(exts, true, &pl, &set); !ok || err != nil {
+					b.Fatal(ok, err)
+				}
+			}
+		})
+		b.Run(name+"/issue", func(b *testing.B) {
+			fn, _ := d.scatterKernel()
+			var pl batchPlan
+			var set bufSet
+			_, _, err := d.planBatch(exts, true, &pl, &set)
+			require.NoError(b, err)
+			require.NoError(b, d.withStager(func(s *stager) error {
+				if err := d.descArrays(s); err != nil {
+					return err
+				}
+				for b.Loop() {
+					if err := d.issueBatch(s, &pl, fn); err != nil {
+						return err
+					}
+					if err := d.sync(s); err != nil {
+						return err
+					}
+				}
+				return nil
+			}))
+		})
+		b.Run(name+"/upload-alone", func(b *testing.B) {
+			require.NoError(b, d.withStager(func(s *stager) error {
+				if err := d.descArrays(s); err != nil {
+					return err
+				}
+				for b.Loop() {
+					if r := d.drv.memcpyHtoDAsync(s.descs, s.ptr[0], uint64(count*descSize), s.stream); r != success {
+						return check(d.drv, "cuMemcpyHtoDAsync_v2", r)
+					}
+					if err := d.sync(s); err != nil {
+						return err
+					}
+				}
+				return nil
+			}))
+		})
+		b.Run(name+"/kernel-host-descs", func(b *testing.B) {
+			if count > batchDescMax {
+				b.Skip("one staging buffer's worth only")
+			}
+			fn, _ := d.scatterKernel()
+			var pl batchPlan
+			var set bufSet
+			_, _, err := d.planBatch(exts, true, &pl, &set)
+			require.NoError(b, err)
+			require.NoError(b, d.withStager(func(s *stager) error {
+				n := len(pl.descs)
+				copy(s.buf[0][:n*descSize], unsafe.Slice((*byte)(unsafe.Pointer(&pl.descs[0])), n*descSize))
+				args := s.buf[0][paramsOff : paramsOff+32]
+				base := uintptr(s.ptr[0]) + paramsOff
+				binary.LittleEndian.PutUint64(args[0:], uint64(uintptr(s.ptr[0])))
+				binary.LittleEndian.PutUint64(args[8:], uint64(n))
+				binary.LittleEndian.PutUint64(args[16:], uint64(base))
+				binary.LittleEndian.PutUint64(args[24:], uint64(base+8))
+				for b.Loop() {
+					if r := d.drv.launchKernel(fn, [3]uint32{uint32(n), 1, 1}, [3]uint32{batchBlock, 1, 1}, 0, s.stream, unsafe.Add(s.ptr[0], paramsOff+16)); r != success {
+						return check(d.drv, "cuLaunchKernel", r)
+					}
+					if err := d.sync(s); err != nil {
+						return err
+					}
+				}
+				return nil
+			}))
 		})
 		b.Run(name+"/DtoD-calls", func(b *testing.B) {
 			b.SetBytes(int64(count) * 8192)
