@@ -2,8 +2,9 @@
 """ab_summary.py AB_TXT: scripts/gpu-ab.sh's output (ab.txt) as one line per round,
 build and benchmark, sorted by benchmark, build, round: the p50 in µs and its ratio
 to the floor issue 12 names for it (the small-copy floor, setxattr + request/reply +
-copy, of the same build and round, plus the round's GPU floor where one applies:
-one scatter kernel, 1 GiB from an IPC-opened pointer), or to raw TCP. Standard
+copy, of the same build and round, with the round's GPU floor where one applies:
+the 4 KiB device copy, one scatter kernel, 1 GiB from an IPC-opened pointer, as
+internal/cmd/benchreport's GPU rows), or to raw TCP. Standard
 library only (it runs on the GPU host too)."""
 import re
 import sys
@@ -39,6 +40,12 @@ def main(path):
             fl = small + f["ipc1g-us"]
             extra = "floor %.1f ratio %.3f idle-setxattr %.1f setxattr %.1f" % (
                 fl, fl / m["p50-us"], m.get("idle-setxattr-us", 0), m.get("setxattr-us", 0))
+        elif name.startswith("4K") and "copy4k-us" in f:
+            # benchreport's gpu-inplace-4k rows: the copy is the device's
+            # (copy4k-us), not the memmove of the benchmark's own floor-us.
+            fl = m["setxattr-us"] + m["reqreply-us"] + f["copy4k-us"]
+            extra = "floor %.1f (setxattr %.1f) x-floor %.2f | host-floor x %.2f | fd-p50 %s" % (
+                fl, m["setxattr-us"], m["p50-us"] / fl, m["x-floor"], m.get("fd-p50-us", "-"))
         elif name.startswith("4K"):
             extra = "floor %.1f (setxattr %.1f) x-floor %.2f | fd-p50 %s fd-x-floor %s" % (
                 m["floor-us"], m["setxattr-us"], m["x-floor"], m.get("fd-p50-us", "-"), m.get("fd-x-floor", "-"))
