@@ -84,9 +84,8 @@ func BenchmarkNextRangeLine(b *testing.B) {
 // BenchmarkPlanRangeLines1000: the sender's part of the KV-cache call
 // before any byte moves: newLinePlan and planRangeLines over 1000 lines of
 // 8 KiB blocks of one tensor into scattered blocks of a peer's tensor (one
-// range-list descriptor of 1000 spans), in ns per line, by one goroutine
-// and by several (planLinesParallel). On an H100 host this part of a
-// 1000-line copy_to took about 100 µs (2026-12-06), then 44 µs.
+// range-list descriptor of 1000 spans), in ns per line. On an H100 host
+// this part of a 1000-line copy_to took about 100 µs (2026-12-06).
 func BenchmarkPlanRangeLines1000(b *testing.B) {
 	const n, blk = 1000, 8 << 10
 	tr := unmountedFS(b)
@@ -106,20 +105,13 @@ func BenchmarkPlanRangeLines1000(b *testing.B) {
 		lines = append(lines, fmt.Sprintf("@%d+%d b:/cache@%d", i*blk, blk, ((i*389+17)%(2*n))*blk))
 	}
 	value := strings.Join(lines, "\n")
-	for _, w := range []int{1, 2, 4} {
-		b.Run(fmt.Sprintf("goroutines=%d", w), func(b *testing.B) {
-			old := planWorkers
-			planWorkers = func() int { return w }
-			defer func() { planWorkers = old }()
-			for b.Loop() {
-				p := newLinePlan(strings.Count(value, "\n") + 1)
-				rest, k, err := tr.planRangeLines(p, src, value)
-				if err != nil || rest != "" || k != n || len(p.lists) != 1 {
-					b.Fatalf("planned %d lines, rest %q, %d lists: %v", k, rest, len(p.lists), err)
-				}
-				closeAll(p.opened)
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/line")
-		})
+	for b.Loop() {
+		p := newLinePlan(strings.Count(value, "\n") + 1)
+		rest, k, err := tr.planRangeLines(p, src, value)
+		if err != nil || rest != "" || k != n || len(p.lists) != 1 {
+			b.Fatalf("planned %d lines, rest %q, %d lists: %v", k, rest, len(p.lists), err)
+		}
+		closeAll(p.opened)
 	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/line")
 }

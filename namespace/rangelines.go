@@ -1,9 +1,7 @@
 package namespace
 
 import (
-	"runtime"
 	"strings"
-	"sync"
 
 	"github.com/tensorfs/tensorfs/transfer"
 )
@@ -177,19 +175,10 @@ func (f *Tree) planRangeLines(p *linePlan, src Node, value string) (rest string,
 	file, _ := src.(*File)
 	var last rangeLine // the line before, whose paths the next one repeats
 	var prev *rangeLine
-	parallel := false // planLinesParallel was tried
 	for rest = value; rest != ""; n++ {
 		if cur != nil {
 			// The usual line: the paths of the one before, into the same
 			// list (fastLine); anything else goes the general way below.
-			// Many of them at once are parsed in parallel (once a call).
-			if !parallel {
-				parallel = true
-				if after, k, ok := planLinesParallel(rest, curSrc, curDst, cur, p.hint); ok && k > 0 {
-					rest, n = after, n+k-1
-					continue
-				}
-			}
 			if after, ok := fastLine(rest, curSrc, curDst, cur, p.hint); ok {
 				rest = after
 				continue
@@ -259,22 +248,11 @@ func (f *Tree) planRangeLines(p *linePlan, src Node, value string) (rest string,
 // 1000-line call on an H100 host (2026-12-06); this is one pass over the
 // line's bytes.
 func fastLine(rest, srcRef, dstRef string, cur *fileSource, hint int) (after string, ok bool) {
-	var l rangeLine
-	if after, ok = scanFastLine(rest, srcRef, dstRef, cur.ref.meta.NBytes, &l); !ok {
-		return "", false
-	}
-	cur.addSpan(l.src, l.dst, l.n, hint)
-	return after, true
-}
-
-// scanFastLine is fastLine's parse and check alone, into l, for a source
-// tensor of size bytes: it changes nothing else, so that several
-// goroutines may run it (planLinesParallel).
-func scanFastLine(rest, srcRef, dstRef string, size int64, l *rangeLine) (after string, ok bool) {
 	if i := len(srcRef); len(rest) <= i || rest[i] != '@' || rest[:i] != srcRef {
 		return "", false
 	}
-	j, ok := rangeAt(rest, len(srcRef)+1, l)
+	var l rangeLine
+	j, ok := rangeAt(rest, len(srcRef)+1, &l)
 	if !ok {
 		return "", false
 	}
@@ -282,128 +260,12 @@ func scanFastLine(rest, srcRef, dstRef string, size int64, l *rangeLine) (after 
 	if !startsWithRef(b, dstRef) {
 		return "", false
 	}
-	if after, ok = destAt(b, len(dstRef)+1, l); !ok {
+	if after, ok = destAt(b, len(dstRef)+1, &l); !ok {
 		return "", false
 	}
-	if l.src > size || l.n > size-l.src {
+	if size := cur.ref.meta.NBytes; l.src > size || l.n > size-l.src {
 		return "", false // rangeIn's error, by the general way
 	}
+	cur.addSpan(l.src, l.dst, l.n, hint)
 	return after, true
 }
-
-// Range lines are planned by several goroutines when a call has many
-// (planLinesParallel): a 1000-line call's parse was 44 µs of the sending
-// daemon's CPU on an H100 host (2026-12-06), the largest part of its
-// latency that is not the kernel's or the wake-ups', and the host had 16
-// cores idle. parallelPieceMin is the fewest bytes of lines a goroutine
-// takes (about 200 lines: starting one costs a few µs), and maxPlanWorkers
-// the most goroutines one call uses.
-const (
-	parallelPieceMin = 6 << 10
-	maxPlanWorkers   = 8
-)
-
-// planWorkers is how many goroutines plan a call's lines: the CPUs Go may
-// use, less one for the FUSE readers, at most maxPlanWorkers; 1 (no
-// parallel plan) on a host of fewer than 4. A variable so that the tests
-// can run the parallel plan on any host.
-var planWorkers = func() int {
-	n := runtime.GOMAXPROCS(0)
-	if n < 4 {
-		return 1
-	}
-	return min(n-1, maxPlanWorkers)
-}
-
-// spanPool keeps the goroutines' span lists between calls.
-var spanPool = sync.Pool{New: func() any { return new([]transfer.Span) }}
-
-// planLinesParallel takes the lines at the start of rest that fastLine
-// would take with srcRef, dstRef and cur, as that many calls of it would
-// (the same spans, in order), parsing pieces of rest at line boundaries on
-// several goroutines; it returns the rest from the first line fastLine
-// would refuse (for planRangeLines' general way), and how many lines it
-// took. ok is false, nothing taken, when rest is too short to split.
-func planLinesParallel(rest, srcRef, dstRef string, cur *fileSource, hint int) (after string, lines int, ok bool) {
-	k := min(planWorkers(), len(rest)/parallelPieceMin)
-	if k < 2 {
-		return rest, 0, false
-	}
-	type piece struct {
-		text  string
-		spans *[]transfer.Span
-		n     int64 // bytes of its spans
-		took  int   // bytes of text parsed: all of it, or up to a refused line
-	}
-	pieces := make([]piece, 0, k)
-	for start := 0; start < len(rest); {
-		end := len(rest)
-		if len(pieces) < k-1 {
-			if e := start + (len(rest)-start)/(k-len(pieces)); e < len(rest) {
-				if nl := strings.IndexByte(rest[e:], '\n'); nl >= 0 {
-					end = e + nl + 1
-				}
-			}
-		}
-		pieces = append(pieces, piece{text: rest[start:end]})
-		start = end
-	}
-	size := cur.ref.meta.NBytes
-	scan := func(p *piece) {
-		p.spans = spanPool.Get().(*[]transfer.Span)
-		sp := (*p.spans)[:0]
-		t := p.text
-		var l rangeLine
-		for t != "" {
-			after, ok := scanFastLine(t, srcRef, dstRef, size, &l)
-			if !ok {
-				break
-			}
-			sp = append(sp, transfer.Span{Pos: p.n, Src: l.src, Dst: l.dst, N: l.n})
-			p.n += l.n
-			t = after
-		}
-		*p.spans = sp
-		p.took = len(p.text) - len(t)
-	}
-	var wg sync.WaitGroup
-	for i := 1; i < len(pieces); i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			scan(&pieces[i])
-		}()
-	}
-	scan(&pieces[0])
-	wg.Wait()
-	// Joined in order, up to the first refused line.
-	pos := 0
-	stopped := false
-	for i := range pieces {
-		p := &pieces[i]
-		if !stopped && len(*p.spans) > 0 {
-			sp := *p.spans
-			cur.addSpan(sp[0].Src, sp[0].Dst, sp[0].N, hint) // the list's first, as fastLine would
-			m := &cur.meta
-			base, at := m.NBytes-sp[0].N, len(m.Spans)
-			m.Spans = append(m.Spans, sp[1:]...)
-			for j := at; j < len(m.Spans); j++ {
-				m.Spans[j].Pos += base
-			}
-			m.NBytes = base + p.n
-			lines += len(sp)
-		}
-		if !stopped {
-			pos += p.took
-			stopped = p.took < len(p.text)
-		}
-		if cap(*p.spans) <= maxPooledSpans {
-			*p.spans = (*p.spans)[:0]
-			spanPool.Put(p.spans)
-		}
-	}
-	return rest[pos:], lines, true
-}
-
-// maxPooledSpans bounds the spans a pooled list keeps room for.
-const maxPooledSpans = 1 << 16

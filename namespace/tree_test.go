@@ -1,7 +1,6 @@
 package namespace
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -243,79 +242,4 @@ func TestRangeNumbersAgree(t *testing.T) {
 		}
 	}
 	require.Equal(t, 21, compared, "every form read by both parsers")
-}
-
-// TestPlanLinesParallel: a long range-line call planned by several
-// goroutines (planLinesParallel) gives the same plan as one goroutine: the
-// same range lists and spans, in order, the same rest for the general way
-// and the same line count, the same error; with every kind of line that
-// ends the fast run at a piece's start, in its middle and at its end (a
-// line with another destination, one past the source's end, one the fast
-// parse does not take).
-func TestPlanLinesParallel(t *testing.T) {
-	const n, blk = 3000, 256
-	tr := unmountedFS(t)
-	ten, err := tr.store.New(u8tmpl())
-	require.NoError(t, err)
-	require.NoError(t, ten.Truncate(n*blk))
-	src := NewFile(ten, 0o644, 0, 0)
-	require.NoError(t, tr.Root().Add("blocks", src))
-	lines := make([]string, n)
-	for i := range n {
-		lines[i] = fmt.Sprintf("@%d+%d b:/cache@%d", i*blk, blk, ((i*389+17)%(2*n))*blk)
-	}
-	type result struct {
-		spans map[listKey][]transfer.Span
-		rest  string
-		k     int
-		err   string
-	}
-	plan := func(workers int, value string) result {
-		old := planWorkers
-		planWorkers = func() int { return workers }
-		defer func() { planWorkers = old }()
-		p := newLinePlan(strings.Count(value, "\n") + 1)
-		defer closeAll(p.opened)
-		rest, k, err := tr.planRangeLines(p, src, value)
-		r := result{spans: map[listKey][]transfer.Span{}, rest: rest, k: k}
-		if err != nil {
-			r.err = err.Error()
-		}
-		for key, s := range p.lists {
-			r.spans[key] = slices.Clone(s.meta.Spans)
-		}
-		return r
-	}
-	with := func(i int, line string) string {
-		l := slices.Clone(lines)
-		l[i] = line
-		return strings.Join(l, "\n")
-	}
-	for _, c := range []struct {
-		name  string
-		value string
-	}{
-		{"every line fast", strings.Join(lines, "\n")},
-		{"a trailing newline", strings.Join(lines, "\n") + "\n"},
-		{"another destination at the start of a piece", with(750, "@0+256 b:/other@0")},
-		{"another destination mid-piece", with(1234, "@0+256 b:/other@0")},
-		{"another destination last", with(n-1, "@0+256 b:/other@0")},
-		{"past the source mid-piece", with(2100, fmt.Sprintf("@%d+512 b:/cache@0", n*blk-256))},
-		{"hex mid-piece", with(1700, "@0x10+256 b:/cache@0")},
-		{"a whole-tensor line mid-piece", with(900, "b:/whole")},
-		{"an empty line mid-piece", with(1500, "")},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			seq := plan(1, c.value)
-			for _, w := range []int{2, 3, 4, 8} {
-				par := plan(w, c.value)
-				require.Equal(t, seq, par, "%d goroutines", w)
-			}
-			if c.name == "every line fast" {
-				require.Equal(t, n, seq.k)
-				require.Empty(t, seq.rest)
-				require.Len(t, seq.spans, 1)
-			}
-		})
-	}
 }
