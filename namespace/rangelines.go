@@ -246,7 +246,10 @@ func (f *Tree) planRangeLines(p *linePlan, src Node, value string) (rest string,
 // one, and the general loop (the line's struct, the paths compared, the
 // range's checks apart) cost 35 ns a line beyond the parse, 65 µs of a
 // 1000-line call on an H100 host (2026-12-06); this is one pass over the
-// line's bytes.
+// line's bytes. (Parsing a call's lines on several goroutines was slower
+// there: 66-73 µs on 2 to 4 goroutines against 53 µs on one for 1000
+// lines, the wake-ups of idle threads in a KVM guest costing more than the
+// parse they shared; measured 2026-12-06, commit 56bcc08, reverted.)
 func fastLine(rest, srcRef, dstRef string, cur *fileSource, hint int) (after string, ok bool) {
 	if i := len(srcRef); len(rest) <= i || rest[i] != '@' || rest[:i] != srcRef {
 		return "", false

@@ -31,7 +31,7 @@ TIMEOUT=${TIMEOUT:-5m}
 [ $# -gt 0 ] || { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2; exit 64; }
 for d in "$@"; do
 	for f in tensorfs tests.test; do
-		[ -e "$d/$f.gz" ] && gunzip -kf "$d/$f.gz"
+		[ -e "$d/$f.gz" ] && gunzip -kf "$d/$f.gz" && chmod +x "$d/$f" # a .gz made from a pipe keeps no mode
 		[ -x "$d/$f" ] || { echo "gpu-ab.sh: $d/$f missing" >&2; exit 64; }
 	done
 done
