@@ -3,8 +3,12 @@ package namespace
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/tensorfs/tensorfs/tensor"
+	"github.com/tensorfs/tensorfs/transfer"
 )
 
 // BenchmarkCopyToLines1000: one copy_to of 1000 in-place lines (8 KiB
@@ -114,4 +118,29 @@ func BenchmarkPlanRangeLines1000(b *testing.B) {
 		closeAll(p.opened)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/line")
+}
+
+// BenchmarkFindShared1000: findShared over one in-place range list of 1000
+// scattered 8 KiB blocks (blockOverlaps' bitmap), and over the same list
+// one byte off the block grid (the sort it falls back to).
+func BenchmarkFindShared1000(b *testing.B) {
+	perm := rand.New(rand.NewPCG(1, 2)).Perm(2000)[:1000]
+	for _, c := range []struct {
+		name string
+		skew int64
+	}{{"blocks", 0}, {"sorted", 1}} {
+		b.Run(c.name, func(b *testing.B) {
+			spans := make([]transfer.Span, len(perm))
+			for i, j := range perm {
+				spans[i] = transfer.Span{Pos: int64(i) * 8192, Src: int64(i) * 8192, Dst: int64(j)*8192 + c.skew, N: 8192}
+			}
+			d := &dest{items: []destItem{{inPlace: true, target: &File{t: new(tensor.Tensor)}, spans: spans}}}
+			for b.Loop() {
+				d.findShared()
+				if d.shared[0] {
+					b.Fatal("no overlap here")
+				}
+			}
+		})
+	}
 }

@@ -2,6 +2,7 @@ package namespace
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"syscall"
@@ -143,4 +144,84 @@ func TestStagedDirectoryMadeMeanwhile(t *testing.T) {
 		require.True(t, bytes.Equal(b[:2], []byte{40 + byte(i), 41 + byte(i)}), "%s: %v", p, b[:2])
 	}
 	require.Equal(t, 3, f.store.Stats().Tensors, "the replaced a is released")
+}
+
+// TestBlockOverlaps: blockOverlaps finds the tensors whose ranges overlap
+// exactly as a comparison of every pair does, for block lists on one and
+// two tensors (shuffled, with and without a repeated block), and declines
+// lists it cannot decide by blocks (two lengths, a range off the block
+// grid, a block past its bitmap).
+func TestBlockOverlaps(t *testing.T) {
+	type rg struct {
+		t          *tensor.Tensor
+		start, end int64
+	}
+	brute := func(rs []rg) map[*tensor.Tensor]bool {
+		m := map[*tensor.Tensor]bool{}
+		for i := range rs {
+			for j := range i {
+				if rs[i].t == rs[j].t && rs[i].start < rs[j].end && rs[j].start < rs[i].end {
+					m[rs[i].t] = true
+				}
+			}
+		}
+		return m
+	}
+	each := func(rs []rg) func(yield func(int, *tensor.Tensor, int64, int64) bool) {
+		return func(yield func(int, *tensor.Tensor, int64, int64) bool) {
+			for k, r := range rs {
+				if !yield(k, r.t, r.start, r.end) {
+					return
+				}
+			}
+		}
+	}
+	run := func(rs []rg) (map[*tensor.Tensor]bool, bool) {
+		got, ok := blockOverlaps(each(rs))
+		if ok { // the sort's answer too
+			require.Equal(t, len(got), len(sortOverlaps(each(rs))))
+		}
+		return got, ok
+	}
+	a, b := new(tensor.Tensor), new(tensor.Tensor)
+	rng := rand.New(rand.NewPCG(7, 8))
+	for trial := range 200 {
+		n := 1 + rng.IntN(300)
+		blk := int64(1) << (4 + rng.IntN(10))
+		blkB := blk * int64(1+rng.IntN(3))
+		perm := rng.Perm(4 * n)
+		var rs []rg
+		for i := range n {
+			tt, bs := a, blk
+			if trial%2 == 1 && i%3 == 0 {
+				tt, bs = b, blkB
+			}
+			rs = append(rs, rg{tt, int64(perm[i]) * bs, int64(perm[i]+1) * bs})
+		}
+		if trial%3 == 0 { // a block named twice
+			k := rng.IntN(n)
+			rs = append(rs, rs[k])
+			rng.Shuffle(len(rs), func(i, j int) { rs[i], rs[j] = rs[j], rs[i] })
+		}
+		got, ok := run(rs)
+		require.True(t, ok, "trial %d: a block list", trial)
+		want := brute(rs)
+		require.Equal(t, len(want), len(got), "trial %d", trial)
+		for tt := range want {
+			require.True(t, got[tt], "trial %d", trial)
+		}
+	}
+	for name, rs := range map[string][]rg{
+		"two lengths":       {{a, 0, 8192}, {a, 8192, 12288}},
+		"off the grid":      {{a, 0, 8192}, {a, 4096, 12288}},
+		"past the bitmap":   {{a, 0, 16}, {a, 16 * maxBlockBits, 16*maxBlockBits + 16}},
+		"grid of the first": {{a, 4096, 8192}, {a, 12288, 16384}, {a, 0, 4096}},
+	} {
+		_, ok := run(rs)
+		if name == "grid of the first" {
+			require.True(t, ok, name)
+			continue
+		}
+		require.False(t, ok, name)
+	}
 }
