@@ -140,3 +140,66 @@ func TestKeepaliveLoop(t *testing.T) {
 	againDone.Wait()
 	require.NotEmpty(t, againSeen.at, "keepalives after the loop restarted")
 }
+
+// TestKeepaliveLoopWakesEarly: a call whose first keepalive is due before
+// the loop would wake (a timeout below 3*beatTick) moves the loop's wake-up
+// to it, whether it starts the loop or joins it asleep; a 40 ms timeout's
+// first keepalive came after beatTick (50 ms), and its copy timed out.
+func TestKeepaliveLoopWakesEarly(t *testing.T) {
+	require.Eventually(t, func() bool {
+		beats.mu.Lock()
+		defer beats.mu.Unlock()
+		return !beats.running
+	}, 3*beatIdle, 10*time.Millisecond, "the loop idle first")
+	open := func(timeout time.Duration) *conn {
+		near, far := net.Pipe()
+		t.Cleanup(func() { near.Close(); far.Close() })
+		go func() { // the peer reads whatever comes
+			for {
+				if _, _, err := readFrame(far, nil, 1<<20); err != nil {
+					return
+				}
+			}
+		}()
+		return newConn(near, timeout, "far")
+	}
+	// woken reports whether the loop wakes no later than every call's next
+	// keepalive.
+	woken := func() bool {
+		beats.mu.Lock()
+		defer beats.mu.Unlock()
+		if !beats.running || len(beats.calls) == 0 {
+			return false
+		}
+		for b := range beats.calls {
+			if beats.until.After(b.next) {
+				return false
+			}
+		}
+		return true
+	}
+	done := make(chan struct{})
+	go open(30*time.Millisecond).whileSilent(func() error { <-done; return nil }) // starts the loop: due in 10 ms
+	require.Eventually(t, woken, time.Second, time.Millisecond, "the first wake-up at the first call's due time")
+	close(done)
+	require.Eventually(t, func() bool {
+		beats.mu.Lock()
+		defer beats.mu.Unlock()
+		return len(beats.calls) == 0
+	}, time.Second, time.Millisecond)
+
+	// A long call keeps the loop asleep for beatTick; a short one joins.
+	long := make(chan struct{})
+	go open(time.Hour).whileSilent(func() error { <-long; return nil })
+	defer close(long)
+	time.Sleep(2 * beatTick) // the loop settles into beatTick sleeps
+	done = make(chan struct{})
+	defer close(done)
+	go open(30*time.Millisecond).whileSilent(func() error { <-done; return nil })
+	require.Eventually(t, func() bool {
+		beats.mu.Lock()
+		n := len(beats.calls)
+		beats.mu.Unlock()
+		return n == 2 && woken()
+	}, time.Second, time.Millisecond, "the loop woken for the short call")
+}

@@ -436,7 +436,7 @@ const progressEvery = 100 * time.Millisecond
 // keepalive loop (beats), so a short fn (a small copy) costs no goroutine
 // and no timer; no keepalive is written after it returns.
 func (c *conn) whileCopying(rec *Record, fn func() error) error {
-	every := c.timeout / 3
+	every := max(c.timeout/3, time.Millisecond)
 	if rec != nil {
 		every = min(every, progressEvery)
 	}
@@ -454,20 +454,21 @@ func (c *conn) whileCopying(rec *Record, fn func() error) error {
 var beats beater
 
 // beater writes the keepalives of the calls running under whileCopying:
-// one goroutine for the process, which looks at them every beatTick (or
-// half the shortest interval among them) while any is running, and ends
-// after beatIdle without one. Why not a timer per call: a timer due before
-// every other one in the process wakes the runtime's network poller (a
-// futex wake of another thread) when it is armed, and every copy armed
-// one (twice for a TCP put): 14 % of an IPC put's receiving CPU on the
-// 2-core VM (2026-12-06). A keepalive is written on its own goroutine, so
-// that a peer that stops reading delays no other call's.
+// one goroutine for the process, which sleeps until the earliest keepalive
+// due (at most beatTick) while any call is running, and ends after
+// beatIdle without one. Why not a timer per call: a timer due before every
+// other one in the process wakes the runtime's network poller (a futex
+// wake of another thread) when it is armed, and every copy armed one
+// (twice for a TCP put): 14 % of an IPC put's receiving CPU on the 2-core
+// VM (2026-12-06). A call that comes due before the loop would wake (a
+// timeout below 3*beatTick) wakes it. A keepalive is written on its own
+// goroutine, so that a peer that stops reading delays no other call's.
 type beater struct {
 	mu      sync.Mutex
 	calls   map[*beat]struct{}
 	running bool
-	tick    time.Duration // how long the loop sleeps now
-	wake    chan struct{} // a call that cannot wait for tick wakes it
+	until   time.Time     // when the loop wakes next
+	wake    chan struct{} // a call due before until wakes it
 }
 
 // beatTick is the longest the keepalive loop sleeps; beatIdle how long it
@@ -494,11 +495,16 @@ func (k *beater) add(b *beat) {
 		k.calls = map[*beat]struct{}{}
 	}
 	k.calls[b] = struct{}{}
-	start := !k.running
-	hurry := !start && b.every/2 < k.tick // a timeout far below the usual
-	if start {
-		k.running, k.tick, k.wake = true, beatTick, make(chan struct{}, 1)
-		go k.loop(k.wake)
+	hurry := false
+	if !k.running {
+		k.running, k.wake = true, make(chan struct{}, 1)
+		k.until = time.Now().Add(beatTick)
+		if b.next.Before(k.until) {
+			k.until = b.next
+		}
+		go k.loop(k.wake, k.until)
+	} else {
+		hurry = b.next.Before(k.until)
 	}
 	k.mu.Unlock()
 	if hurry {
@@ -515,12 +521,12 @@ func (k *beater) remove(b *beat) {
 	k.mu.Unlock()
 }
 
-// loop sends the keepalives that are due, until it has been idle for
-// beatIdle.
-func (k *beater) loop(wake <-chan struct{}) {
-	tick, idle := beatTick, time.Duration(0)
-	t := time.NewTimer(tick)
+// loop sends the keepalives that are due, each at its time, until it has
+// been without calls for beatIdle; it first wakes at until.
+func (k *beater) loop(wake <-chan struct{}, until time.Time) {
+	t := time.NewTimer(time.Until(until))
 	defer t.Stop()
+	var idleSince time.Time
 	var due []*beat
 	for {
 		select {
@@ -529,32 +535,36 @@ func (k *beater) loop(wake <-chan struct{}) {
 			t.Stop()
 		}
 		now := time.Now()
+		next := now.Add(beatTick)
 		k.mu.Lock()
 		if len(k.calls) == 0 {
-			if idle += tick; idle >= beatIdle {
+			if idleSince.IsZero() {
+				idleSince = now
+			} else if now.Sub(idleSince) >= beatIdle {
 				k.running = false
 				k.mu.Unlock()
 				return
 			}
 		} else {
-			idle = 0
+			idleSince = time.Time{}
 		}
-		tick = beatTick
 		for b := range k.calls {
 			if !now.Before(b.next) {
 				b.next = now.Add(b.every)
 				due = append(due, b)
 			}
-			tick = min(tick, max(b.every/2, time.Millisecond))
+			if b.next.Before(next) {
+				next = b.next
+			}
 		}
-		k.tick = tick
+		k.until = next
 		k.mu.Unlock()
 		for _, b := range due {
 			go b.send()
 		}
 		clear(due)
 		due = due[:0]
-		t.Reset(tick)
+		t.Reset(time.Until(next))
 	}
 }
 
