@@ -179,7 +179,7 @@ func TestKeepaliveLoopWakesEarly(t *testing.T) {
 		return true
 	}
 	done := make(chan struct{})
-	go open(30*time.Millisecond).whileSilent(func() error { <-done; return nil }) // starts the loop: due in 10 ms
+	go open(30 * time.Millisecond).whileSilent(func() error { <-done; return nil }) // starts the loop: due in 10 ms
 	require.Eventually(t, woken, time.Second, time.Millisecond, "the first wake-up at the first call's due time")
 	close(done)
 	require.Eventually(t, func() bool {
@@ -195,7 +195,7 @@ func TestKeepaliveLoopWakesEarly(t *testing.T) {
 	time.Sleep(2 * beatTick) // the loop settles into beatTick sleeps
 	done = make(chan struct{})
 	defer close(done)
-	go open(30*time.Millisecond).whileSilent(func() error { <-done; return nil })
+	go open(30 * time.Millisecond).whileSilent(func() error { <-done; return nil })
 	require.Eventually(t, func() bool {
 		beats.mu.Lock()
 		n := len(beats.calls)
