@@ -530,7 +530,10 @@ func (d *dest) addInPlace(p string, m transfer.Meta, c *Caller) error {
 	if m.Exact && m.NBytes != pin.size {
 		return errf(syscall.EINVAL, "in-place destination %s holds %d bytes, the source %d", p, pin.size, m.NBytes)
 	}
-	if m.Off < 0 || m.NBytes < 0 || m.Off > pin.size-m.NBytes {
+	// A range list's bytes are its spans' (m.NBytes is their sum, which
+	// passes the destination's size when blocks are written twice): each
+	// span must fit, not their sum.
+	if m.Spans == nil && (m.Off < 0 || m.NBytes < 0 || m.Off > pin.size-m.NBytes) {
 		return errf(syscall.EINVAL, "in-place range [%d, +%d) outside %s (%d bytes)", m.Off, m.NBytes, p, pin.size)
 	}
 	for _, sp := range m.Spans {

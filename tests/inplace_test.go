@@ -96,6 +96,16 @@ func TestInPlaceCopies(t *testing.T) {
 		// Several lines: one call, one transfer.
 		setx(t, a.path("src"), xattrs.CopyTo, "@0+100 b:/cache@200000\n@100+100 b:/cache@200100")
 		copy(want[200000:], src[:200])
+		// A block list that writes blocks again: its lines add up to more
+		// than the destination holds, each inside it (the same bytes each
+		// time, so that the order of the rewrites does not matter).
+		var lines []string
+		for i := range 40 {
+			k := i % 8
+			lines = append(lines, fmt.Sprintf("@%d+8192 b:/cache@%d", k*8192, 65536+k*8192))
+		}
+		setx(t, a.path("src"), xattrs.CopyTo, strings.Join(lines, "\n"))
+		copy(want[65536:], src)
 		// A pull in place, from a range of the peer's tensor.
 		zeros(t, a.path("local"), 4096)
 		writeTensor(t, b.path("blk"), fill(4096, 9))
@@ -108,9 +118,9 @@ func TestInPlaceCopies(t *testing.T) {
 		requireContent(t, b.path("cache"), want)
 		require.Equal(t, before, ids(t, b.path("cache")), "mr_id, ipc_id and generation are kept")
 		st := a.stats()
-		require.EqualValues(t, 4, allPaths(st.Copies.InPlace), "%+v", st.Copies)
-		require.EqualValues(t, 4, ofPath(st.Copies.InPlace, path), "%+v", st.Copies)
-		require.EqualValues(t, 64<<10+8192+200+1024, allPaths(st.Copies.Bytes), "%+v", st.Copies)
+		require.EqualValues(t, 5, allPaths(st.Copies.InPlace), "%+v", st.Copies)
+		require.EqualValues(t, 5, ofPath(st.Copies.InPlace, path), "%+v", st.Copies)
+		require.EqualValues(t, 64<<10+8192+200+40*8192+1024, allPaths(st.Copies.Bytes), "%+v", st.Copies)
 		for _, r := range st.Transfers.Recent {
 			require.Equal(t, "in_place", r.Mode, "%+v", r)
 		}
@@ -199,7 +209,16 @@ func TestInPlaceLocal(t *testing.T) {
 	setx(t, d.path("dst"), xattrs.CopyTo, "@4096+100 /dst@30000")
 	copy(want[30000:], want[4096:4196])
 	requireContent(t, d.path("dst"), want)
-	require.EqualValues(t, 2, d.stats().Copies.InPlace.Local)
+	// A block list whose lines add up to more than the destination holds
+	// (blocks written again, with the same bytes), each line inside it.
+	var lines []string
+	for i := range 20 {
+		lines = append(lines, fmt.Sprintf("@%d+2048 /dst@%d", (i%4)*2048, 16384+(i%4)*2048))
+	}
+	setx(t, d.path("src"), xattrs.CopyTo, strings.Join(lines, "\n"))
+	copy(want[16384:], src)
+	requireContent(t, d.path("dst"), want)
+	require.EqualValues(t, 3, d.stats().Copies.InPlace.Local)
 
 	needOtherUsers(t, "setfattr")
 	openToOthers(d.mnt)
