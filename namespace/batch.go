@@ -2,6 +2,7 @@ package namespace
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -46,13 +47,38 @@ func newLinePlan(hint int) *linePlan {
 // runPlan runs the work of a call's planned lines: the in-place work, then
 // the whole-tensor work (schedule). It stops at the first failure and
 // returns it.
+//
+// No byte moves before every peer the lines name is known, and the lines
+// into this mount are checked (and their destinations pinned) before the
+// rest of the in-place work runs, their bytes moving after it: a call whose
+// lines are refused here, or by one peer, writes nothing anywhere (a peer
+// checks all its lines before it writes one). Lines on several peers are
+// checked peer by peer: one peer's refusal leaves what earlier peers wrote.
 func (f *Tree) runPlan(ctx context.Context, p *linePlan, label string) error {
 	for _, s := range p.lists {
 		if s.meta.Spans != nil {
 			s.meta.Shape = strconv.FormatInt(s.meta.NBytes, 10)
 		}
 	}
+	for _, peer := range p.named {
+		if err := f.knownPeer(peer); err != nil {
+			return err
+		}
+	}
 	f.schedule(ctx, p, label)
+	if len(p.local) > 0 {
+		others := p.first
+		p.first = []func() error{func() error {
+			return f.localLines(ctx, label, p.local, func() error {
+				for _, fn := range others {
+					if err := fn(); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		}}
+	}
 	for _, fn := range append(p.first, p.then...) {
 		if err := fn(); err != nil {
 			return err
@@ -80,6 +106,24 @@ type linePlan struct {
 	// (pullLists).
 	pulls map[string]*peerPull
 	hint  int // the call's lines: room for a range list's spans
+	// named is every peer the lines name, once (name).
+	named []string
+}
+
+// name notes that the call's lines name peer (runPlan checks each is
+// known before any byte moves).
+func (p *linePlan) name(peer string) {
+	if peer != "" && !slices.Contains(p.named, peer) {
+		p.named = append(p.named, peer)
+	}
+}
+
+// knownPeer is ENOENT for a peer this node cannot resolve.
+func (f *Tree) knownPeer(peer string) error {
+	if f.peers == nil {
+		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
+	}
+	return f.peers.Known(peer)
 }
 
 // pullKey names a range list of a call's pull: the peer, its tensor, and
@@ -169,6 +213,7 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 		if l.dst.peer != "" {
 			return errf(syscall.EINVAL, "%s -> %s: one side of a line must be this mount", l.src, l.dst)
 		}
+		p.name(l.src.peer)
 		if sp, ok := pullSpanOf(l); ok {
 			// One span of the peer's pull (one get for all of them).
 			peer := l.src.peer
@@ -238,6 +283,7 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 // add puts source s of a line to peer ("": this mount) into the plan's
 // work: the local batch, or that peer's push.
 func (p *linePlan) add(peer string, s *fileSource) {
+	p.name(peer)
 	if peer == "" {
 		p.local = append(p.local, s)
 		return
@@ -259,9 +305,6 @@ func (p *linePlan) add(peer string, s *fileSource) {
 // peer's push is all the whole-tensor work, its in-place descriptors go
 // with it.
 func (f *Tree) schedule(ctx context.Context, p *linePlan, label string) {
-	if len(p.local) > 0 {
-		p.first = append(p.first, func() error { return f.localLines(ctx, label, p.local) })
-	}
 	merge := ""
 	if len(p.then) == 0 {
 		for _, peer := range p.peers {
@@ -300,11 +343,13 @@ func (f *Tree) pushLines(ctx context.Context, peer, label string, srcs []transfe
 }
 
 // localLines writes a call's in-place descriptors into this mount, as one
-// batch.
-func (f *Tree) localLines(ctx context.Context, label string, srcs []transfer.Source) error {
+// batch: they are checked and their destinations pinned, then between runs
+// (the call's other in-place work; its error aborts them, nothing written
+// here), then their bytes move.
+func (f *Tree) localLines(ctx context.Context, label string, srcs []transfer.Source, between func() error) error {
 	n, err := f.localCopy(ctx, label, "/", srcs, true, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
 		return f.prepare("/", isDir, metas, prepOpts{caller: callerOf(ctx)})
-	})
+	}, between)
 	return logCopy(label, "/", n, err, true)
 }
 

@@ -323,7 +323,7 @@ func (f *Tree) copyNode(ctx context.Context, src Node, l copyLine, viaMount bool
 	}
 	n, err := f.localCopy(ctx, label, l.dst.String(), srcs, isDir, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
 		return f.prepare(dst, isDir, metas, prepOpts{viaMount: viaMount, caller: callerOf(ctx)})
-	})
+	}, nil)
 	return logCopy(label, l.dst.String(), n, err, l.dst.r.Set)
 }
 
@@ -478,14 +478,16 @@ func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine) error {
 	if err := applyRange(srcs, l.dst.r, isDir); err != nil {
 		return err
 	}
-	n, err := f.localCopy(ctx, l.src.String(), dstLabel, srcs, isDir, prepare)
+	n, err := f.localCopy(ctx, l.src.String(), dstLabel, srcs, isDir, prepare, nil)
 	return logCopy(l.src.String(), dstLabel, n, err, l.dst.r.Set)
 }
 
 // localCopy copies descriptors of this daemon device to device into dst:
 // all of them as one batch (tensor.CopyExtents: on CUDA one gather/scatter
-// kernel launch for the small ones).
-func (f *Tree) localCopy(ctx context.Context, label, dst string, srcs []transfer.Source, isDir bool, prepare func(bool, []transfer.Meta) (transfer.Dest, error)) (int, error) {
+// kernel launch for the small ones). between, if not nil, runs after the
+// destination is prepared and before a byte moves; its error aborts the
+// copy.
+func (f *Tree) localCopy(ctx context.Context, label, dst string, srcs []transfer.Source, isDir bool, prepare func(bool, []transfer.Meta) (transfer.Dest, error), between func() error) (int, error) {
 	metas := make([]transfer.Meta, len(srcs))
 	for i, s := range srcs {
 		metas[i] = s.Meta()
@@ -499,6 +501,11 @@ func (f *Tree) localCopy(ctx context.Context, label, dst string, srcs []transfer
 	n, err := transfer.Deliver(nil, metas, func(metas []transfer.Meta) (transfer.Dest, error) {
 		return prepare(isDir, metas)
 	}, func(d transfer.Dest, _ func()) error {
+		if between != nil {
+			if err := between(); err != nil {
+				return err
+			}
+		}
 		dd := d.(*dest)
 		exts := make([]tensor.Extent, 0, len(srcs))
 		var total int64

@@ -339,15 +339,18 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 		}
 		zeros(t, b.path("tree", fmt.Sprint(i)), int64(size))
 	}
+	zeros(t, a.path("loc"), 8192) // a destination of lines into a's own mount
 	snap := func() map[string][]byte {
 		m := map[string][]byte{}
-		filepath.Walk(b.mnt, func(p string, fi os.FileInfo, err error) error {
-			if err == nil && !fi.IsDir() {
-				data, _ := os.ReadFile(p)
-				m[p] = data
-			}
-			return nil
-		})
+		for _, d := range []*daemon{a, b} {
+			filepath.Walk(d.mnt, func(p string, fi os.FileInfo, err error) error {
+				if err == nil && !fi.IsDir() {
+					data, _ := os.ReadFile(p)
+					m[p] = data
+				}
+				return nil
+			})
+		}
 		return m
 	}
 	before := snap()
@@ -374,6 +377,16 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 		{a.path("tree"), xattrs.CopyTo, "@0 b:/tree@0", syscall.EINVAL},                   // a source range on a directory
 		{a.mnt, xattrs.Batch, "/src b:/dst@0\n/src b:/missing@0", syscall.ENOENT},
 		{a.mnt, xattrs.Batch, "/src b:/dst@0+1", syscall.EINVAL},
+		// Lines into this mount and to a peer: whichever is refused,
+		// neither writes (the local ones are checked first, written
+		// last); an unknown peer is refused before any line runs.
+		{a.path("src"), xattrs.CopyTo, "@0+4096 b:/dst@5000\n@0+4096 /loc@0", syscall.EINVAL},
+		{a.path("src"), xattrs.CopyTo, "@0+4096 /loc@0\n@0+4096 b:/dst@5000", syscall.EINVAL},
+		{a.path("src"), xattrs.CopyTo, "@0+4096 b:/dst@0\n@0+4096 /loc@6000", syscall.EINVAL},
+		{a.mnt, xattrs.Batch, "/src /loc@0\n/src b:/dst@5000", syscall.EINVAL},
+		{a.mnt, xattrs.Batch, "/src b:/dst@0\n/src /loc@4096+4097", syscall.EINVAL},
+		{a.path("src"), xattrs.CopyTo, "@0+4096 b:/dst@0\n@0+4096 zz:/dst@0", syscall.ENOENT},
+		{a.mnt, xattrs.Batch, "/src /loc@0\nzz:/x@0+10 /loc@0", syscall.ENOENT},
 		{a.path("src"), xattrs.CopyTo, "@x b:/dst@0", syscall.EINVAL}, // not a range
 		{a.path("src"), xattrs.CopyTo, "b:/dst@12+", syscall.EINVAL},  // a typo, not a new tensor "dst@12+"
 		{a.path("src"), xattrs.CopyTo, "b:/dst@-1", syscall.EINVAL},

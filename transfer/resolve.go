@@ -59,6 +59,14 @@ type ClusterReport struct {
 	Revision int64 `json:"revision"`
 }
 
+// Known is nil when this node can resolve peer's name (resolve), so that a
+// call naming several peers is refused before any of them writes. Errors:
+// ENOENT for a name neither --peer nor the Resolver knows; the Resolver's.
+func (s *Service) Known(peer string) error {
+	_, err := s.resolve(peer)
+	return err
+}
+
 // resolve returns peer's address: Config.Peers first, then the Resolver.
 // Errors: ENOENT for a name neither knows; the Resolver's own.
 func (s *Service) resolve(peer string) (string, error) {
