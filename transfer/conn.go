@@ -174,6 +174,49 @@ type conn struct {
 	// progress, when set, gets the bytes_done of keepalives that carry a
 	// progressMsg (an IPC put's receiver reporting to its sender).
 	progress func(bytesDone int64)
+	// lost is why the peer is gone (hung up, or a keepalive could not be
+	// written), as the keepalive loop found it during a call under
+	// whileCopying; nil while it is there.
+	lost atomic.Pointer[Error]
+}
+
+// gone is the error of a peer that went away while this node copied for it
+// (an IPC copy reads the peer's memory, which outlives the peer: without
+// it the copy ran to its end, pins held, seconds after the peer was
+// killed); nil while the peer is there. Copies check it between pieces.
+func (c *conn) gone() error {
+	if e := c.lost.Load(); e != nil {
+		return e
+	}
+	return nil
+}
+
+// hungUp reports whether the peer of c has closed its end or reset it
+// (a peek that finds the end of the stream, or an error), without
+// consuming anything: bytes waiting are a peer that is there.
+func hungUp(c *conn) (bool, error) {
+	raw, err := c.c.SyscallConn()
+	if err != nil {
+		return false, nil // not a socket (tests' pipes): writes tell instead
+	}
+	var b [1]byte
+	var n int
+	var rerr error
+	// Control, not Read: Read fails at once, without looking, once the
+	// connection's read deadline (armed by its last exchange) has passed,
+	// as it has during a copy longer than the timeout.
+	if err := raw.Control(func(fd uintptr) {
+		n, _, rerr = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	}); err != nil {
+		return false, nil // closed here: not the peer's doing
+	}
+	switch {
+	case rerr == syscall.EAGAIN || rerr == syscall.EINTR:
+		return false, nil
+	case rerr != nil:
+		return true, rerr
+	}
+	return n == 0, nil
 }
 
 func (c *conn) send(typ byte, payload []byte) error {
@@ -579,7 +622,17 @@ func (b *beat) send() {
 	if b.rec != nil {
 		p = marshal(progressMsg{BytesDone: b.rec.BytesDone.Load()})
 	}
-	if b.c.send(frameKeepalive, p) == nil {
-		b.c.flush()
+	err := b.c.send(frameKeepalive, p)
+	if err == nil {
+		err = b.c.flush()
+	}
+	if err == nil {
+		var hung bool
+		if hung, err = hungUp(b.c); hung && err == nil {
+			err = io.EOF
+		}
+	}
+	if err != nil {
+		b.c.lost.CompareAndSwap(nil, &Error{Errno: syscall.ECONNRESET, Msg: fmt.Sprintf("peer %s went away during the copy: %v", b.c.peer, err)})
 	}
 }

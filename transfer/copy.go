@@ -589,7 +589,7 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 		case "ucx":
 			return s.rmaPullData(c, rp, r, descs, dest, rec)
 		}
-		err := c.whileSilent(func() error { return copyExports(entries, r.IPC, descs, dest, s.cfg.ChunkSize, rec) })
+		err := c.whileSilent(func() error { return copyExports(entries, r.IPC, descs, dest, s.cfg.ChunkSize, rec, c.gone) })
 		if err != nil {
 			c.sendError(err)
 			return err
@@ -786,7 +786,7 @@ func (s *Service) servePutIPC(c *conn, req request) error {
 		n, err = Deliver(rec, req.Tensors, func(descs []Meta) (Dest, error) {
 			return s.local.Put(req.Path, req.Dir, descs)
 		}, func(dest Dest, _ func()) error {
-			return copyExports(entries, req.IPC, req.Tensors, dest, s.cfg.ChunkSize, rec)
+			return copyExports(entries, req.IPC, req.Tensors, dest, s.cfg.ChunkSize, rec, c.gone)
 		}, nil)
 		return err
 	})

@@ -290,7 +290,10 @@ func runsOf(rs []run, m Meta, desc IPCDesc) ([]run, error) {
 // dest: all at once by the destination when it can (SpanMappingDest), else
 // one run (a descriptor, or a span of a range list) at a time by the
 // destination (device to device, MappingDest), else through a host buffer.
-func copyExports(entries []*importEntry, descs []IPCDesc, metas []Meta, dest Dest, chunk int, rec *Record) error {
+//
+// gone, checked before each piece, stops the copy with its error: the
+// peer that exported the memory (and waits for this copy) went away.
+func copyExports(entries []*importEntry, descs []IPCDesc, metas []Meta, dest Dest, chunk int, rec *Record, gone func() error) error {
 	if sd, ok := dest.(SpanMappingDest); ok {
 		if done, err := copySpanExports(sd, entries, descs, metas, rec); done || err != nil {
 			return err
@@ -314,7 +317,10 @@ func copyExports(entries []*importEntry, descs []IPCDesc, metas []Meta, dest Des
 	md, _ := dest.(MappingDest)
 	for i, e := range entries {
 		for _, r := range all[at[i]:at[i+1]] {
-			done, err := copyRun(md, dest, i, e.m, r, rec)
+			done, err := copyRun(md, dest, i, e.m, r, rec, gone)
+			if ge := gone(); err != nil && ge != nil {
+				return ge
+			}
 			if err != nil {
 				return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("copy %d bytes from %s at %d: %v", r.n, descs[i].Handle, r.src, err)}
 			}
@@ -325,6 +331,9 @@ func copyExports(entries []*importEntry, descs []IPCDesc, metas []Meta, dest Des
 				buf = make([]byte, chunk)
 			}
 			for off := int64(0); off < r.n; {
+				if err := gone(); err != nil {
+					return err
+				}
 				m := min(int64(chunk), r.n-off)
 				got, err := e.m.ReadAt(buf[:m], r.src+off)
 				if int64(got) != m {
@@ -381,7 +390,7 @@ func copySpanExports(sd SpanMappingDest, entries []*importEntry, descs []IPCDesc
 // itself (md, device to device), in pieces of progressPiece (or what its
 // PieceSizer says); done=false: md is nil or declines, copy through a
 // buffer.
-func copyRun(md MappingDest, dest Dest, i int, m Mapping, r run, rec *Record) (bool, error) {
+func copyRun(md MappingDest, dest Dest, i int, m Mapping, r run, rec *Record, gone func() error) (bool, error) {
 	if md == nil {
 		return false, nil
 	}
@@ -395,6 +404,9 @@ func copyRun(md MappingDest, dest Dest, i int, m Mapping, r run, rec *Record) (b
 		}
 	}
 	for off := int64(0); off < r.n || r.n == 0; {
+		if err := gone(); err != nil {
+			return true, err
+		}
 		k := min(r.n-off, piece)
 		done, err := md.CopyFromMapping(i, m, r.src+off, r.pos+off, k)
 		if err != nil || !done {

@@ -457,3 +457,42 @@ func chanOf(s *Service, instance string) *leaseChan {
 	}
 	return nil
 }
+
+// TestIPCPushSenderGone: the sender of an IPC put goes away while the
+// receiver copies from its memory (which outlives it: a memfd, a CUDA
+// allocation): the receiver stops at its next piece, once a keepalive
+// finds the connection closed, and ends the transfer with that error. It
+// ran the copy to its end before, its destination pinned for seconds after
+// a kill -9 of the sender (a breaker helper's find).
+func TestIPCPushSenderGone(t *testing.T) {
+	const total = 64 << 20 // 64 pieces of 60 ms: about 4 s to the end
+	recv := startServer(t, "r", newMemLocal(), testSecret, func(c *Config) {
+		c.HostID = "one"
+		c.ChunkSize = 1 << 20
+		c.Importers = map[string]func(string) (Mapping, error){
+			"fake": func(string) (Mapping, error) { return slowMapping{60 * time.Millisecond}, nil },
+		}
+	})
+	send := newClient(t, "s", newMemLocal(), testSecret, map[string]string{"r": addrOf(recv)}, func(c *Config) { c.HostID = "one" })
+	src := &exportSource{meta: Meta{DType: "U8", Shape: "67108864", NBytes: total}, onExport: func(*fakeLease) {}}
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		_, err := send.Send(ctx, "r", "/x", []Source{src}, false, "/src")
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		r := recv.Stats().Transfers.Recent
+		return len(r) == 1 && r[0].BytesDone > 0
+	}, 5*time.Second, 5*time.Millisecond, "the receiver copies")
+	cancel() // Send closes its connection, as the sender's death would
+	closed := time.Now()
+	require.Error(t, <-done)
+	require.Eventually(t, func() bool { return recv.Stats().Transfers.Active == 0 }, 3*time.Second, 5*time.Millisecond)
+	stopped := time.Since(closed)
+	r := recv.Stats().Transfers.Recent[0]
+	require.Contains(t, r.Error, "went away", "%+v", r)
+	require.Less(t, r.BytesDone, int64(total), "stopped before its end: %+v", r)
+	require.Less(t, stopped, time.Second, "stopped within a keepalive and a piece of the close")
+}
