@@ -184,8 +184,12 @@ func launchAlone(tb testing.TB, d *Device, exts []gpu.Extent, fn func(launch fun
 // On an H200 (2026-12-02, driver 580.159.04): 1000 x 8 KiB took 44 µs as
 // one CopyBatch (30 µs of it the Go side: BenchmarkCopyBatchGoSide), 13 µs
 // as the kernel alone and 5.3 ms as 1000 cuMemcpyDtoDAsync; 10,000 took
-// 0.30 ms, 55 µs and 46.5 ms. The sweep's figures are in batch.go's
-// batchEngineMin comment.
+// 0.30 ms, 55 µs and 46.5 ms. With the one-pass plan (an H100 host,
+// 2026-12-06): 25.6 µs against the kernel's 12.0 (the pass 9.4 µs; staging
+// copy, upload, launch and synchronize 16.6), 10,000 in 232 µs against 67.
+// Run a benchmark for a second or more: the first CopyBatch loads the
+// kernel's module (the PTX's JIT compile), which 3000 calls showed as 33 µs
+// more each. The sweep's figures are in batch.go's batchEngineMin comment.
 func BenchmarkRealCopyBatch(b *testing.B) {
 	d := openReal(b)[0]
 	rng := rand.New(rand.NewPCG(5, 6))
