@@ -538,7 +538,7 @@ func (k *beater) add(b *beat) {
 		k.calls = map[*beat]struct{}{}
 	}
 	k.calls[b] = struct{}{}
-	hurry := false
+	var hurry chan struct{} // the running loop's, read under mu: a new loop makes its own
 	if !k.running {
 		k.running, k.wake = true, make(chan struct{}, 1)
 		k.until = time.Now().Add(beatTick)
@@ -546,13 +546,13 @@ func (k *beater) add(b *beat) {
 			k.until = b.next
 		}
 		go k.loop(k.wake, k.until)
-	} else {
-		hurry = b.next.Before(k.until)
+	} else if b.next.Before(k.until) {
+		hurry = k.wake
 	}
 	k.mu.Unlock()
-	if hurry {
+	if hurry != nil {
 		select {
-		case k.wake <- struct{}{}:
+		case hurry <- struct{}{}:
 		default:
 		}
 	}
