@@ -121,9 +121,14 @@ func (p *linePlan) name(peer string) {
 // knownPeer is ENOENT for a peer this node cannot resolve.
 func (f *Tree) knownPeer(peer string) error {
 	if f.peers == nil {
-		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
+		return noPeers(peer)
 	}
 	return f.peers.Known(peer)
+}
+
+// noPeers is the error of a line naming peer on a node with no peers.
+func noPeers(peer string) error {
+	return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
 }
 
 // pullKey names a range list of a call's pull: the peer, its tensor, and
@@ -336,7 +341,7 @@ func (f *Tree) schedule(ctx context.Context, p *linePlan, label string) {
 // its mount's root.
 func (f *Tree) pushLines(ctx context.Context, peer, label string, srcs []transfer.Source) error {
 	if f.peers == nil {
-		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
+		return noPeers(peer)
 	}
 	n, err := f.peers.Send(ctx, peer, "/", srcs, true, label)
 	return logCopy(label, peer+":/", n, err, allInPlace(srcs))
@@ -357,7 +362,7 @@ func (f *Tree) localLines(ctx context.Context, label string, srcs []transfer.Sou
 // place inside the daemon: the kernel holds the root's lock for a batch.
 func (f *Tree) pullLine(ctx context.Context, l copyLine) error {
 	if f.peers == nil {
-		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", l.src.peer)
+		return noPeers(l.src.peer)
 	}
 	dst := l.dst.path
 	pull := transfer.Pull{Peer: l.src.peer, Path: l.src.path, Range: l.src.r, Dst: dst, DstRange: l.dst.r}
@@ -380,7 +385,7 @@ func (f *Tree) pullLine(ctx context.Context, l copyLine) error {
 // the peer's) before a byte moves.
 func (f *Tree) pullLists(ctx context.Context, peer string, lists []transfer.SpanPull, opts prepOpts) error {
 	if f.peers == nil {
-		return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
+		return noPeers(peer)
 	}
 	pull := transfer.Pull{Peer: peer, Lists: lists}
 	n, err := f.peers.Receive(ctx, pull, func(_ bool, metas []transfer.Meta) (transfer.Dest, error) {

@@ -299,7 +299,7 @@ func (f *Tree) copyNode(ctx context.Context, src Node, l copyLine, viaMount bool
 	peer, dst := l.dst.peer, l.dst.path
 	if peer != "" {
 		if f.peers == nil {
-			return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
+			return noPeers(peer)
 		}
 		n, err := f.peers.Send(ctx, peer, dst, srcs, isDir, label)
 		return logCopy(label, l.dst.String(), n, err, l.dst.r.Set)
@@ -451,7 +451,7 @@ func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine) error {
 	}
 	if peer := l.src.peer; peer != "" {
 		if f.peers == nil {
-			return errf(syscall.ENOENT, "unknown peer %q: no peers configured", peer)
+			return noPeers(peer)
 		}
 		n, err := f.peers.Receive(ctx, transfer.Pull{Peer: peer, Path: l.src.path, Range: l.src.r, Dst: dstPath, DstRange: l.dst.r}, prepare)
 		return logCopy(l.src.String(), dstLabel, n, err, l.dst.r.Set)

@@ -555,7 +555,7 @@ func (d *dest) addInPlace(p string, m transfer.Meta, c *Caller) error {
 func (d *dest) findShared() {
 	d.shared = make([]bool, len(d.items))
 	// The ranges of the in-place items, with sp.N > 0.
-	ranges := func(yield func(i int, t *tensor.Tensor, start, end int64) bool) {
+	ranges := func(yield func(t *tensor.Tensor, start, end int64) bool) {
 		for i := range d.items {
 			it := &d.items[i]
 			if !it.inPlace {
@@ -563,13 +563,13 @@ func (d *dest) findShared() {
 			}
 			t := it.target.t
 			if it.spans == nil {
-				if !yield(i, t, it.off, it.off+it.n) {
+				if !yield(t, it.off, it.off+it.n) {
 					return
 				}
 				continue
 			}
 			for _, sp := range it.spans {
-				if sp.N > 0 && !yield(i, t, sp.Dst, sp.Dst+sp.N) {
+				if sp.N > 0 && !yield(t, sp.Dst, sp.Dst+sp.N) {
 					return
 				}
 			}
@@ -591,13 +591,13 @@ func (d *dest) findShared() {
 
 // sortOverlaps is findShared's general answer: the tensors two of whose
 // ranges overlap, found by sorting every range by tensor and start.
-func sortOverlaps(ranges func(yield func(i int, t *tensor.Tensor, start, end int64) bool)) map[*tensor.Tensor]bool {
+func sortOverlaps(ranges func(yield func(t *tensor.Tensor, start, end int64) bool)) map[*tensor.Tensor]bool {
 	type iv struct {
 		t          *tensor.Tensor
 		start, end int64
 	}
 	var ivs []iv
-	ranges(func(_ int, t *tensor.Tensor, start, end int64) bool {
+	ranges(func(t *tensor.Tensor, start, end int64) bool {
 		ivs = append(ivs, iv{t, start, end})
 		return true
 	})
@@ -628,8 +628,8 @@ func sortOverlaps(ranges func(yield func(i int, t *tensor.Tensor, start, end int
 // the receiving daemon's CPU on the 2-core VM, at its first chunk
 // (2026-12-06). ok is false (the caller sorts) when some tensor's ranges
 // are not such a list, or its bitmap would pass maxBlockBits. ranges
-// yields each range: its item, its tensor and [start, end), start < end.
-func blockOverlaps(ranges func(yield func(i int, t *tensor.Tensor, start, end int64) bool)) (overlap map[*tensor.Tensor]bool, ok bool) {
+// yields each range: its tensor and [start, end), start < end.
+func blockOverlaps(ranges func(yield func(t *tensor.Tensor, start, end int64) bool)) (overlap map[*tensor.Tensor]bool, ok bool) {
 	type blocks struct {
 		size  int64
 		shift int // log2(size) when size is a power of two (the usual block), else -1
@@ -639,7 +639,7 @@ func blockOverlaps(ranges func(yield func(i int, t *tensor.Tensor, start, end in
 	var cur *blocks
 	var byTensor map[*tensor.Tensor]*blocks
 	ok = true
-	ranges(func(_ int, t *tensor.Tensor, start, end int64) bool {
+	ranges(func(t *tensor.Tensor, start, end int64) bool {
 		if t != last {
 			last = t
 			if cur = byTensor[t]; cur == nil {

@@ -167,10 +167,10 @@ func TestBlockOverlaps(t *testing.T) {
 		}
 		return m
 	}
-	each := func(rs []rg) func(yield func(int, *tensor.Tensor, int64, int64) bool) {
-		return func(yield func(int, *tensor.Tensor, int64, int64) bool) {
-			for k, r := range rs {
-				if !yield(k, r.t, r.start, r.end) {
+	each := func(rs []rg) func(yield func(*tensor.Tensor, int64, int64) bool) {
+		return func(yield func(*tensor.Tensor, int64, int64) bool) {
+			for _, r := range rs {
+				if !yield(r.t, r.start, r.end) {
 					return
 				}
 			}

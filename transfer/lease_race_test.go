@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -310,20 +311,28 @@ func (m slowMapping) ReadAt(p []byte, off int64) (int, error) {
 }
 func (m slowMapping) Close() error { return nil }
 
-// TestIPCPushReportsProgress: during an IPC push the sender's record shows
-// the bytes the receiver has copied so far (keepalives with a progressMsg),
-// not 0 until the end: `tensorfs cp`'s progress bar reads it.
-func TestIPCPushReportsProgress(t *testing.T) {
-	const total = 8 << 20
-	recv := startServer(t, "r", newMemLocal(), testSecret, func(c *Config) {
+// slowIPCPut is a receiver r and a sender s of one host, and a source of
+// total bytes exported to r, which r reads through a buffer of 1 MiB
+// chunks, each taking 60 ms (an IPC put that runs long enough to watch).
+func slowIPCPut(t *testing.T, total int64) (recv, send *Service, src *exportSource) {
+	recv = startServer(t, "r", newMemLocal(), testSecret, func(c *Config) {
 		c.HostID = "one"
 		c.ChunkSize = 1 << 20
 		c.Importers = map[string]func(string) (Mapping, error){
 			"fake": func(string) (Mapping, error) { return slowMapping{60 * time.Millisecond}, nil },
 		}
 	})
-	send := newClient(t, "s", newMemLocal(), testSecret, map[string]string{"r": addrOf(recv)}, func(c *Config) { c.HostID = "one" })
-	src := &exportSource{meta: Meta{DType: "U8", Shape: "8388608", NBytes: total}, onExport: func(*fakeLease) {}}
+	send = newClient(t, "s", newMemLocal(), testSecret, map[string]string{"r": addrOf(recv)}, func(c *Config) { c.HostID = "one" })
+	src = &exportSource{meta: Meta{DType: "U8", Shape: strconv.FormatInt(total, 10), NBytes: total}, onExport: func(*fakeLease) {}}
+	return recv, send, src
+}
+
+// TestIPCPushReportsProgress: during an IPC push the sender's record shows
+// the bytes the receiver has copied so far (keepalives with a progressMsg),
+// not 0 until the end: `tensorfs cp`'s progress bar reads it.
+func TestIPCPushReportsProgress(t *testing.T) {
+	const total = 8 << 20
+	_, send, src := slowIPCPut(t, total)
 	done := make(chan error, 1)
 	go func() {
 		_, err := send.Send(context.Background(), "r", "/x", []Source{src}, false, "/src")
@@ -466,15 +475,7 @@ func chanOf(s *Service, instance string) *leaseChan {
 // a kill -9 of the sender (a breaker helper's find).
 func TestIPCPushSenderGone(t *testing.T) {
 	const total = 64 << 20 // 64 pieces of 60 ms: about 4 s to the end
-	recv := startServer(t, "r", newMemLocal(), testSecret, func(c *Config) {
-		c.HostID = "one"
-		c.ChunkSize = 1 << 20
-		c.Importers = map[string]func(string) (Mapping, error){
-			"fake": func(string) (Mapping, error) { return slowMapping{60 * time.Millisecond}, nil },
-		}
-	})
-	send := newClient(t, "s", newMemLocal(), testSecret, map[string]string{"r": addrOf(recv)}, func(c *Config) { c.HostID = "one" })
-	src := &exportSource{meta: Meta{DType: "U8", Shape: "67108864", NBytes: total}, onExport: func(*fakeLease) {}}
+	recv, send, src := slowIPCPut(t, total)
 	done := make(chan error, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

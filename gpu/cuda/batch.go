@@ -29,7 +29,8 @@ const scatterName = "tensorfs_scatter"
 
 const (
 	// descSize is the bytes of one descriptor as the kernel reads it:
-	// struct tensorfs_desc { u64 dst, src, n; } (scatter.cu).
+	// struct tensorfs_desc { u64 dst, src, n; } (scatter.cu), which
+	// scatterDesc is (the build fails if their sizes differ).
 	descSize = 24
 	// batchBlock is the threads of each block (scatter.cu's
 	// __launch_bounds__): eight warps share one descriptor at a time.
@@ -172,6 +173,9 @@ type scatterDesc struct {
 	n        uint64
 }
 
+// The build fails unless scatterDesc is descSize bytes.
+var _ [descSize]byte = [unsafe.Sizeof(scatterDesc{})]byte{}
+
 // engineCopy is one copy-engine call of a batch: n bytes to dst from src,
 // which lives on from (the batch's device, or a peer).
 type engineCopy struct {
@@ -201,8 +205,6 @@ func (pl *batchPlan) add(dst devptr, from *Device, src devptr, n int64, kernel b
 	case n == 0:
 	case !kernel || n >= batchEngineMin:
 		pl.engine = append(pl.engine, engineCopy{dst: dst, src: src, from: from, n: n})
-	case n <= batchPiece:
-		pl.descs = append(pl.descs, scatterDesc{dst, src, uint64(n)})
 	default:
 		for off := int64(0); off < n; off += batchPiece {
 			pl.descs = append(pl.descs, scatterDesc{dst + devptr(off), src + devptr(off), uint64(min(batchPiece, n-off))})
@@ -305,18 +307,8 @@ func (d *Device) runBatch(pl *batchPlan, fn cuFunc) error {
 // waits for the upload that last read it (the stream runs in order).
 func (d *Device) issueBatch(s *stager, pl *batchPlan, fn cuFunc) error {
 	for _, c := range pl.engine {
-		var r result
-		if c.from == d {
-			r = d.drv.memcpyDtoDAsync(c.dst, c.src, uint64(c.n), s.stream)
-		} else {
-			r = d.drv.memcpyPeerAsync(c.dst, d.ctx, c.src, c.from.ctx, uint64(c.n), s.stream)
-		}
-		if r != success {
-			name := "cuMemcpyDtoDAsync_v2"
-			if c.from != d {
-				name = "cuMemcpyPeerAsync"
-			}
-			return check(d.drv, name, r)
+		if err := d.engineCopy(s, c); err != nil {
+			return err
 		}
 	}
 	if len(pl.descs) == 0 {
@@ -341,23 +333,37 @@ func (d *Device) issueBatch(s *stager, pl *batchPlan, fn cuFunc) error {
 		if r := d.drv.memcpyHtoDAsync(arr, s.ptr[h], uint64(n*descSize), s.stream); r != success {
 			return check(d.drv, "cuMemcpyHtoDAsync_v2", r)
 		}
-		// The kernel's arguments (descs, count) and the void*[] of
-		// pointers to them, in page-locked C memory: cuLaunchKernel reads
-		// them before it returns, and the uploads read only the bytes
-		// before paramsOff.
-		args := s.buf[h][paramsOff : paramsOff+32]
-		base := uintptr(s.ptr[h]) + paramsOff
-		binary.LittleEndian.PutUint64(args[0:], uint64(arr))
-		binary.LittleEndian.PutUint64(args[8:], uint64(n))
-		binary.LittleEndian.PutUint64(args[16:], uint64(base))
-		binary.LittleEndian.PutUint64(args[24:], uint64(base+8))
-		grid := [3]uint32{uint32(n), 1, 1}
-		block := [3]uint32{batchBlock, 1, 1}
-		if r := d.drv.launchKernel(fn, grid, block, 0, s.stream, unsafe.Add(s.ptr[h], paramsOff+16)); r != success {
-			return check(d.drv, "cuLaunchKernel", r)
+		if err := d.launchScatter(fn, s, h, uint64(arr), n); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// engineCopy enqueues one copy-engine call of a plan on s.
+func (d *Device) engineCopy(s *stager, c engineCopy) error {
+	if c.from == d {
+		return check(d.drv, "cuMemcpyDtoDAsync_v2", d.drv.memcpyDtoDAsync(c.dst, c.src, uint64(c.n), s.stream))
+	}
+	return check(d.drv, "cuMemcpyPeerAsync", d.drv.memcpyPeerAsync(c.dst, d.ctx, c.src, c.from.ctx, uint64(c.n), s.stream))
+}
+
+// launchScatter launches the scatter kernel fn on s's stream over the n
+// descriptors at descs (an address the GPU reads), one block each. The
+// kernel's arguments (descs, count) and the void*[] of pointers to them go
+// into staging buffer h's last bytes, page-locked C memory:
+// cuLaunchKernel reads them before it returns, and the uploads read only
+// the bytes before paramsOff.
+func (d *Device) launchScatter(fn cuFunc, s *stager, h int, descs uint64, n int) error {
+	args := s.buf[h][paramsOff : paramsOff+32]
+	base := uintptr(s.ptr[h]) + paramsOff
+	binary.LittleEndian.PutUint64(args[0:], descs)
+	binary.LittleEndian.PutUint64(args[8:], uint64(n))
+	binary.LittleEndian.PutUint64(args[16:], uint64(base))
+	binary.LittleEndian.PutUint64(args[24:], uint64(base+8))
+	grid := [3]uint32{uint32(n), 1, 1}
+	block := [3]uint32{batchBlock, 1, 1}
+	return check(d.drv, "cuLaunchKernel", d.drv.launchKernel(fn, grid, block, 0, s.stream, unsafe.Add(s.ptr[h], paramsOff+16)))
 }
 
 // descArrays gives a stager the device memory of its descriptor arrays,

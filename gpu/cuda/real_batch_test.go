@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -133,35 +132,40 @@ func TestRealCopyBatch(t *testing.T) {
 	})
 }
 
+// planOf is exts' plan (planBatch: every extent of d's buffers).
+func planOf(tb testing.TB, d *Device, exts []gpu.Extent) *batchPlan {
+	var pl batchPlan
+	var set bufSet
+	_, ok, err := d.planBatch(exts, true, &pl, &set)
+	require.True(tb, ok)
+	require.NoError(tb, err)
+	return &pl
+}
+
 // launchAlone uploads exts' descriptors (all below the threshold) once and
 // runs fn(launch) where launch is one launch of the kernel over them and a
 // cuStreamSynchronize: the kernel's own time, without the Go side.
 func launchAlone(tb testing.TB, d *Device, exts []gpu.Extent, fn func(launch func() error)) {
 	k, ok := d.scatterKernel()
 	require.True(tb, ok, "scatter kernel: %v", d.kerr)
+	pl := planOf(tb, d, exts)
+	n := len(pl.descs)
+	require.Positive(tb, n)
+	require.Empty(tb, pl.engine)
+	require.Less(tb, n, batchDescMax)
 	err := d.withStager(func(s *stager) error {
 		if err := d.descArrays(s); err != nil {
 			return err
 		}
-		var pl batchPlan
-		for _, e := range exts {
-			pl.add(e.Dst.(*buffer).ptr(e.DstOff), d, e.Src.(*buffer).ptr(e.SrcOff), e.N, true)
-		}
-		n := len(pl.descs)
-		require.Positive(tb, n)
-		require.Empty(tb, pl.engine)
-		require.Less(tb, n, batchDescMax)
-		if err := d.issueBatch(s, &pl, k); err != nil {
+		if err := d.issueBatch(s, pl, k); err != nil { // the upload, into staging buffer 0's array
 			return err
 		}
 		if err := d.sync(s); err != nil {
 			return err
 		}
-		// issueBatch left the arguments of staging buffer 0 in place.
-		params := unsafe.Add(s.ptr[0], paramsOff+16)
 		fn(func() error {
-			if r := d.drv.launchKernel(k, [3]uint32{uint32(n), 1, 1}, [3]uint32{batchBlock, 1, 1}, 0, s.stream, params); r != success {
-				return check(d.drv, "cuLaunchKernel", r)
+			if err := d.launchScatter(k, s, 0, uint64(s.descs), n); err != nil {
+				return err
 			}
 			return d.sync(s)
 		})
@@ -245,16 +249,13 @@ func BenchmarkRealCopyBatch(b *testing.B) {
 		})
 		b.Run(name+"/issue", func(b *testing.B) {
 			fn, _ := d.scatterKernel()
-			var pl batchPlan
-			var set bufSet
-			_, _, err := d.planBatch(exts, true, &pl, &set)
-			require.NoError(b, err)
+			pl := planOf(b, d, exts)
 			require.NoError(b, d.withStager(func(s *stager) error {
 				if err := d.descArrays(s); err != nil {
 					return err
 				}
 				for b.Loop() {
-					if err := d.issueBatch(s, &pl, fn); err != nil {
+					if err := d.issueBatch(s, pl, fn); err != nil {
 						return err
 					}
 					if err := d.sync(s); err != nil {
@@ -285,22 +286,13 @@ func BenchmarkRealCopyBatch(b *testing.B) {
 				b.Skip("one staging buffer's worth only")
 			}
 			fn, _ := d.scatterKernel()
-			var pl batchPlan
-			var set bufSet
-			_, _, err := d.planBatch(exts, true, &pl, &set)
-			require.NoError(b, err)
+			pl := planOf(b, d, exts)
 			require.NoError(b, d.withStager(func(s *stager) error {
 				n := len(pl.descs)
 				copy(s.buf[0][:n*descSize], unsafe.Slice((*byte)(unsafe.Pointer(&pl.descs[0])), n*descSize))
-				args := s.buf[0][paramsOff : paramsOff+32]
-				base := uintptr(s.ptr[0]) + paramsOff
-				binary.LittleEndian.PutUint64(args[0:], uint64(uintptr(s.ptr[0])))
-				binary.LittleEndian.PutUint64(args[8:], uint64(n))
-				binary.LittleEndian.PutUint64(args[16:], uint64(base))
-				binary.LittleEndian.PutUint64(args[24:], uint64(base+8))
 				for b.Loop() {
-					if r := d.drv.launchKernel(fn, [3]uint32{uint32(n), 1, 1}, [3]uint32{batchBlock, 1, 1}, 0, s.stream, unsafe.Add(s.ptr[0], paramsOff+16)); r != success {
-						return check(d.drv, "cuLaunchKernel", r)
+					if err := d.launchScatter(fn, s, 0, uint64(uintptr(s.ptr[0])), n); err != nil {
+						return err
 					}
 					if err := d.sync(s); err != nil {
 						return err
