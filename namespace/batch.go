@@ -52,8 +52,11 @@ func newLinePlan(hint int) *linePlan {
 // into this mount are checked (and their destinations pinned) before the
 // rest of the in-place work runs, their bytes moving after it: a call whose
 // lines are refused here, or by one peer, writes nothing anywhere (a peer
-// checks all its lines before it writes one). Lines on several peers are
-// checked peer by peer: one peer's refusal leaves what earlier peers wrote.
+// checks all its lines before it writes one). A call whose in-place work
+// is more than one transfer besides those lines (lines to two peers, a
+// pull and a push, a tree and a peer's lines) first has each checked
+// (p.checks: transfer.Service.Check, CheckPull, or a local prepare let go),
+// one more round trip per peer, so that its refusal too writes nothing.
 func (f *Tree) runPlan(ctx context.Context, p *linePlan, label string) error {
 	for _, s := range p.lists {
 		if s.meta.Spans != nil {
@@ -66,6 +69,13 @@ func (f *Tree) runPlan(ctx context.Context, p *linePlan, label string) error {
 		}
 	}
 	f.schedule(ctx, p, label)
+	if len(p.checks) > 1 {
+		for _, check := range p.checks {
+			if err := check(); err != nil {
+				return err
+			}
+		}
+	}
 	if len(p.local) > 0 {
 		others := p.first
 		p.first = []func() error{func() error {
@@ -108,6 +118,11 @@ type linePlan struct {
 	hint  int // the call's lines: room for a range list's spans
 	// named is every peer the lines name, once (name).
 	named []string
+	// checks check the in-place transfers of first (and of a push in then
+	// that carries in-place descriptors), but for the local lines, which
+	// are checked first anyway: with more than one, runPlan runs them all
+	// before any transfer.
+	checks []func() error
 }
 
 // name notes that the call's lines name peer (runPlan checks each is
@@ -226,17 +241,22 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 			if pp == nil {
 				pp = newPeerPull()
 				p.pulls[peer] = pp
-				p.first = append(p.first, func() error {
+				pull := func(check bool) error {
 					if one, ok := pp.single(peer); ok {
-						return f.pullLine(ctx, one)
+						return f.pullLine(ctx, one, check)
 					}
-					return f.pullLists(ctx, peer, pp.lists, prepOpts{caller: callerOf(ctx)})
-				})
+					return f.pullLists(ctx, peer, pp.lists, prepOpts{caller: callerOf(ctx)}, check)
+				}
+				p.first = append(p.first, func() error { return pull(false) })
+				p.checks = append(p.checks, func() error { return pull(true) })
 			}
 			pp.add(pullKey{peer, l.src.path, l.dst.path}, sp)
 			return nil
 		}
-		p.later(inPlace, func() error { return f.pullLine(ctx, *l) })
+		p.later(inPlace, func() error { return f.pullLine(ctx, *l, false) })
+		if inPlace {
+			p.checks = append(p.checks, func() error { return f.pullLine(ctx, *l, true) })
+		}
 		return nil
 	}
 	node := l.node
@@ -250,7 +270,10 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 	file, ok := node.(*File)
 	if !ok || l.dst.peer == "" && !inPlace {
 		// A tree, or a whole tensor inside this mount: a copy of its own.
-		p.later(inPlace, func() error { return f.copyNode(ctx, node, *l, viaMount) })
+		p.later(inPlace, func() error { return f.copyNode(ctx, node, *l, viaMount, false) })
+		if inPlace {
+			p.checks = append(p.checks, func() error { return f.copyNode(ctx, node, *l, viaMount, true) })
+		}
 		return nil
 	}
 	key := listKey{file.t, l.dst.peer, l.dst.path}
@@ -325,23 +348,32 @@ func (f *Tree) schedule(ctx context.Context, p *linePlan, label string) {
 	}
 	for _, peer := range p.peers {
 		ps := p.pushes[peer]
+		if inPlace := ps.inPlace; len(inPlace) > 0 {
+			// Only the in-place descriptors: a whole tensor's check would
+			// allocate its temporary.
+			p.checks = append(p.checks, func() error { return f.pushLines(ctx, peer, label, inPlace, true) })
+		}
 		if peer == merge {
 			ps.whole, ps.inPlace = append(ps.inPlace, ps.whole...), nil
 		}
 		if len(ps.inPlace) > 0 {
-			p.first = append(p.first, func() error { return f.pushLines(ctx, peer, label, ps.inPlace) })
+			p.first = append(p.first, func() error { return f.pushLines(ctx, peer, label, ps.inPlace, false) })
 		}
 		if len(ps.whole) > 0 {
-			p.then = append(p.then, func() error { return f.pushLines(ctx, peer, label, ps.whole) })
+			p.then = append(p.then, func() error { return f.pushLines(ctx, peer, label, ps.whole, false) })
 		}
 	}
 }
 
 // pushLines sends a call's descriptors to peer as one transfer, rooted at
-// its mount's root.
-func (f *Tree) pushLines(ctx context.Context, peer, label string, srcs []transfer.Source) error {
+// its mount's root. check: only check them (transfer.Service.Check),
+// moving nothing.
+func (f *Tree) pushLines(ctx context.Context, peer, label string, srcs []transfer.Source, check bool) error {
 	if f.peers == nil {
 		return noPeers(peer)
+	}
+	if check {
+		return f.peers.Check(ctx, peer, "/", srcs, true)
 	}
 	n, err := f.peers.Send(ctx, peer, "/", srcs, true, label)
 	return logCopy(label, peer+":/", n, err, allInPlace(srcs))
@@ -360,13 +392,14 @@ func (f *Tree) localLines(ctx context.Context, label string, srcs []transfer.Sou
 
 // pullLine copies one line's peer source into this mount. It renames into
 // place inside the daemon: the kernel holds the root's lock for a batch.
-func (f *Tree) pullLine(ctx context.Context, l copyLine) error {
+// check: only check the line (transfer.Service.CheckPull), moving nothing.
+func (f *Tree) pullLine(ctx context.Context, l copyLine, check bool) error {
 	if f.peers == nil {
 		return noPeers(l.src.peer)
 	}
 	dst := l.dst.path
 	pull := transfer.Pull{Peer: l.src.peer, Path: l.src.path, Range: l.src.r, Dst: dst, DstRange: l.dst.r}
-	n, err := f.peers.Receive(ctx, pull, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
+	prepare := func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
 		if !isDir && !l.dst.r.Set {
 			if t, err := f.Resolve(dst); err == nil {
 				if _, isD := t.(*Dir); isD {
@@ -375,24 +408,33 @@ func (f *Tree) pullLine(ctx context.Context, l copyLine) error {
 			}
 		}
 		return f.prepare(dst, isDir, metas, prepOpts{caller: callerOf(ctx)})
-	})
+	}
+	if check {
+		return f.peers.CheckPull(ctx, pull, prepare)
+	}
+	n, err := f.peers.Receive(ctx, pull, prepare)
 	return logCopy(l.src.String(), l.dst.String(), n, err, l.dst.r.Set)
 }
 
 // pullLists copies a call's in-place lines from peer's tensors into
 // tensors here as one transfer: a range-list get of every list. The spans
 // are checked here (inside the tensors here, prepare) and there (inside
-// the peer's) before a byte moves.
-func (f *Tree) pullLists(ctx context.Context, peer string, lists []transfer.SpanPull, opts prepOpts) error {
+// the peer's) before a byte moves. check: only check them
+// (transfer.Service.CheckPull), moving nothing.
+func (f *Tree) pullLists(ctx context.Context, peer string, lists []transfer.SpanPull, opts prepOpts, check bool) error {
 	if f.peers == nil {
 		return noPeers(peer)
 	}
 	pull := transfer.Pull{Peer: peer, Lists: lists}
-	n, err := f.peers.Receive(ctx, pull, func(_ bool, metas []transfer.Meta) (transfer.Dest, error) {
+	prepare := func(_ bool, metas []transfer.Meta) (transfer.Dest, error) {
 		// Every descriptor is in place, named by its path below the
 		// root (Receive takes no directory for an answer).
 		return f.prepare("/", true, metas, opts)
-	})
+	}
+	if check {
+		return f.peers.CheckPull(ctx, pull, prepare)
+	}
+	n, err := f.peers.Receive(ctx, pull, prepare)
 	return logCopy(pull.SrcText(), pull.DstText(), n, err, true)
 }
 

@@ -279,14 +279,15 @@ func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool
 		}
 	}
 	if len(lines) == 1 && fast == 0 {
-		return f.copyNode(ctx, src, lines[0], viaMount)
+		return f.copyNode(ctx, src, lines[0], viaMount, false)
 	}
 	return f.runLines(ctx, p, lines, viaMount, f.Path(src))
 }
 
 // copyNode pushes node src (or its range l.src.r) to l.dst, one line of a
-// copy_to.
-func (f *Tree) copyNode(ctx context.Context, src Node, l copyLine, viaMount bool) error {
+// copy_to. check: only check it, moving nothing (transfer.Service.Check
+// on a peer; here, the destination prepared and let go).
+func (f *Tree) copyNode(ctx context.Context, src Node, l copyLine, viaMount, check bool) error {
 	srcs, isDir, err := sources(src, l.src.r)
 	if err != nil {
 		return err
@@ -300,6 +301,9 @@ func (f *Tree) copyNode(ctx context.Context, src Node, l copyLine, viaMount bool
 	if peer != "" {
 		if f.peers == nil {
 			return noPeers(peer)
+		}
+		if check {
+			return f.peers.Check(ctx, peer, dst, srcs, isDir)
 		}
 		n, err := f.peers.Send(ctx, peer, dst, srcs, isDir, label)
 		return logCopy(label, l.dst.String(), n, err, l.dst.r.Set)
@@ -321,9 +325,13 @@ func (f *Tree) copyNode(ctx context.Context, src Node, l copyLine, viaMount bool
 			return errf(syscall.EISDIR, "%s is a directory (name the target file)", dst)
 		}
 	}
-	n, err := f.localCopy(ctx, label, l.dst.String(), srcs, isDir, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
+	prepare := func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
 		return f.prepare(dst, isDir, metas, prepOpts{viaMount: viaMount, caller: callerOf(ctx)})
-	}, nil)
+	}
+	if check {
+		return checkLocal(srcs, isDir, prepare)
+	}
+	n, err := f.localCopy(ctx, label, l.dst.String(), srcs, isDir, prepare, nil)
 	return logCopy(label, l.dst.String(), n, err, l.dst.r.Set)
 }
 
@@ -404,36 +412,47 @@ func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error)
 		// The lists' destination is dst, named when the get runs.
 		run.pp.add(pullKey{l.src.peer, l.src.path, ""}, sp)
 	}
-	for _, run := range runs {
-		var err error
+	pull := func(run *pullRun, check bool) error {
 		if run.line != nil {
-			err = f.pullInto(ctx, dst, *run.line)
+			return f.pullInto(ctx, dst, *run.line, check)
 		} else if one, ok := run.pp.single(run.peer); ok {
-			err = f.pullInto(ctx, dst, one)
-		} else {
-			at := f.Path(dst)
-			if at == "" {
-				return errf(syscall.ENOENT, "copy_from into an unlinked file")
-			}
-			for i := range run.pp.lists {
-				run.pp.lists[i].Dst = at
-			}
-			err = f.pullLists(ctx, run.peer, run.pp.lists, prepOpts{adopt: dst, caller: callerOf(ctx)})
+			return f.pullInto(ctx, dst, one, check)
 		}
-		if err != nil {
+		at := f.Path(dst)
+		if at == "" {
+			return errf(syscall.ENOENT, "copy_from into an unlinked file")
+		}
+		for i := range run.pp.lists {
+			run.pp.lists[i].Dst = at
+		}
+		return f.pullLists(ctx, run.peer, run.pp.lists, prepOpts{adopt: dst, caller: callerOf(ctx)}, check)
+	}
+	if len(runs) > 1 {
+		// Several transfers: each is checked before any runs, so that a
+		// refused line writes nothing (runPlan's checks).
+		for _, run := range runs {
+			if err := pull(run, true); err != nil {
+				return err
+			}
+		}
+	}
+	for _, run := range runs {
+		if err := pull(run, false); err != nil {
 			return err
 		}
 	}
 	for _, l := range whole {
-		if err := f.pullInto(ctx, dst, l); err != nil {
+		if err := f.pullInto(ctx, dst, l, false); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// pullInto runs one line of a copy_from into dst.
-func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine) error {
+// pullInto runs one line of a copy_from into dst. check: only check it,
+// moving nothing (transfer.Service.CheckPull from a peer; here, the
+// destination prepared and let go).
+func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine, check bool) error {
 	dstPath := f.Path(dst)
 	if dstPath == "" {
 		return errf(syscall.ENOENT, "copy_from into an unlinked file")
@@ -453,7 +472,11 @@ func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine) error {
 		if f.peers == nil {
 			return noPeers(peer)
 		}
-		n, err := f.peers.Receive(ctx, transfer.Pull{Peer: peer, Path: l.src.path, Range: l.src.r, Dst: dstPath, DstRange: l.dst.r}, prepare)
+		pull := transfer.Pull{Peer: peer, Path: l.src.path, Range: l.src.r, Dst: dstPath, DstRange: l.dst.r}
+		if check {
+			return f.peers.CheckPull(ctx, pull, prepare)
+		}
+		n, err := f.peers.Receive(ctx, pull, prepare)
 		return logCopy(l.src.String(), dstLabel, n, err, l.dst.r.Set)
 	}
 	srcNode, err := f.Resolve(l.src.path)
@@ -478,8 +501,25 @@ func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine) error {
 	if err := applyRange(srcs, l.dst.r, isDir); err != nil {
 		return err
 	}
+	if check {
+		return checkLocal(srcs, isDir, prepare)
+	}
 	n, err := f.localCopy(ctx, l.src.String(), dstLabel, srcs, isDir, prepare, nil)
 	return logCopy(l.src.String(), dstLabel, n, err, l.dst.r.Set)
+}
+
+// checkLocal checks a copy of srcs inside this mount, moving nothing: its
+// destination prepared (every range checked) and let go.
+func checkLocal(srcs []transfer.Source, isDir bool, prepare func(bool, []transfer.Meta) (transfer.Dest, error)) error {
+	metas := make([]transfer.Meta, len(srcs))
+	for i, s := range srcs {
+		metas[i] = s.Meta()
+	}
+	d, err := prepare(isDir, metas)
+	if err == nil {
+		d.Abort()
+	}
+	return err
 }
 
 // localCopy copies descriptors of this daemon device to device into dst:

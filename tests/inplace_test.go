@@ -414,6 +414,103 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 	require.Equal(t, reg, ids(t, b.path("tree", "1")))
 }
 
+// TestInPlaceRefusalsSeveralPeers: a call whose in-place lines are
+// several transfers (two peers' pushes, a pull and a push, two pulls, two
+// trees) and one of them refused writes nothing anywhere: each transfer is
+// checked before any runs. The same lines, all good, write everything.
+func TestInPlaceRefusalsSeveralPeers(t *testing.T) {
+	ds := cluster(t, []string{"a", "b", "c"})
+	a, b, c := ds["a"], ds["b"], ds["c"]
+	writeTensor(t, a.path("src"), fill(4096, 2))
+	zeros(t, a.path("loc"), 8192)
+	for i, d := range []*daemon{b, c} {
+		writeTensor(t, d.path("dst"), fill(8192, byte(10+i)))
+		require.NoError(t, os.Mkdir(d.path("tree"), 0o755))
+		zeros(t, d.path("tree", "w"), 300)
+	}
+	for _, dir := range []string{a.path("tree"), a.path("tree2")} {
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+	}
+	writeTensor(t, a.path("tree", "w"), fill(300, 7))
+	writeTensor(t, a.path("tree", "x"), fill(11, 8))
+	zeros(t, a.path("tree2", "w"), 300)
+	zeros(t, a.path("tree2", "x"), 11)
+	zeros(t, b.path("tree", "x"), 11) // c's tree has no x: its tree @0 is refused
+	snap := func() map[string][]byte {
+		m := map[string][]byte{}
+		for _, d := range []*daemon{a, b, c} {
+			filepath.Walk(d.mnt, func(p string, fi os.FileInfo, err error) error {
+				if err == nil && !fi.IsDir() {
+					data, _ := os.ReadFile(p)
+					m[p] = data
+				}
+				return nil
+			})
+		}
+		return m
+	}
+	before := snap()
+	for _, tc := range []struct {
+		on, attr, v string
+		want        syscall.Errno
+	}{
+		// Two peers' pushes, the second refused.
+		{a.path("src"), xattrs.CopyTo, "@0+4096 b:/dst@0\n@0+4096 c:/dst@5000", syscall.EINVAL},
+		{a.path("src"), xattrs.CopyTo, "@0+4096 b:/dst@0\n@0+4096 c:/missing@0", syscall.ENOENT},
+		{a.mnt, xattrs.Batch, "/src b:/dst@0\n/src c:/dst@5000", syscall.EINVAL},
+		// The refused peer's in-place lines travel with its whole-tensor
+		// line, after the other peer's in-place lines.
+		{a.mnt, xattrs.Batch, "/src c:/dst@0\n/src b:/dst@5000\n/src b:/note", syscall.EINVAL},
+		// These lines into this mount and two peers.
+		{a.mnt, xattrs.Batch, "/src /loc@0\n/src b:/dst@0\n/src c:/dst@5000", syscall.EINVAL},
+		// Two pulls (range lists), the second's source range past its end.
+		{a.mnt, xattrs.Batch, "b:/dst@0+4096 /loc@0\nc:/dst@8000+4096 /loc@4096", syscall.EINVAL},
+		{a.mnt, xattrs.Batch, "b:/dst@0+4096 /loc@0\nc:/missing@0+10 /loc@4096", syscall.ENOENT},
+		// A pull whose destination range here is refused after a pull.
+		{a.mnt, xattrs.Batch, "b:/dst@0+4096 /loc@0\nc:/dst@0+4096 /loc@6000", syscall.EINVAL},
+		// A pull, then a push that the peer refuses.
+		{a.mnt, xattrs.Batch, "b:/dst@0+4096 /loc@0\n/src c:/dst@5000", syscall.EINVAL},
+		// A pull of a whole source in place, then a refused push.
+		{a.mnt, xattrs.Batch, "b:/dst /loc@0\n/src c:/dst@5000", syscall.EINVAL},
+		// copy_from of two peers' ranges, the second refused.
+		{a.path("loc"), xattrs.CopyFrom, "b:/dst@1+4096 @0\nc:/dst@8000+4096 @4096", syscall.EINVAL},
+		{a.path("loc"), xattrs.CopyFrom, "b:/dst@2+4096 @0\nc:/dst@0+4096 @6000", syscall.EINVAL},
+		{a.path("loc"), xattrs.CopyFrom, "b:/dst@3+4096 @0\nzz:/dst@0+10 @4096", syscall.ENOENT},
+		{a.path("loc"), xattrs.CopyFrom, "b:/dst@4 @4\nc:/dst@0 @4096", syscall.EINVAL}, // whole sources: 8192 bytes do not fit at 4096
+		// Two trees in place, the second with a tensor the first lacks.
+		{a.path("tree"), xattrs.CopyTo, "b:/tree@0\nc:/tree@0", syscall.ENOENT},
+		// A tree into this mount in place, then a peer's line refused.
+		{a.mnt, xattrs.Batch, "/tree /tree2@0\n/src b:/dst@5000", syscall.EINVAL},
+	} {
+		err := unix.Setxattr(tc.on, tc.attr, []byte(tc.v), 0)
+		require.ErrorIs(t, err, tc.want, "%s %q", tc.attr, tc.v)
+		require.Equal(t, before, snap(), "%s %q wrote something", tc.attr, tc.v)
+	}
+	for _, d := range []*daemon{a, b, c} {
+		require.Zero(t, d.stats().Live.Pins)
+	}
+	// The same kinds of call, every line good: every byte lands.
+	regB, regC := ids(t, b.path("dst")), ids(t, c.path("dst"))
+	setx(t, a.path("src"), xattrs.CopyTo, "@0+4096 b:/dst@0\n@0+100 c:/dst@4000")
+	want := func(i, at, n int) []byte {
+		w := fill(8192, byte(10+i))
+		copy(w[at:], fill(4096, 2)[:n])
+		return w
+	}
+	requireContent(t, b.path("dst"), want(0, 0, 4096))
+	requireContent(t, c.path("dst"), want(1, 4000, 100))
+	setx(t, a.path("loc"), xattrs.CopyFrom, "b:/dst@0+4096 @0\nc:/dst@4000+100 @4096")
+	wantLoc := make([]byte, 8192)
+	copy(wantLoc, fill(4096, 2))
+	copy(wantLoc[4096:], fill(4096, 2)[:100])
+	requireContent(t, a.path("loc"), wantLoc)
+	require.Equal(t, regB, ids(t, b.path("dst")))
+	require.Equal(t, regC, ids(t, c.path("dst")))
+	for _, d := range []*daemon{a, b, c} {
+		require.Zero(t, d.stats().Live.Pins)
+	}
+}
+
 // pushWhilePinned starts copy_to of a's tensor big with value (an in-place
 // line into receiver r), and returns once r pins the destination for it or
 // the copy has already ended (its result, buffered, is in the channel: the

@@ -422,6 +422,36 @@ func listsText(lists []SpanPull, name func(SpanPull) string) string {
 	return t
 }
 
+// cleanPull is p checked and made canonical, as Receive and CheckPull
+// send it: its paths cleaned, a range-list pull's lists checked and
+// rooted at "/". Errors: EINVAL for a malformed path or list.
+func cleanPull(p Pull) (Pull, error) {
+	if p.Lists != nil {
+		if p.Path != "" || p.Dst != "" || p.Range.Set || p.DstRange.Set || len(p.Lists) == 0 {
+			return p, &Error{Errno: syscall.EINVAL, Msg: "a range-list pull names its tensors in its lists, and takes no other range"}
+		}
+		lists := make([]SpanPull, len(p.Lists))
+		for i, l := range p.Lists {
+			var err error
+			if l.Path, err = CleanPath(l.Path); err != nil {
+				return p, err
+			}
+			if l.Path == "/" || l.Dst == "" || len(l.Spans) == 0 {
+				return p, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("range list %d: a tensor to pull from, one to write into and at least one range", i)}
+			}
+			if err := checkSpans(l.Spans, SpanEnd(l.Spans)); err != nil {
+				return p, &Error{Errno: syscall.EINVAL, Msg: err.Error()}
+			}
+			lists[i] = l
+		}
+		// The lists' tensors travel as paths below the request's root.
+		p.Path, p.Lists = "/", lists
+	}
+	var err error
+	p.Path, err = CleanPath(p.Path)
+	return p, err
+}
+
 // Receive copies what p names into this node: prepare gets the
 // descriptors (and whether p.Path is a directory) and returns where to
 // write them; Receive commits the Dest when every byte has arrived intact,
@@ -430,33 +460,10 @@ func listsText(lists []SpanPull, name func(SpanPull) string) string {
 // (path "ipc") when the peer offers it. Errors: as Send's; EINVAL for a
 // range that does not fit (Range.Apply, or outside the source).
 func (s *Service) Receive(ctx context.Context, p Pull, prepare func(isDir bool, descs []Meta) (Dest, error)) (n int, err error) {
-	if p.Lists != nil {
-		if p.Path != "" || p.Dst != "" || p.Range.Set || p.DstRange.Set || len(p.Lists) == 0 {
-			return 0, &Error{Errno: syscall.EINVAL, Msg: "a range-list pull names its tensors in its lists, and takes no other range"}
-		}
-		lists := make([]SpanPull, len(p.Lists))
-		for i, l := range p.Lists {
-			var err error
-			if l.Path, err = CleanPath(l.Path); err != nil {
-				return 0, err
-			}
-			if l.Path == "/" || l.Dst == "" || len(l.Spans) == 0 {
-				return 0, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("range list %d: a tensor to pull from, one to write into and at least one range", i)}
-			}
-			if err := checkSpans(l.Spans, SpanEnd(l.Spans)); err != nil {
-				return 0, &Error{Errno: syscall.EINVAL, Msg: err.Error()}
-			}
-			lists[i] = l
-		}
-		// The lists' tensors travel as paths below the request's root.
-		p.Path, p.Lists = "/", lists
-	}
-	remotePath, err := CleanPath(p.Path)
-	if err != nil {
+	if p, err = cleanPull(p); err != nil {
 		return 0, err
 	}
 	peer := p.Peer
-	p.Path = remotePath
 	c, err := s.conn(ctx, peer)
 	if err != nil {
 		_, end := s.TrackCtx(ctx, p.SrcText(), p.DstText(), "tcp", nil)
@@ -492,19 +499,8 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 		return 0, false, err
 	}
 	err = nil // same host: the IPC copy needs no endpoint
-	req := request{Op: "get", Path: p.Path, IPCOK: ipcOK, Streams: s.cfg.Streams, InPlace: p.DstRange.Set || p.Lists != nil, RMA: rp != nil}
-	if p.Range.Set {
-		req.Range = &p.Range
-	}
-	if p.Lists != nil {
-		// The spans travel in the request's table, as a put's do: one
-		// descriptor a list, named by its tensor's path below the root.
-		req.Tensors = make([]Meta, len(p.Lists))
-		for i, l := range p.Lists {
-			end := SpanEnd(l.Spans)
-			req.Tensors[i] = Meta{Rel: l.Path[1:], DType: "U8", Shape: strconv.FormatInt(end, 10), NBytes: end, InPlace: true, Spans: l.Spans}
-		}
-	}
+	req := p.request("get")
+	req.IPCOK, req.Streams, req.RMA = ipcOK, s.cfg.Streams, rp != nil
 	if err := c.sendJSON(frameRequest, req); err != nil {
 		return 0, false, netErr(err)
 	}
@@ -597,6 +593,24 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 		return c.sendJSON(frameDone, doneMsg{})
 	}, nil)
 	return n, false, err
+}
+
+// request is the request of op ("get" or "check-get") for p (cleanPull's).
+func (p Pull) request(op string) request {
+	req := request{Op: op, Path: p.Path, InPlace: p.DstRange.Set || p.Lists != nil}
+	if p.Range.Set {
+		req.Range = &p.Range
+	}
+	if p.Lists != nil {
+		// The spans travel in the request's table, as a put's do: one
+		// descriptor a list, named by its tensor's path below the root.
+		req.Tensors = make([]Meta, len(p.Lists))
+		for i, l := range p.Lists {
+			end := SpanEnd(l.Spans)
+			req.Tensors[i] = Meta{Rel: l.Path[1:], DType: "U8", Shape: strconv.FormatInt(end, 10), NBytes: end, InPlace: true, Spans: l.Spans}
+		}
+	}
+	return req
 }
 
 // spanDescs is the destination descriptors of a range-list pull: the
@@ -800,20 +814,7 @@ func (s *Service) servePutIPC(c *conn, req request) error {
 
 // serveGet sends the tensors at a path of this node.
 func (s *Service) serveGet(c *conn, req request) error {
-	var r Range
-	if req.Range != nil {
-		r = *req.Range
-		r.Set = true
-	}
-	var srcs []Source
-	var isDir bool
-	var err error
-	label := req.Path + r.String()
-	if req.Tensors != nil {
-		srcs, label, err = s.listSources(req)
-	} else {
-		srcs, isDir, err = s.local.Get(req.Path, r)
-	}
+	srcs, isDir, label, err := s.getSources(req)
 	if err != nil {
 		c.sendError(err)
 		return err
@@ -895,6 +896,24 @@ func (s *Service) serveGet(c *conn, req request) error {
 	pend.close(extras)
 	end(err)
 	return err
+}
+
+// getSources opens the sources a get (or its check) asks for: a range
+// list's (listSources), or the tensors at req.Path (with its range);
+// label names them for records and logs. Errors: listSources' and
+// Local.Get's.
+func (s *Service) getSources(req request) (srcs []Source, isDir bool, label string, err error) {
+	var r Range
+	if req.Range != nil {
+		r = *req.Range
+		r.Set = true
+	}
+	if req.Tensors != nil {
+		srcs, label, err = s.listSources(req)
+		return srcs, false, label, err
+	}
+	srcs, isDir, err = s.local.Get(req.Path, r)
+	return srcs, isDir, req.Path + r.String(), err
 }
 
 // listSources opens the sources of a range-list get (Pull.Lists), one per

@@ -13,8 +13,9 @@ import (
 // handshake with both versions named. 3: descriptor tables (wire_table.go)
 // with in-place ranges; 4: range-list descriptors (Meta.Spans); 5: chunks
 // without CRC32C (hello.NoChecksum) and early multi-stream puts
-// (request.Early).
-const ProtocolVersion = 5
+// (request.Early); 6: the checks of a call's lines on several peers
+// (ops "check-put" and "check-get", Service.Check and CheckPull).
+const ProtocolVersion = 6
 
 // Frame types. Control frames carry JSON; data frames carry a binary chunk
 // header (see dataHeaderLen) followed by the bytes.

@@ -47,6 +47,10 @@ func (s *Service) serve(nc net.Conn) {
 			rerr = s.servePut(c, req)
 		case "get":
 			rerr = s.serveGet(c, req)
+		case "check-put":
+			rerr = s.serveCheckPut(c, req)
+		case "check-get":
+			rerr = s.serveCheckGet(c, req)
 		case "lease":
 			s.serveLease(c)
 			return

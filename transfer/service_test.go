@@ -1734,3 +1734,58 @@ func TestBatchedWrites(t *testing.T) {
 	requireClean(t, q.b)
 
 }
+
+// TestChecks: Check and CheckPull answer as a put and a get would before
+// any byte moves, and move nothing: no byte written, no destination left
+// open, no commit, and the connection kept for the next copy. A check
+// that says data or memory follow it is refused (EPROTO).
+func TestChecks(t *testing.T) {
+	p := newPair(t, nil)
+	p.a.put("/f", pattern(1, 64))
+	p.b.put("/dst", pattern(2, 128))
+	ctx := context.Background()
+	before := p.b.snapshot()
+	srcs, _, err := p.a.Get("/f", Range{Set: true, Off: 0, Len: 64, HasLen: true})
+	require.NoError(t, err)
+	in := func(off int64) []Source {
+		m := srcs[0].Meta()
+		m.InPlace, m.Off = true, off
+		return []Source{metaSource{srcs[0], m}}
+	}
+	require.NoError(t, p.client.Check(ctx, "b", "/dst", in(64), false))
+	requireErrno(t, p.client.Check(ctx, "b", "/dst", in(65), false), syscall.EINVAL, "past the end")
+	requireErrno(t, p.client.Check(ctx, "b", "/missing", in(0), false), syscall.ENOENT)
+	requireErrno(t, p.client.Check(ctx, "zz", "/dst", in(0), false), syscall.ENOENT, "unknown peer")
+	into := func(isDir bool, metas []Meta) (Dest, error) { return p.a.Put("/f", isDir, metas) }
+	require.NoError(t, p.client.CheckPull(ctx, Pull{Peer: "b", Path: "/dst", Range: Range{Set: true, Off: 64, Len: 64, HasLen: true}, Dst: "/f", DstRange: Range{Set: true}}, into))
+	requireErrno(t, p.client.CheckPull(ctx, Pull{Peer: "b", Path: "/dst", Range: Range{Set: true, Off: 100, Len: 64, HasLen: true}, Dst: "/f", DstRange: Range{Set: true}}, into), syscall.EINVAL, "source range past its end")
+	requireErrno(t, p.client.CheckPull(ctx, Pull{Peer: "b", Path: "/dst", Dst: "/f", DstRange: Range{Set: true, Off: 1}}, into), syscall.EINVAL, "128 bytes do not fit at 1 of 64")
+	// (Range lists, which this Local does not serve, are checked through
+	// the namespace: TestInPlaceRefusalsSeveralPeers.)
+	require.Equal(t, before, p.b.snapshot())
+	data, _, _ := p.a.get("/f")
+	require.Equal(t, pattern(1, 64), data)
+	require.Zero(t, p.a.counts().Commits)
+	require.Zero(t, p.b.counts().Commits)
+	srcs[0].Close()
+	requireClean(t, p.a)
+	requireClean(t, p.b)
+
+	// A check must be the whole request: one with IPC descriptors or early
+	// data is refused, and the server drops the connection.
+	c := rawClient(t, addrOf(p.srv))
+	require.NoError(t, clientHandshake(c, "a", testSecret))
+	require.NoError(t, c.sendJSON(frameRequest, request{Op: "check-put", Path: "/dst", Tensors: []Meta{{DType: "U8", Shape: "8", NBytes: 8, InPlace: true}}, Early: true, Token: []byte("0123456789abcdef")}))
+	we := expectError(t, c)
+	require.Equal(t, "EPROTO", we.Errno)
+	expectClosed(t, c, 5*time.Second)
+	require.Equal(t, before, p.b.snapshot())
+}
+
+// metaSource is a Source with another Meta (an in-place descriptor of it).
+type metaSource struct {
+	Source
+	m Meta
+}
+
+func (s metaSource) Meta() Meta { return s.m }

@@ -42,7 +42,11 @@ type Meta struct {
 // request is what a client asks (client -> server).
 type request struct {
 	// Op is "put" (the client sends tensors to Path) or "get" (the server
-	// sends the tensors at Path).
+	// sends the tensors at Path); "check-put" and "check-get" are the same
+	// requests' checks alone: the server answers as it would before any
+	// byte moves (a put's destinations prepared and let go; a get's
+	// sources opened and closed, its reply their descriptors) and moves
+	// nothing (Service.Check, Service.CheckPull).
 	Op   string `json:"op"`
 	Path string `json:"path"`
 	// Dir says the put's source is a directory tree (Path names a directory).
