@@ -178,6 +178,10 @@ type conn struct {
 	// written), as the keepalive loop found it during a call under
 	// whileCopying; nil while it is there.
 	lost atomic.Pointer[Error]
+	// onBeat, when set, runs at each keepalive the peer sends (on the
+	// reading goroutine): a sender's data streams then push their write
+	// deadlines on (sendChunks).
+	onBeat atomic.Pointer[func()]
 }
 
 // gone is the error of a peer that went away while this node copied for it
@@ -425,6 +429,9 @@ func (c *conn) recvArmed(arm func()) (byte, []byte, error) {
 		// it asleep; after anything else, spinning (closingConn.idle).
 		c.c.idle.Store(err == nil && typ == frameKeepalive)
 		if err == nil && typ == frameKeepalive {
+			if f := c.onBeat.Load(); f != nil {
+				(*f)()
+			}
 			var m progressMsg
 			if c.progress != nil && len(p) > 0 && json.Unmarshal(p, &m) == nil {
 				c.progress(m.BytesDone)

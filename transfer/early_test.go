@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -119,4 +120,37 @@ func TestStalledChunkHoldsNothing(t *testing.T) {
 	got, _, _ := b.get("/x")
 	require.Equal(t, data, got)
 	requireClean(t, b)
+}
+
+// slowPut is a Local whose Put takes d first (a destination allocating
+// gigabytes, its pages committed).
+type slowPut struct {
+	*memLocal
+	d time.Duration
+}
+
+func (l slowPut) Put(p string, isDir bool, metas []Meta) (Dest, error) {
+	time.Sleep(l.d)
+	return l.memLocal.Put(p, isDir, metas)
+}
+
+// TestEarlyPutSlowPrepare: an early put's data goes out before the
+// destination is ready; while the destination prepares for three times
+// the timeout it reads nothing, and its keepalives move the sender's write
+// deadlines on (each stream's, blocked in a full socket). Before, the
+// sender's writes timed out (ETIMEDOUT): a 3 GiB put under --timeout
+// 300ms failed that way.
+func TestEarlyPutSlowPrepare(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	mod := func(c *Config) { c.Timeout, c.Streams = timeout, 4 }
+	srv := startServer(t, "b", slowPut{newMemLocal(), 3 * timeout}, testSecret, mod)
+	a := newMemLocal()
+	data := pattern(41, 96<<20) // far more than the sockets hold
+	a.put("/big", data)
+	cl := newClient(t, "a", a, testSecret, map[string]string{"b": addrOf(srv)}, mod)
+	require.Greater(t, streamsFor(int64(len(data)), 4, cl.chunkFor(int64(len(data)))), 1, "an early put")
+	n, err := push(context.Background(), cl, a, "/big", "b", "/big")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	requireSameTensor(t, a, "/big", srv.local.(slowPut).memLocal, "/big")
 }

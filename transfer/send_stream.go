@@ -401,6 +401,14 @@ func (sd *sender) write(c *conn) bool {
 // returns the extra streams, to be released whatever the outcome.
 func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all bool, srcs []Source, chunk int, rec *Record, onFail func(error)) ([]*stream, error) {
 	ss := &streamSet{dead: make(chan struct{}), onFail: onFail}
+	// A destination still preparing (allocating gigabytes, its pages
+	// committed) reads nothing while its keepalives say it is alive: each
+	// one moves the streams' write deadlines on, or a data phase that
+	// starts before the go-ahead (an early put) timed out in a blocked
+	// write (a 3 GiB put under --timeout 300ms, 2026-12-06).
+	beat := func() { ss.extendWrites(first) }
+	first.onBeat.Store(&beat)
+	defer first.onBeat.Store(nil)
 	k := 1 + want
 	sd := newSender(srcs, int64(chunk), k, s.checksums(first), rec, ss)
 	readers := 1

@@ -275,6 +275,19 @@ type streamSet struct {
 	wmu   sync.RWMutex
 }
 
+// extendWrites moves the write deadline of first and of every joined
+// stream to a timeout from now (net.Conn deadlines apply to writes already
+// blocked).
+func (ss *streamSet) extendWrites(first *conn) {
+	dl := time.Now().Add(first.timeout)
+	first.c.SetWriteDeadline(dl)
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for _, st := range ss.extras {
+		st.c.c.SetWriteDeadline(dl)
+	}
+}
+
 // guard runs fn, a write into the destination, unless the transfer has
 // failed; the abort waits for it. False: fn did not run.
 func (ss *streamSet) guard(fn func()) bool {
