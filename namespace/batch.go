@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/tensorfs/tensorfs/tensor"
@@ -55,8 +56,9 @@ func newLinePlan(hint int) *linePlan {
 // checks all its lines before it writes one). A call whose in-place work
 // is more than one transfer besides those lines (lines to two peers, a
 // pull and a push, a tree and a peer's lines) first has each checked
-// (p.checks: transfer.Service.Check, CheckPull, or a local prepare let go),
-// one more round trip per peer, so that its refusal too writes nothing.
+// (p.checks: transfer.Service.Check, CheckPull, or a local prepare let go;
+// all at once: one more round trip), so that its refusal too writes
+// nothing.
 func (f *Tree) runPlan(ctx context.Context, p *linePlan, label string) error {
 	for _, s := range p.lists {
 		if s.meta.Spans != nil {
@@ -70,10 +72,8 @@ func (f *Tree) runPlan(ctx context.Context, p *linePlan, label string) error {
 	}
 	f.schedule(ctx, p, label)
 	if len(p.checks) > 1 {
-		for _, check := range p.checks {
-			if err := check(); err != nil {
-				return err
-			}
+		if err := checkAll(p.checks); err != nil {
+			return err
 		}
 	}
 	if len(p.local) > 0 {
@@ -91,6 +91,24 @@ func (f *Tree) runPlan(ctx context.Context, p *linePlan, label string) error {
 	}
 	for _, fn := range append(p.first, p.then...) {
 		if err := fn(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkAll runs a call's checks (linePlan.checks) at once, each peer's
+// round trip beside the others', and returns the error of the first in
+// their order that failed, or nil.
+func checkAll(checks []func() error) error {
+	errs := make([]error, len(checks))
+	var wg sync.WaitGroup
+	for i, check := range checks {
+		wg.Go(func() { errs[i] = check() })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
 			return err
 		}
 	}

@@ -430,10 +430,12 @@ func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error)
 	if len(runs) > 1 {
 		// Several transfers: each is checked before any runs, so that a
 		// refused line writes nothing (runPlan's checks).
-		for _, run := range runs {
-			if err := pull(run, true); err != nil {
-				return err
-			}
+		checks := make([]func() error, len(runs))
+		for i, run := range runs {
+			checks[i] = func() error { return pull(run, true) }
+		}
+		if err := checkAll(checks); err != nil {
+			return err
 		}
 	}
 	for _, run := range runs {
