@@ -541,7 +541,7 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 	}
 	if derr != nil {
 		// The peer holds its pins until it hears from us.
-		if path != "tcp" {
+		if path != "tcp" || r.WaitGo {
 			c.sendError(derr)
 		} else {
 			c.c.Close()
@@ -568,12 +568,12 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 			dest, err = prepare(r.Dir, descs)
 			return err
 		}
-		if path == "tcp" {
+		if path == "tcp" && !r.WaitGo {
 			return dest, prep()
 		}
-		// The peer (ipc, ucx) waits for our done: it must hear from us
-		// while we allocate (a large tensor's pages are mapped now, seconds for
-		// GiBs on a loaded machine).
+		// The peer (ipc, ucx; tcp, for our go-ahead) waits for our done:
+		// it must hear from us while we allocate (a large tensor's pages
+		// are mapped now, seconds for GiBs on a loaded machine).
 		if err = c.whileSilent(prep); err != nil {
 			c.sendError(err)
 		}
@@ -581,6 +581,11 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 	}, func(dest Dest, _ func()) error {
 		switch path {
 		case "tcp":
+			if r.WaitGo {
+				if err := c.sendJSON(frameOK, reply{}); err != nil {
+					return netErr(err)
+				}
+			}
 			return s.receiveTCP(c, peer, r, dest, rec)
 		case "ucx":
 			return s.rmaPullData(c, rp, r, descs, dest, rec)
@@ -880,7 +885,9 @@ func (s *Service) serveGet(c *conn, req request) error {
 	chunk := s.chunkFor(total)
 	k := streamsFor(total, req.Streams, chunk)
 	var pend *pending
-	ok := reply{Dir: isDir, Tensors: metas}
+	// In place, the client's prepare only checks and pins: the data goes
+	// at once.
+	ok := reply{Dir: isDir, Tensors: metas, WaitGo: !req.InPlace && total > 0}
 	var joins <-chan joined
 	if k > 1 {
 		pend = s.expect(c.peer, k-1)
@@ -891,6 +898,18 @@ func (s *Service) serveGet(c *conn, req request) error {
 		pend.close(nil)
 		end(err)
 		return netErr(err)
+	}
+	if ok.WaitGo {
+		// recv waits a timeout from each keepalive of the client's.
+		if err := c.recvJSON(frameOK, nil); err != nil {
+			pend.close(nil)
+			end(err)
+			var te *Error
+			if errors.As(err, &te) && !te.broken {
+				return nil // the client's own failure; the connection is fine
+			}
+			return err
+		}
 	}
 	extras, err := s.sendChunks(c, joins, k-1, false, srcs, chunk, rec, func(error) { c.c.Close() })
 	pend.close(extras)

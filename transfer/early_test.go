@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"context"
+	"syscall"
 	"testing"
 	"time"
 
@@ -153,4 +154,40 @@ func TestEarlyPutSlowPrepare(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	requireSameTensor(t, a, "/big", srv.local.(slowPut).memLocal, "/big")
+}
+
+// TestTCPPullSlowPrepare: a TCP pull of a whole tensor whose destination
+// prepares for three times the timeout (allocating): the server's data
+// waits for the puller's go-ahead (reply.WaitGo) while the puller's
+// keepalives say it is alive, then goes on every stream. Before, the
+// server sent at once: its extra streams' joins came after it stopped
+// waiting for them (ETIMEDOUT there; ENOENT here, "no transfer to join
+// with that token"), and a single stream's writes timed out. A prepare
+// that fails calls the data off with its error, and the next pull works.
+func TestTCPPullSlowPrepare(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	mod := func(c *Config) { c.Timeout, c.Streams = timeout, 4 }
+	b := newMemLocal()
+	data := pattern(43, 96<<20) // far more than the sockets hold
+	b.put("/big", data)
+	srv := startServer(t, "b", b, testSecret, mod)
+	a := newMemLocal()
+	cl := newClient(t, "a", a, testSecret, map[string]string{"b": addrOf(srv)}, mod)
+	ctx := context.Background()
+	n, err := cl.Receive(ctx, Pull{Peer: "b", Path: "/big", Dst: "/got"}, func(isDir bool, metas []Meta) (Dest, error) {
+		time.Sleep(3 * timeout)
+		return a.Put("/got", isDir, metas)
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	requireSameTensor(t, a, "/got", b, "/big")
+	_, err = cl.Receive(ctx, Pull{Peer: "b", Path: "/big", Dst: "/x"}, func(bool, []Meta) (Dest, error) {
+		return nil, &Error{Errno: syscall.ENOSPC, Msg: "full"}
+	})
+	requireErrno(t, err, syscall.ENOSPC)
+	n, err = pull(ctx, cl, a, "b", "/big", "/again")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	requireClean(t, a)
+	requireClean(t, b)
 }

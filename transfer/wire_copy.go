@@ -138,6 +138,14 @@ type reply struct {
 	// RMADone ends a put whose bytes the server read one-sided (request
 	// RMASrc): it has them all and committed.
 	RMADone bool `json:"rma_done,omitempty"`
+	// WaitGo, on the answer to a TCP get of whole tensors, says the data
+	// waits for the client's go-ahead (a frameOK, or a frameError to
+	// call it off): the client allocates its temporaries first (seconds
+	// for gigabytes), under keepalives. Sent at once, the data would fill
+	// the sockets and time the server's writes out, and its extra streams
+	// would join after the server stopped waiting for them (a 3 GiB pull
+	// under --timeout 300ms failed so, 2026-12-06).
+	WaitGo bool `json:"wait_go,omitempty"`
 }
 
 // doneMsg ends a data stream.
