@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -383,6 +384,15 @@ func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error)
 			inPlace = append(inPlace, l)
 		} else {
 			whole = append(whole, l)
+		}
+	}
+	// Every peer the lines name is known before any line runs, as in
+	// runPlan.
+	for _, l := range slices.Concat(inPlace, whole) {
+		if l.src.peer != "" {
+			if err := f.knownPeer(l.src.peer); err != nil {
+				return err
+			}
 		}
 	}
 	// The in-place lines that pull ranges of known length from a peer's

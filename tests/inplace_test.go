@@ -358,14 +358,15 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 		on, attr, v string
 		want        syscall.Errno
 	}{
-		{a.path("src"), xattrs.CopyTo, "b:/dst@8000", syscall.EINVAL},                 // past the end
-		{a.path("src"), xattrs.CopyTo, "b:/dst@9223372036854775807", syscall.EINVAL},  // ends past 2^63 (was EPROTO from the peer)
-		{a.path("src"), xattrs.CopyTo, "b:/dst@4096+4097", syscall.EINVAL},            // length mismatch
-		{a.path("src"), xattrs.CopyTo, "@0+10 b:/dst@0+11", syscall.EINVAL},           // length mismatch
-		{a.path("src"), xattrs.CopyTo, "@4000+100 b:/dst@0", syscall.EINVAL},          // source range past its end
-		{a.path("src"), xattrs.CopyTo, "b:/missing@0", syscall.ENOENT},                // no destination
-		{a.path("src"), xattrs.CopyTo, "b:/dst@99999999999999999999", syscall.EINVAL}, // does not fit
-		{a.path("src"), xattrs.CopyTo, "b:/dst@0\nb:/dst@5000", syscall.EINVAL},       // one line of two out of range
+		{a.path("src"), xattrs.CopyTo, "b:/dst@8000", syscall.EINVAL},                                   // past the end
+		{a.path("src"), xattrs.CopyTo, "b:/dst@9223372036854775807", syscall.EINVAL},                    // ends past 2^63 (was EPROTO from the peer)
+		{a.mnt, xattrs.Batch, "/src@0+1 b:/dst@9223372036854775807\n/src@0+1 b:/dst@0", syscall.EINVAL}, // a range list's span, likewise
+		{a.path("src"), xattrs.CopyTo, "b:/dst@4096+4097", syscall.EINVAL},                              // length mismatch
+		{a.path("src"), xattrs.CopyTo, "@0+10 b:/dst@0+11", syscall.EINVAL},                             // length mismatch
+		{a.path("src"), xattrs.CopyTo, "@4000+100 b:/dst@0", syscall.EINVAL},                            // source range past its end
+		{a.path("src"), xattrs.CopyTo, "b:/missing@0", syscall.ENOENT},                                  // no destination
+		{a.path("src"), xattrs.CopyTo, "b:/dst@99999999999999999999", syscall.EINVAL},                   // does not fit
+		{a.path("src"), xattrs.CopyTo, "b:/dst@0\nb:/dst@5000", syscall.EINVAL},                         // one line of two out of range
 		// Lines between two tensors travel as one range list: its third
 		// span is outside the source, or the destination, or too long.
 		{a.path("src"), xattrs.CopyTo, "@0+10 b:/dst@0\n@10+10 b:/dst@100\n@4090+10 b:/dst@200", syscall.EINVAL},
@@ -414,13 +415,13 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 	require.Equal(t, reg, ids(t, b.path("tree", "1")))
 }
 
-// TestInPlaceRefusalsSeveralPeers: a call whose in-place lines are
-// several transfers (two peers' pushes, a pull and a push, two pulls, two
-// trees) and one of them refused writes nothing anywhere: each transfer is
-// checked before any runs. The same lines, all good, write everything.
-func TestInPlaceRefusalsSeveralPeers(t *testing.T) {
-	ds := cluster(t, []string{"a", "b", "c"})
-	a, b, c := ds["a"], ds["b"], ds["c"]
+// severalPeers makes the tensors of TestInPlaceRefusalsSeveralPeers on a,
+// b and c: a:/src (4096 bytes), a:/loc (8192 zeros), b:/dst and c:/dst
+// (8192 bytes each), the tree a:/tree (w, x) and its in-place
+// destinations a:/tree2 and b:/tree (c:/tree lacks x); snap reads every
+// file of the three mounts.
+func severalPeers(t *testing.T, a, b, c *daemon) (snap func() map[string][]byte) {
+	t.Helper()
 	writeTensor(t, a.path("src"), fill(4096, 2))
 	zeros(t, a.path("loc"), 8192)
 	for i, d := range []*daemon{b, c} {
@@ -436,7 +437,7 @@ func TestInPlaceRefusalsSeveralPeers(t *testing.T) {
 	zeros(t, a.path("tree2", "w"), 300)
 	zeros(t, a.path("tree2", "x"), 11)
 	zeros(t, b.path("tree", "x"), 11) // c's tree has no x: its tree @0 is refused
-	snap := func() map[string][]byte {
+	snap = func() map[string][]byte {
 		m := map[string][]byte{}
 		for _, d := range []*daemon{a, b, c} {
 			filepath.Walk(d.mnt, func(p string, fi os.FileInfo, err error) error {
@@ -449,6 +450,17 @@ func TestInPlaceRefusalsSeveralPeers(t *testing.T) {
 		}
 		return m
 	}
+	return snap
+}
+
+// TestInPlaceRefusalsSeveralPeers: a call whose in-place lines are
+// several transfers (two peers' pushes, a pull and a push, two pulls, two
+// trees) and one of them refused writes nothing anywhere: each transfer is
+// checked before any runs. The same lines, all good, write everything.
+func TestInPlaceRefusalsSeveralPeers(t *testing.T) {
+	ds := cluster(t, []string{"a", "b", "c"})
+	a, b, c := ds["a"], ds["b"], ds["c"]
+	snap := severalPeers(t, a, b, c)
 	before := snap()
 	for _, tc := range []struct {
 		on, attr, v string
@@ -476,11 +488,16 @@ func TestInPlaceRefusalsSeveralPeers(t *testing.T) {
 		{a.path("loc"), xattrs.CopyFrom, "b:/dst@1+4096 @0\nc:/dst@8000+4096 @4096", syscall.EINVAL},
 		{a.path("loc"), xattrs.CopyFrom, "b:/dst@2+4096 @0\nc:/dst@0+4096 @6000", syscall.EINVAL},
 		{a.path("loc"), xattrs.CopyFrom, "b:/dst@3+4096 @0\nzz:/dst@0+10 @4096", syscall.ENOENT},
+		{a.path("loc"), xattrs.CopyFrom, "b:/dst@3+4096 @0\nzz:/x", syscall.ENOENT}, // an unknown peer's whole tensor
 		{a.path("loc"), xattrs.CopyFrom, "b:/dst@4 @4\nc:/dst@0 @4096", syscall.EINVAL}, // whole sources: 8192 bytes do not fit at 4096
 		// Two trees in place, the second with a tensor the first lacks.
 		{a.path("tree"), xattrs.CopyTo, "b:/tree@0\nc:/tree@0", syscall.ENOENT},
 		// A tree into this mount in place, then a peer's line refused.
 		{a.mnt, xattrs.Batch, "/tree /tree2@0\n/src b:/dst@5000", syscall.EINVAL},
+		// Refused by this node's own checks, as they would be alone
+		// (EINVAL, not the peer's EPROTO for a broken request).
+		{a.mnt, xattrs.Batch, "/src b:/dst@0\n/src@0+1 c:/dst@9223372036854775807", syscall.EINVAL},
+		{a.mnt, xattrs.Batch, "b:/dst@0+10 /loc@4000\n/src@0+1 c:/dst@9223372036854775807", syscall.EINVAL},
 	} {
 		err := unix.Setxattr(tc.on, tc.attr, []byte(tc.v), 0)
 		require.ErrorIs(t, err, tc.want, "%s %q", tc.attr, tc.v)

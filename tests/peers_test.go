@@ -29,6 +29,12 @@ func secretFile(t testing.TB, secret string) string {
 // secret, each with extra flags.
 func cluster(t testing.TB, names []string, extra ...string) map[string]*daemon {
 	t.Helper()
+	return clusterOf(t, names, nil, extra...)
+}
+
+// clusterOf is cluster with the flags of own added to each named daemon's.
+func clusterOf(t testing.TB, names []string, own map[string][]string, extra ...string) map[string]*daemon {
+	t.Helper()
 	ports := map[string]int{}
 	for _, n := range names {
 		ports[n] = testutil.FreePort(t)
@@ -42,7 +48,7 @@ func cluster(t testing.TB, names []string, extra ...string) map[string]*daemon {
 				flags = append(flags, "--peer", fmt.Sprintf("%s=127.0.0.1:%d", o, ports[o]))
 			}
 		}
-		ds[n] = startDaemon(t, append(flags, extra...)...)
+		ds[n] = startDaemon(t, append(append(flags, extra...), own[n]...)...)
 	}
 	return ds
 }

@@ -245,3 +245,35 @@ func TestUCXAnyEndpointOneSide(t *testing.T) {
 		}
 	}
 }
+
+// TestUCXRequiredSeveralPeers: a call of several transfers (two peers, a
+// pull and a push, a tree here and a peer's line) one of which a node on
+// --transport ucx refuses for its transport (EPROTONOSUPPORT) writes
+// nothing anywhere: the checks that run before any transfer refuse it as
+// the transfer would, on the peer's side and on the caller's.
+func TestUCXRequiredSeveralPeers(t *testing.T) {
+	t.Setenv("UCX_TLS", "tcp") // an endpoint, but not one-sided: ucx refuses it
+	t.Setenv("UCX_NET_DEVICES", "lo")
+	for _, on := range []string{"b", "a"} {
+		t.Run(on+" on ucx", func(t *testing.T) {
+			ds := clusterOf(t, []string{"a", "b", "c"}, map[string][]string{on: {"--transport", "ucx"}}, "--transport", "tcp")
+			a, b, c := ds["a"], ds["b"], ds["c"]
+			snap := severalPeers(t, a, b, c)
+			before := snap()
+			for _, tc := range []struct{ on, attr, v string }{
+				{a.mnt, xattrs.Batch, "/src c:/dst@0\n/src b:/dst@0"},
+				{a.path("loc"), xattrs.CopyFrom, "c:/dst@0+100 @0\nb:/dst@0+100 @200"},
+				{a.mnt, xattrs.Batch, "c:/dst@0+100 /loc@0\n/src b:/dst@0"},
+				{a.mnt, xattrs.Batch, "/tree /tree2@0\n/src b:/dst@0"},
+				{a.path("loc"), xattrs.CopyFrom, "/src@0+100 @0\nb:/dst@0+100 @200"},
+			} {
+				err := unix.Setxattr(tc.on, tc.attr, []byte(tc.v), 0)
+				require.ErrorIs(t, err, syscall.EPROTONOSUPPORT, "%s %q", tc.attr, tc.v)
+				require.Equal(t, before, snap(), "%s %q wrote something", tc.attr, tc.v)
+			}
+			for _, d := range []*daemon{a, b, c} {
+				require.Zero(t, d.stats().Live.Pins)
+			}
+		})
+	}
+}

@@ -21,18 +21,28 @@ import (
 // would be accepted, moving nothing: the peer prepares the destinations
 // (checks every in-place range, and allocates the temporaries of whole
 // tensors: send only the in-place descriptors when those are what is to
-// be checked) and lets them go. Errors: as Send's refusals (ENOENT,
-// EINVAL, EISDIR, ...), and the connection's.
+// be checked) and lets them go; the transport is checked as Send's would
+// be (a node or peer that runs with --transport ucx and has no endpoint
+// that carries copies refuses TCP). Errors: as Send's refusals (ENOENT,
+// EINVAL, EISDIR, EPROTONOSUPPORT, ...), and the connection's.
 func (s *Service) Check(ctx context.Context, peer, remotePath string, srcs []Source, isDir bool) (err error) {
 	remotePath, err = CleanPath(remotePath)
 	if err != nil {
 		return err
 	}
-	metas := make([]Meta, len(srcs))
-	for i, sc := range srcs {
-		metas[i] = sc.Meta()
+	metas, err := sendMetas(srcs)
+	if err != nil {
+		return err
 	}
-	return s.ask(ctx, peer, request{Op: "check-put", Path: remotePath, Dir: isDir, Tensors: metas}, nil)
+	return s.ask(ctx, peer, func(c *conn) (request, error) {
+		req := request{Op: "check-put", Path: remotePath, Dir: isDir, Tensors: metas}
+		if !s.sameHost(c) { // same host: IPC, as Send takes it
+			p, err := s.rmaFor(peer, c)
+			req.RMA = p != nil
+			return req, err
+		}
+		return req, nil
+	}, nil)
 }
 
 // CheckPull asks p.Peer for the descriptors Receive of p would get,
@@ -44,7 +54,17 @@ func (s *Service) CheckPull(ctx context.Context, p Pull, prepare func(isDir bool
 		return err
 	}
 	var r reply
-	if err := s.ask(ctx, p.Peer, p.request("check-get"), &r); err != nil {
+	err = s.ask(ctx, p.Peer, func(c *conn) (request, error) {
+		req := p.request("check-get")
+		req.IPCOK = s.sameHost(c)
+		rp, err := s.rmaFor(p.Peer, c)
+		if err != nil && !req.IPCOK { // as receive refuses
+			return req, err
+		}
+		req.RMA = rp != nil
+		return req, nil
+	}, &r)
+	if err != nil {
 		return err
 	}
 	descs, err := pullDescs(r, p)
@@ -59,22 +79,30 @@ func (s *Service) CheckPull(ctx context.Context, p Pull, prepare func(isDir bool
 	return nil
 }
 
-// ask sends req to peer on a kept-open connection and reads its reply
-// into r (nil: none wanted).
-func (s *Service) ask(ctx context.Context, peer string, req request, r *reply) (err error) {
+// ask sends the request that build makes for a kept-open connection to
+// peer and reads its reply into r (nil: none wanted). build's error is
+// returned, nothing sent.
+func (s *Service) ask(ctx context.Context, peer string, build func(c *conn) (request, error), r *reply) error {
 	c, err := s.conn(ctx, peer)
 	if err != nil {
 		return err
 	}
 	stop := context.AfterFunc(ctx, func() { c.c.Close() })
-	defer func() { s.done(peer, c, stop(), err) }()
-	if err := c.sendJSON(frameRequest, req); err != nil {
-		return netErr(err)
+	req, err := build(c)
+	if err != nil {
+		s.done(peer, c, stop(), nil) // nothing sent: the connection is fine
+		return err
 	}
-	if r == nil {
-		r = &reply{}
+	if err = c.sendJSON(frameRequest, req); err != nil {
+		err = netErr(err)
+	} else {
+		if r == nil {
+			r = &reply{}
+		}
+		err = c.recvJSON(frameOK, r)
 	}
-	return c.recvJSON(frameOK, r)
+	s.done(peer, c, stop(), err)
+	return err
 }
 
 // pullDescs is the destination descriptors of a pull of p answered with
@@ -92,9 +120,10 @@ func pullDescs(r reply, p Pull) ([]Meta, error) {
 }
 
 // serveCheckPut answers a "check-put": the put's destinations prepared
-// and let go, nothing moved.
+// and let go, nothing moved; a put this node would refuse for its
+// transport (refuseTCP) is refused.
 func (s *Service) serveCheckPut(c *conn, req request) error {
-	if len(req.IPC) > 0 || req.Early || req.RMA {
+	if len(req.IPC) > 0 || req.Early || len(req.RMASrc) > 0 || len(req.RMASrcAt) > 0 {
 		// Nothing may follow a check: a request that says otherwise
 		// leaves the connection out of step.
 		err := &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: a check with data or memory of its own", c.peer)}
@@ -102,6 +131,9 @@ func (s *Service) serveCheckPut(c *conn, req request) error {
 		return err
 	}
 	err := checkMetas(req.Tensors, req.Dir)
+	if err == nil && !(req.RMA && s.carrier(c.peer, c.instance) != nil) && total(req.Tensors) > 0 {
+		err = s.refuseTCP(c)
+	}
 	if err == nil {
 		err = c.whileSilent(func() error {
 			dest, err := s.local.Put(req.Path, req.Dir, req.Tensors)
@@ -132,5 +164,23 @@ func (s *Service) serveCheckGet(c *conn, req request) error {
 		metas[i] = sc.Meta()
 		sc.Close()
 	}
+	n := total(metas)
+	ipc := req.IPCOK && s.sameHost(c)
+	rma := req.RMA && n > 0 && s.carrier(c.peer, c.instance) != nil
+	if !ipc && !rma && n > 0 {
+		if err := s.refuseTCP(c); err != nil {
+			c.sendError(err)
+			return err
+		}
+	}
 	return c.sendJSON(frameOK, reply{Dir: isDir, Tensors: metas})
+}
+
+// total is the bytes of metas.
+func total(metas []Meta) int64 {
+	var n int64
+	for _, m := range metas {
+		n += m.NBytes
+	}
+	return n
 }

@@ -28,16 +28,13 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 	if err != nil {
 		return 0, err
 	}
-	metas := make([]Meta, len(srcs))
+	metas, err := sendMetas(srcs)
+	if err != nil {
+		return 0, err
+	}
 	var total int64
-	for i, sc := range srcs {
-		metas[i] = sc.Meta()
-		total += metas[i].NBytes
-		if m := metas[i]; m.InPlace && (m.Off < 0 || m.Off > math.MaxInt64-m.NBytes) {
-			// Refused here: the peer would take it for a broken
-			// request (EPROTO).
-			return 0, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("destination range at %d of %d bytes ends past 2^63", m.Off, m.NBytes)}
-		}
+	for _, m := range metas {
+		total += m.NBytes
 	}
 	dst := peer + ":" + remotePath
 	if len(metas) == 1 && metas[0].InPlace && metas[0].Spans == nil {
@@ -102,6 +99,26 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 	n, err = s.send(ctx, peer, c, remotePath, srcs, metas, isDir, rec)
 	end(err)
 	return n, err
+}
+
+// sendMetas is the descriptors of srcs as a put sends them. Errors: EINVAL
+// for a destination range, or a range list's span, that ends past 2^63
+// (refused here: the peer would take it for a broken request, EPROTO).
+func sendMetas(srcs []Source) ([]Meta, error) {
+	metas := make([]Meta, len(srcs))
+	for i, sc := range srcs {
+		m := sc.Meta()
+		metas[i] = m
+		if m.InPlace && (m.Off < 0 || m.Off > math.MaxInt64-m.NBytes) {
+			return nil, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("destination range at %d of %d bytes ends past 2^63", m.Off, m.NBytes)}
+		}
+		for _, sp := range m.Spans {
+			if sp.Dst > math.MaxInt64-sp.N {
+				return nil, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("destination range at %d of %d bytes ends past 2^63", sp.Dst, sp.N)}
+			}
+		}
+	}
+	return metas, nil
 }
 
 // drainEager reads an eager put's data frames (they follow its request
