@@ -30,8 +30,10 @@ func lastRecord(t testing.TB, s *Service) RecordReport {
 // Push and pull of a file and of a tree over 4 streams: every byte arrives,
 // both sides record 4 streams, the extra connections go back to the pool,
 // and nothing leaks; with destinations that take chunks in place (host
-// tensors) and with ones that take WriteAt only (GPU tensors); and all of
-// it again with spinning reads (Config.Spin) on both sides.
+// tensors: chunks without a CRC32C go straight there, ones with a CRC are
+// buffered and checked first) and with ones that take WriteAt only (GPU
+// tensors); and all of it again with spinning reads (Config.Spin) on both
+// sides.
 func TestParallelStreamsPushPull(t *testing.T) {
 	for _, spin := range []time.Duration{0, 2 * time.Millisecond} {
 		t.Run(fmt.Sprintf("spin=%v", spin), func(t *testing.T) { parallelStreamsPushPull(t, spin) })
@@ -39,10 +41,14 @@ func TestParallelStreamsPushPull(t *testing.T) {
 }
 
 func parallelStreamsPushPull(t *testing.T, spin time.Duration) {
-	for _, inPlace := range []bool{true, false} {
-		t.Run(map[bool]string{true: "in-place", false: "write-at"}[inPlace], func(t *testing.T) {
-			p := newPair(t, func(c *Config) { streamsCfg(c); c.Spin = spin })
-			p.a.inPlace, p.b.inPlace = inPlace, inPlace
+	for _, v := range []struct {
+		name           string
+		inPlace, noCRC bool
+	}{{"in-place", true, true}, {"in-place-crc", true, false}, {"write-at", false, false}} {
+		inPlace := v.inPlace && v.noCRC // chunks taken in place
+		t.Run(v.name, func(t *testing.T) {
+			p := newPair(t, func(c *Config) { streamsCfg(c); c.Spin, c.NoChecksum = spin, v.noCRC })
+			p.a.inPlace, p.b.inPlace = v.inPlace, v.inPlace
 			ctx := context.Background()
 			file := pattern(7, 1<<20+17) // 17 chunks, the last short
 			p.a.put("/w/f", file)
