@@ -311,10 +311,17 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 			return nil
 		}
 	}
-	s, err := p.set.open(file, strings.TrimPrefix(l.dst.path, "/"), l.src.r)
+	rel := strings.TrimPrefix(l.dst.path, "/")
+	if rel == "" && !inPlace {
+		return errf(syscall.EISDIR, "%s:/ is a directory (name the target file)", l.dst.peer)
+	}
+	s, err := p.set.open(file, rel, l.src.r)
 	if err != nil {
 		return err
 	}
+	// Sent with the call's other lines, rooted at the peer's "/": a
+	// line's parent must exist there, as a copy of its own's must.
+	s.meta.Line = !inPlace
 	p.opened = append(p.opened, s)
 	if inPlace {
 		if s.meta, err = l.dst.r.Dest(s.meta); err != nil {

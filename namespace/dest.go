@@ -187,6 +187,16 @@ func (f *Tree) prepare(p string, isDir bool, metas []transfer.Meta, o prepOpts) 
 		}
 		dirRel, name := path.Split(m.Rel)
 		final := path.Join(p, dirRel)
+		if m.Line {
+			// A line's destination is named exactly: its parent exists.
+			n, err := f.Resolve(final)
+			if err != nil {
+				return nil, errf(syscall.ENOENT, "%s: the destination's parent %s does not exist", path.Join(p, m.Rel), final)
+			}
+			if _, ok := n.(*Dir); !ok {
+				return nil, errf(syscall.ENOTDIR, "%s: the destination's parent %s is a file", path.Join(p, m.Rel), final)
+			}
+		}
 		loc, err := d.dirFor(final)
 		if err != nil {
 			return nil, err

@@ -495,6 +495,14 @@ func TestInPlaceRefusalsSeveralPeers(t *testing.T) {
 		{a.path("tree"), xattrs.CopyTo, "b:/tree@0\nc:/tree@0", syscall.ENOENT},
 		// A tree into this mount in place, then a peer's line refused.
 		{a.mnt, xattrs.Batch, "/tree /tree2@0\n/src b:/dst@5000", syscall.EINVAL},
+		// A whole-tensor line's parent must exist on its peer, as a copy
+		// of its own's must (the lines go as one tree rooted at "/":
+		// missing directories were made); a peer's root is a directory.
+		{a.mnt, xattrs.Batch, "/src b:/nodir/x", syscall.ENOENT},
+		{a.path("src"), xattrs.CopyTo, "b:/nodir/x\nc:/nodir/y", syscall.ENOENT},
+		{a.path("src"), xattrs.CopyTo, "b:/dst/x\nc:/y", syscall.ENOTDIR},
+		{a.mnt, xattrs.Batch, "/src c:/", syscall.EISDIR},
+		{a.path("src"), xattrs.CopyTo, "@0+10 b:/dst@0\n@0+10 c:/", syscall.EISDIR},
 		// Refused by this node's own checks, as they would be alone
 		// (EINVAL, not the peer's EPROTO for a broken request).
 		{a.mnt, xattrs.Batch, "/src b:/dst@0\n/src@0+1 c:/dst@9223372036854775807", syscall.EINVAL},

@@ -399,6 +399,11 @@ func TestBatch(t *testing.T) {
 	ds := cluster(t, []string{"a", "b", "c"})
 	a := ds["a"]
 	mkTemplateDir(t, a.path("kv"), "U8", "100")
+	for _, n := range []string{"b", "c"} {
+		// A line's parent must exist, as a copy_to's does
+		// (TestInPlaceRefusalsSeveralPeers).
+		require.NoError(t, os.Mkdir(ds[n].path("batch"), 0o755))
+	}
 	var lines []string
 	for i := 0; i < 20; i++ {
 		require.NoError(t, os.WriteFile(a.path("kv", fmt.Sprint(i)), fill(100, byte(i)), 0o644))

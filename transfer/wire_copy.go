@@ -31,6 +31,12 @@ type Meta struct {
 	// Exact, with InPlace: the destination must hold exactly NBytes (the
 	// tensors of a directory's "@0" weight update).
 	Exact bool `json:"exact,omitempty"`
+	// Line, on a whole tensor of a put rooted at a directory, says it is
+	// one line of a call (a batch's, or a copy_to's of several lines, sent
+	// to the peer together, rooted at "/") that names its destination
+	// exactly: the destination's parent must exist (ENOENT, ENOTDIR), as a
+	// single copy's must; a tree's tensors get the directories they need.
+	Line bool `json:"line,omitempty"`
 	// Spans, with InPlace (Off 0, not Exact), make the descriptor a range
 	// list: its NBytes bytes are the spans' (Span), each from its own
 	// offset of the source into its own offset of the destination; the

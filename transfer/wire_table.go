@@ -87,6 +87,9 @@ func appendTable(b []byte, metas []Meta, descs []IPCDesc) []byte {
 		if m.Spans != nil {
 			fl |= 4
 		}
+		if m.Line {
+			fl |= 8
+		}
 		b = append(b, fl)
 		if m.Spans != nil {
 			b = le.AppendUint32(b, uint32(len(m.Spans)))
@@ -217,7 +220,7 @@ func decodeTable(p []byte) ([]Meta, []IPCDesc, error) {
 		}
 		m.NBytes, m.Off = int64(nb), int64(off)
 		fl := r.u8()
-		m.InPlace, m.Exact = fl&1 != 0, fl&2 != 0
+		m.InPlace, m.Exact, m.Line = fl&1 != 0, fl&2 != 0, fl&8 != 0
 		if fl&4 != 0 {
 			m.Spans = r.spans()
 		}

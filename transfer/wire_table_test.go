@@ -17,6 +17,7 @@ func TestTableRoundTrip(t *testing.T) {
 		{Rel: "kv/0", DType: "BF16", Shape: "16,8", NBytes: 256, InPlace: true, Off: 1 << 40},
 		{Rel: "kv/0", DType: "BF16", Shape: "16,8", NBytes: 256, InPlace: true, Off: 0, Exact: true},
 		{Rel: "note", DType: "U8", Shape: "3", NBytes: math.MaxInt64},
+		{Rel: "a/line", DType: "U8", Shape: "3", NBytes: 3, Line: true},
 		{Rel: "kv/1", DType: "U8", Shape: "24", NBytes: 24, InPlace: true, Spans: []Span{{0, 8, 1 << 40, 16}, {16, 0, 0, 0}, {16, 1, 2, 8}}},
 	}
 	descs := []IPCDesc{
