@@ -299,6 +299,9 @@ func (f *Tree) copyNode(ctx context.Context, src Node, l copyLine, viaMount, che
 	}
 	label := f.Path(src) + l.src.r.String()
 	peer, dst := l.dst.peer, l.dst.path
+	if isDir && l.dst.r.Set && len(srcs) == 0 {
+		return f.emptyTreeInPlace(ctx, src, l.dst)
+	}
 	if peer != "" {
 		if f.peers == nil {
 			return noPeers(peer)
@@ -335,6 +338,41 @@ func (f *Tree) copyNode(ctx context.Context, src Node, l copyLine, viaMount, che
 	n, err := f.localCopy(ctx, label, l.dst.String(), srcs, isDir, prepare, nil)
 	return logCopy(label, l.dst.String(), n, err, l.dst.r.Set)
 }
+
+// emptyTreeInPlace is the in-place copy ("@0") of a tree with no tensors
+// into dst: nothing to write, but dst must be a directory there, as each
+// tensor's destination must exist (ENOENT, ENOTDIR; on a peer, asked by a
+// check of a get of dst). Sent as a transfer, an empty tree was a whole
+// copy, and made the missing directory.
+func (f *Tree) emptyTreeInPlace(ctx context.Context, src Node, dst ref) error {
+	isDirAt := func(isDir bool) error {
+		if !isDir {
+			return errf(syscall.ENOTDIR, "%s is a file: the in-place copy of directory %s needs a directory", dst, f.Path(src))
+		}
+		return nil
+	}
+	if dst.peer == "" {
+		n, err := f.Resolve(dst.path)
+		if err != nil {
+			return err
+		}
+		_, isDir := n.(*Dir)
+		return isDirAt(isDir)
+	}
+	if f.peers == nil {
+		return noPeers(dst.peer)
+	}
+	return f.peers.CheckPull(ctx, transfer.Pull{Peer: dst.peer, Path: dst.path, Dst: "/"}, func(isDir bool, _ []transfer.Meta) (transfer.Dest, error) {
+		return nopDest{}, isDirAt(isDir)
+	})
+}
+
+// nopDest is the Dest of a check that prepares nothing.
+type nopDest struct{}
+
+func (nopDest) WriteAt(int, []byte, int64) error { return nil }
+func (nopDest) Commit() (int, error)             { return 0, nil }
+func (nopDest) Abort()                           {}
 
 // applyRange makes the sources' descriptors those of a copy whose
 // destination has range r (transfer.Range.Apply).

@@ -341,6 +341,7 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 		zeros(t, b.path("tree", fmt.Sprint(i)), int64(size))
 	}
 	zeros(t, a.path("loc"), 8192) // a destination of lines into a's own mount
+	require.NoError(t, os.Mkdir(a.path("empty"), 0o755))
 	snap := func() map[string][]byte {
 		m := map[string][]byte{}
 		for _, d := range []*daemon{a, b} {
@@ -389,6 +390,12 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 		{a.mnt, xattrs.Batch, "/src b:/dst@0\n/src /loc@4096+4097", syscall.EINVAL},
 		{a.path("src"), xattrs.CopyTo, "@0+4096 b:/dst@0\n@0+4096 zz:/dst@0", syscall.ENOENT},
 		{a.mnt, xattrs.Batch, "/src /loc@0\nzz:/x@0+10 /loc@0", syscall.ENOENT},
+		// A tree with no tensors in place: its destination directory
+		// must be there too (it was made).
+		{a.path("empty"), xattrs.CopyTo, "b:/nowhere@0", syscall.ENOENT},
+		{a.path("empty"), xattrs.CopyTo, "b:/dst@0", syscall.ENOTDIR},
+		{a.mnt, xattrs.Batch, "/empty /nowhere@0", syscall.ENOENT},
+		{a.mnt, xattrs.Batch, "/empty /loc@0", syscall.ENOTDIR},
 		{a.path("src"), xattrs.CopyTo, "@x b:/dst@0", syscall.EINVAL}, // not a range
 		{a.path("src"), xattrs.CopyTo, "b:/dst@12+", syscall.EINVAL},  // a typo, not a new tensor "dst@12+"
 		{a.path("src"), xattrs.CopyTo, "b:/dst@-1", syscall.EINVAL},
@@ -404,6 +411,13 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 	// Refused before any transfer: the reason is in the sender's log
 	// (slog's text format: the action's value quoted).
 	a.requireLog(`msg=refused attr=user.tensorfs.copy_to on=/src value="@4000+100 b:/dst@0" errno=EINVAL`)
+	for _, p := range []string{b.path("nowhere"), a.path("nowhere")} {
+		_, err := os.Stat(p)
+		require.ErrorIs(t, err, os.ErrNotExist, "an empty tree in place made its destination")
+	}
+	// An empty tree in place into a directory: nothing to write.
+	setx(t, a.path("empty"), xattrs.CopyTo, "b:/tree@0")
+	setx(t, a.mnt, xattrs.Batch, "/empty /tree@0")
 	// The same tree with matching sizes is a weight update in place: each
 	// tensor keeps its registration, dtype and shape.
 	require.NoError(t, os.Truncate(b.path("tree", "2"), 300))
