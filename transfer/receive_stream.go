@@ -529,24 +529,12 @@ func (rs *recvStream) check(w work) {
 		}
 		return
 	}
-	var crc uint32
-	var werr error
-	ran := true
-	if w.noCRC {
-		crc = w.crc
-	} else {
-		crc = crc32.Checksum(w.buf[:w.n], crcTable) // a chunk with a CRC is buffered (readInPlace)
-	}
 	switch {
-	case !ran:
-	case werr != nil:
-		ss.fail(werr)
-	case crc != w.crc:
+	case !w.noCRC && crc32.Checksum(w.buf[:w.n], crcTable) != w.crc: // a chunk with a CRC is buffered (readInPlace)
 		ss.fail(&Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: CRC32C mismatch in %q at %d", rs.c.peer, rs.tr.metas[w.i].Rel, w.off)})
 	case w.buf != nil:
-		ss.guard(func() { werr = rs.dest.WriteAt(w.i, w.buf[:w.n], w.off) })
-		if werr != nil {
-			ss.fail(werr)
+		if err := rs.write(w); err != nil {
+			ss.fail(err)
 		}
 	}
 	if w.buf != nil {
@@ -555,4 +543,28 @@ func (rs *recvStream) check(w work) {
 	if !ss.failed.Load() {
 		rs.rec.BytesDone.Add(w.n)
 	}
+}
+
+// write puts buffered chunk w into the destination: into its memory when
+// it has it there, one pass over the chunk's pieces (a range list's spans)
+// under one hold, else through WriteAt (which takes a range list's spans
+// one write each).
+func (rs *recvStream) write(w work) (err error) {
+	rs.ss.guard(func() {
+		if rs.inPlace != nil {
+			var placed bool
+			placed, err = rs.inPlace.WriteInPlace(w.i, w.off, w.n, func(iov [][]byte) (int64, error) {
+				src := w.buf[:w.n]
+				for _, p := range iov {
+					src = src[copy(p, src):]
+				}
+				return w.n, nil
+			})
+			if placed {
+				return
+			}
+		}
+		err = rs.dest.WriteAt(w.i, w.buf[:w.n], w.off)
+	})
+	return err
 }
