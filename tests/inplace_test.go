@@ -342,19 +342,7 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 	}
 	zeros(t, a.path("loc"), 8192) // a destination of lines into a's own mount
 	require.NoError(t, os.Mkdir(a.path("empty"), 0o755))
-	snap := func() map[string][]byte {
-		m := map[string][]byte{}
-		for _, d := range []*daemon{a, b} {
-			filepath.Walk(d.mnt, func(p string, fi os.FileInfo, err error) error {
-				if err == nil && !fi.IsDir() {
-					data, _ := os.ReadFile(p)
-					m[p] = data
-				}
-				return nil
-			})
-		}
-		return m
-	}
+	snap := snapMounts(a, b)
 	before := snap()
 	for _, c := range []struct {
 		on, attr, v string
@@ -435,7 +423,7 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 // (8192 bytes each), the tree a:/tree (w, x) and its in-place
 // destinations a:/tree2 and b:/tree (c:/tree lacks x); snap reads every
 // file of the three mounts.
-func severalPeers(t *testing.T, a, b, c *daemon) (snap func() map[string][]byte) {
+func severalPeers(t *testing.T, a, b, c *daemon) func() map[string][]byte {
 	t.Helper()
 	writeTensor(t, a.path("src"), fill(4096, 2))
 	zeros(t, a.path("loc"), 8192)
@@ -452,9 +440,15 @@ func severalPeers(t *testing.T, a, b, c *daemon) (snap func() map[string][]byte)
 	zeros(t, a.path("tree2", "w"), 300)
 	zeros(t, a.path("tree2", "x"), 11)
 	zeros(t, b.path("tree", "x"), 11) // c's tree has no x: its tree @0 is refused
-	snap = func() map[string][]byte {
+	return snapMounts(a, b, c)
+}
+
+// snapMounts reads every file of the daemons' mounts, by path: a call
+// refused for its lines leaves the same snapshot.
+func snapMounts(ds ...*daemon) func() map[string][]byte {
+	return func() map[string][]byte {
 		m := map[string][]byte{}
-		for _, d := range []*daemon{a, b, c} {
+		for _, d := range ds {
 			filepath.Walk(d.mnt, func(p string, fi os.FileInfo, err error) error {
 				if err == nil && !fi.IsDir() {
 					data, _ := os.ReadFile(p)
@@ -465,7 +459,6 @@ func severalPeers(t *testing.T, a, b, c *daemon) (snap func() map[string][]byte)
 		}
 		return m
 	}
-	return snap
 }
 
 // TestInPlaceRefusalsSeveralPeers: a call whose in-place lines are
