@@ -12,8 +12,8 @@ import (
 // or a pull and a push) would leave the bytes of the transfers that ran
 // before the refused one. Such a call first asks each peer whether its
 // transfer would be accepted: the same request, answered as far as the
-// point where bytes would move, then let go. One more round trip per
-// transfer, for those calls only. A destination that another process
+// point where bytes would move, then let go. The caller runs them at once:
+// one more round trip, for those calls only. A destination that another process
 // changes between the check and the copy (a truncate) can still fail the
 // copy later; the checks are for the call's own lines.
 
@@ -131,7 +131,7 @@ func (s *Service) serveCheckPut(c *conn, req request) error {
 		return err
 	}
 	err := checkMetas(req.Tensors, req.Dir)
-	if err == nil && !(req.RMA && s.carrier(c.peer, c.instance) != nil) && total(req.Tensors) > 0 {
+	if err == nil && !(req.RMA && s.carrier(c.peer, c.instance) != nil) && metaBytes(req.Tensors) > 0 {
 		err = s.refuseTCP(c)
 	}
 	if err == nil {
@@ -164,7 +164,7 @@ func (s *Service) serveCheckGet(c *conn, req request) error {
 		metas[i] = sc.Meta()
 		sc.Close()
 	}
-	n := total(metas)
+	n := metaBytes(metas)
 	ipc := req.IPCOK && s.sameHost(c)
 	rma := req.RMA && n > 0 && s.carrier(c.peer, c.instance) != nil
 	if !ipc && !rma && n > 0 {
@@ -176,8 +176,8 @@ func (s *Service) serveCheckGet(c *conn, req request) error {
 	return c.sendJSON(frameOK, reply{Dir: isDir, Tensors: metas})
 }
 
-// total is the bytes of metas.
-func total(metas []Meta) int64 {
+// metaBytes is the bytes of metas' descriptors.
+func metaBytes(metas []Meta) int64 {
 	var n int64
 	for _, m := range metas {
 		n += m.NBytes

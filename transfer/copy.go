@@ -32,10 +32,7 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 	if err != nil {
 		return 0, err
 	}
-	var total int64
-	for _, m := range metas {
-		total += m.NBytes
-	}
+	total := metaBytes(metas)
 	dst := peer + ":" + remotePath
 	if len(metas) == 1 && metas[0].InPlace && metas[0].Spans == nil {
 		// The record names the range it writes, as the line did.
@@ -667,10 +664,7 @@ func (s *Service) servePut(c *conn, req request) error {
 		c.sendError(err)
 		return err
 	}
-	var total int64
-	for _, m := range req.Tensors {
-		total += m.NBytes
-	}
+	total := metaBytes(req.Tensors)
 	if len(req.IPC) > 0 {
 		return s.servePutIPC(c, req)
 	}
