@@ -98,6 +98,10 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 	return n, err
 }
 
+// goAheadMin is the bytes above which a TCP get of whole tensors waits for
+// the puller's go-ahead (reply.WaitGo), whatever its streams.
+const goAheadMin = 1 << 20
+
 // sendMetas is the descriptors of srcs as a put sends them. Errors: EINVAL
 // for a destination range, or a range list's span, that ends past 2^63
 // (refused here: the peer would take it for a broken request, EPROTO).
@@ -896,9 +900,10 @@ func (s *Service) serveGet(c *conn, req request) error {
 	chunk := s.chunkFor(total)
 	k := streamsFor(total, req.Streams, chunk)
 	var pend *pending
-	// In place, the client's prepare only checks and pins: the data goes
-	// at once.
-	ok := reply{Dir: isDir, Tensors: metas, WaitGo: !req.InPlace && total > 0}
+	// In place, the client's prepare only checks and pins, and a small
+	// copy's allocation is quick and its data fits the sockets: the data
+	// goes at once (a go-ahead cost a 4 KiB pull 50-140 µs on the 2-vCPU VM).
+	ok := reply{Dir: isDir, Tensors: metas, WaitGo: !req.InPlace && (k > 1 || total > goAheadMin)}
 	var joins <-chan joined
 	if k > 1 {
 		pend = s.expect(c.peer, k-1)

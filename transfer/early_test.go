@@ -191,3 +191,41 @@ func TestTCPPullSlowPrepare(t *testing.T) {
 	requireClean(t, a)
 	requireClean(t, b)
 }
+
+// TestGetGoAhead: a TCP get of whole tensors waits for the puller's
+// go-ahead only when it is large (more than goAheadMin bytes, or several
+// streams): a small one's data follows the answer at once (a go-ahead
+// cost a 4 KiB pull a round trip); an in-place get never waits. A puller
+// that calls the data off with its error leaves the connection in step.
+func TestGetGoAhead(t *testing.T) {
+	b := newMemLocal()
+	b.put("/small", pattern(44, 4096))
+	b.put("/large", pattern(45, goAheadMin+1))
+	srv := startServer(t, "b", b, testSecret, nil)
+	c := rawClient(t, addrOf(srv))
+	require.NoError(t, clientHandshake(c, "a", testSecret))
+	c.max = MaxFrame // data frames
+	for _, tc := range []struct {
+		path    string
+		inPlace bool
+		wait    bool
+	}{{"/large", false, true}, {"/large", true, false}, {"/small", false, false}} {
+		require.NoError(t, c.sendJSON(frameRequest, request{Op: "get", Path: tc.path, InPlace: tc.inPlace}), tc.path)
+		var r reply
+		require.NoError(t, c.recvJSON(frameOK, &r), tc.path)
+		require.Equal(t, tc.wait, r.WaitGo, "%s in place %v", tc.path, tc.inPlace)
+		if r.WaitGo {
+			c.sendError(&Error{Errno: syscall.ENOSPC, Msg: "no room here"})
+			continue
+		}
+		// The data is coming: read it to the done frame.
+		for {
+			typ, _, err := c.recv()
+			require.NoError(t, err)
+			if typ == frameDone {
+				break
+			}
+		}
+	}
+	requireClean(t, b)
+}

@@ -144,7 +144,8 @@ type reply struct {
 	// RMADone ends a put whose bytes the server read one-sided (request
 	// RMASrc): it has them all and committed.
 	RMADone bool `json:"rma_done,omitempty"`
-	// WaitGo, on the answer to a TCP get of whole tensors, says the data
+	// WaitGo, on the answer to a TCP get of whole tensors on several
+	// streams or of more than goAheadMin bytes, says the data
 	// waits for the client's go-ahead (a frameOK, or a frameError to
 	// call it off): the client allocates its temporaries first (seconds
 	// for gigabytes), under keepalives. Sent at once, the data would fill
