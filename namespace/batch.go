@@ -242,6 +242,15 @@ func (p *linePlan) later(inPlace bool, fn func() error) {
 	}
 }
 
+// step adds a line's transfer to p's work (later): run(false) runs it,
+// and, in place, run(true) is its check (checks).
+func (p *linePlan) step(inPlace bool, run func(check bool) error) {
+	p.later(inPlace, func() error { return run(false) })
+	if inPlace {
+		p.checks = append(p.checks, func() error { return run(true) })
+	}
+}
+
 // planLine sorts line l into p, opening its source when this mount's
 // tensor goes out as a descriptor. Errors: EINVAL for a line between two
 // peers or a range that does not fit; the source's lookup's.
@@ -259,22 +268,17 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 			if pp == nil {
 				pp = newPeerPull()
 				p.pulls[peer] = pp
-				pull := func(check bool) error {
+				p.step(true, func(check bool) error {
 					if one, ok := pp.single(peer); ok {
 						return f.pullLine(ctx, one, check)
 					}
 					return f.pullLists(ctx, peer, pp.lists, prepOpts{caller: callerOf(ctx)}, check)
-				}
-				p.first = append(p.first, func() error { return pull(false) })
-				p.checks = append(p.checks, func() error { return pull(true) })
+				})
 			}
 			pp.add(pullKey{peer, l.src.path, l.dst.path}, sp)
 			return nil
 		}
-		p.later(inPlace, func() error { return f.pullLine(ctx, *l, false) })
-		if inPlace {
-			p.checks = append(p.checks, func() error { return f.pullLine(ctx, *l, true) })
-		}
+		p.step(inPlace, func(check bool) error { return f.pullLine(ctx, *l, check) })
 		return nil
 	}
 	node := l.node
@@ -288,10 +292,7 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 	file, ok := node.(*File)
 	if !ok || l.dst.peer == "" && !inPlace {
 		// A tree, or a whole tensor inside this mount: a copy of its own.
-		p.later(inPlace, func() error { return f.copyNode(ctx, node, *l, viaMount, false) })
-		if inPlace {
-			p.checks = append(p.checks, func() error { return f.copyNode(ctx, node, *l, viaMount, true) })
-		}
+		p.step(inPlace, func(check bool) error { return f.copyNode(ctx, node, *l, viaMount, check) })
 		return nil
 	}
 	key := listKey{file.t, l.dst.peer, l.dst.path}

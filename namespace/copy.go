@@ -380,11 +380,7 @@ func applyRange(srcs []transfer.Source, r transfer.Range, isDir bool) error {
 	if !r.Set {
 		return nil
 	}
-	metas := make([]transfer.Meta, len(srcs))
-	for i, s := range srcs {
-		metas[i] = s.Meta()
-	}
-	metas, err := r.Apply(metas, isDir)
+	metas, err := r.Apply(metasOf(srcs), isDir)
 	if err != nil {
 		return err
 	}
@@ -558,14 +554,19 @@ func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine, check bool) e
 	return logCopy(l.src.String(), dstLabel, n, err, l.dst.r.Set)
 }
 
-// checkLocal checks a copy of srcs inside this mount, moving nothing: its
-// destination prepared (every range checked) and let go.
-func checkLocal(srcs []transfer.Source, isDir bool, prepare func(bool, []transfer.Meta) (transfer.Dest, error)) error {
+// metasOf is the descriptors of srcs.
+func metasOf(srcs []transfer.Source) []transfer.Meta {
 	metas := make([]transfer.Meta, len(srcs))
 	for i, s := range srcs {
 		metas[i] = s.Meta()
 	}
-	d, err := prepare(isDir, metas)
+	return metas
+}
+
+// checkLocal checks a copy of srcs inside this mount, moving nothing: its
+// destination prepared (every range checked) and let go.
+func checkLocal(srcs []transfer.Source, isDir bool, prepare func(bool, []transfer.Meta) (transfer.Dest, error)) error {
+	d, err := prepare(isDir, metasOf(srcs))
 	if err == nil {
 		d.Abort()
 	}
@@ -578,10 +579,7 @@ func checkLocal(srcs []transfer.Source, isDir bool, prepare func(bool, []transfe
 // destination is prepared and before a byte moves; its error aborts the
 // copy.
 func (f *Tree) localCopy(ctx context.Context, label, dst string, srcs []transfer.Source, isDir bool, prepare func(bool, []transfer.Meta) (transfer.Dest, error), between func() error) (int, error) {
-	metas := make([]transfer.Meta, len(srcs))
-	for i, s := range srcs {
-		metas[i] = s.Meta()
-	}
+	metas := metasOf(srcs)
 	var rec *transfer.Record
 	end := func(error) {}
 	if f.peers != nil {

@@ -104,7 +104,8 @@ const goAheadMin = 1 << 20
 
 // sendMetas is the descriptors of srcs as a put sends them. Errors: EINVAL
 // for a destination range, or a range list's span, that ends past 2^63
-// (refused here: the peer would take it for a broken request, EPROTO).
+// (refused here, with the peer's own span check, checkSpans: the peer
+// would take it for a broken request, EPROTO).
 func sendMetas(srcs []Source) ([]Meta, error) {
 	metas := make([]Meta, len(srcs))
 	for i, sc := range srcs {
@@ -113,9 +114,9 @@ func sendMetas(srcs []Source) ([]Meta, error) {
 		if m.InPlace && (m.Off < 0 || m.Off > math.MaxInt64-m.NBytes) {
 			return nil, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("destination range at %d of %d bytes ends past 2^63", m.Off, m.NBytes)}
 		}
-		for _, sp := range m.Spans {
-			if sp.Dst > math.MaxInt64-sp.N {
-				return nil, &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("destination range at %d of %d bytes ends past 2^63", sp.Dst, sp.N)}
+		if m.Spans != nil {
+			if err := checkSpans(m.Spans, m.NBytes); err != nil {
+				return nil, &Error{Errno: syscall.EINVAL, Msg: "a range list past 2^63: " + err.Error()}
 			}
 		}
 	}

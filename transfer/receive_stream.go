@@ -372,17 +372,18 @@ func (rs *recvStream) skip(n int64) chunkOutcome {
 }
 
 // readInPlace reads chunk w's bytes from the socket straight into the
-// destination's memory, when the destination has it there and the chunk
-// has no CRC32C. A chunk with one is read into a buffer, checked, then
-// written: its sum must be of the bytes that came, and the destination's
-// memory may change under it (overlapping in-place copies race byte by
-// byte, and processes write it through their mappings); summed from
-// there, such a copy failed with EIO (72 of 600 concurrent 1 MiB copies
-// into one range, 2026-12-06). What the
-// socket holds at each turn, with the destination held only while a
-// readv runs, never while the peer is slow to send the rest (an unlink or
-// a truncate of it waits for no stalled peer; a sender stopped mid-chunk
+// destination's memory, when the destination has it there: what the
+// socket holds at each turn, with the destination held only while a readv
+// runs, never while the peer is slow to send the rest (an unlink or a
+// truncate of it waits for no stalled peer; a sender stopped mid-chunk
 // held an rm of the copy's destination for the whole timeout).
+//
+// Only a chunk without a CRC32C comes this way (data). One with a CRC is
+// read into a buffer, checked, then written (check, write): its sum must
+// be of the bytes that came, and the destination's memory may change under
+// it (overlapping in-place copies race byte by byte, and processes write
+// it through their mappings); summed from there, such copies failed with
+// EIO (72 of 600 concurrent 1 MiB copies into one range, 2026-12-06).
 func (rs *recvStream) readInPlace(w work) chunkOutcome {
 	var done int64
 	for {
