@@ -498,14 +498,16 @@ func (d *dest) at(i int) (*tensor.Tensor, int64) {
 
 // addInPlace adds the in-place descriptor m, whose tensor is at p: it must
 // exist, hold the range (exactly m.NBytes bytes when m.Exact) and, for a
-// caller of this mount, be writable by it. Errors: ENOENT, EISDIR, EINVAL,
-// EACCES.
+// caller of this mount, be writable by it. Errors: ENOENT, ENOTDIR (a
+// component of p is a file), EISDIR, EINVAL, EACCES.
 func (d *dest) addInPlace(p string, m transfer.Meta, c *Caller) error {
 	file := d.inPlaceAt[p] // a thousand ranges of one tensor resolve it once
 	if file == nil {
 		n, err := d.tree.Resolve(p)
 		if err != nil {
-			return errf(syscall.ENOENT, "in-place destination %s does not exist", p)
+			// Resolve's errno: ENOTDIR under a file, as a whole copy's
+			// destination parent is (and a tree's "@0" onto a file).
+			return errf(Errno(err), "in-place destination %s: %v", p, err)
 		}
 		f, ok := n.(*File)
 		if !ok {

@@ -384,6 +384,14 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 		{a.path("empty"), xattrs.CopyTo, "b:/dst@0", syscall.ENOTDIR},
 		{a.mnt, xattrs.Batch, "/empty /nowhere@0", syscall.ENOENT},
 		{a.mnt, xattrs.Batch, "/empty /loc@0", syscall.ENOTDIR},
+		// A file where the in-place destination needs a directory:
+		// ENOTDIR, as for a whole copy (these were ENOENT).
+		{a.path("tree"), xattrs.CopyTo, "b:/dst@0", syscall.ENOTDIR},
+		{a.path("tree"), xattrs.CopyTo, "/loc@0", syscall.ENOTDIR},
+		{a.path("src"), xattrs.CopyTo, "b:/dst/x@0", syscall.ENOTDIR},
+		{a.mnt, xattrs.Batch, "/src b:/dst/x@0", syscall.ENOTDIR},
+		{a.mnt, xattrs.Batch, "b:/tree /loc@0", syscall.ENOTDIR},
+		{a.mnt, xattrs.Batch, "/tree /loc@0", syscall.ENOTDIR},
 		{a.path("src"), xattrs.CopyTo, "@x b:/dst@0", syscall.EINVAL}, // not a range
 		{a.path("src"), xattrs.CopyTo, "b:/dst@12+", syscall.EINVAL},  // a typo, not a new tensor "dst@12+"
 		{a.path("src"), xattrs.CopyTo, "b:/dst@-1", syscall.EINVAL},
