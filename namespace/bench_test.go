@@ -2,6 +2,7 @@ package namespace
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -90,6 +91,9 @@ func BenchmarkNextRangeLine(b *testing.B) {
 // 8 KiB blocks of one tensor into scattered blocks of a peer's tensor (one
 // range-list descriptor of 1000 spans), in ns per line. On an H100 host
 // this part of a 1000-line copy_to took about 100 µs (2026-12-06).
+//
+// Sub-benchmarks: the text lines, and the same descriptors as a binary
+// range list (planBinary).
 func BenchmarkPlanRangeLines1000(b *testing.B) {
 	const n, blk = 1000, 8 << 10
 	tr := unmountedFS(b)
@@ -105,19 +109,42 @@ func BenchmarkPlanRangeLines1000(b *testing.B) {
 		b.Fatal(err)
 	}
 	var lines []string
+	bin := []byte(BinaryMagic + "b:/cache\n")
+	bin = binary.LittleEndian.AppendUint32(bin, n)
 	for i := range n {
-		lines = append(lines, fmt.Sprintf("@%d+%d b:/cache@%d", i*blk, blk, ((i*389+17)%(2*n))*blk))
-	}
-	value := strings.Join(lines, "\n")
-	for b.Loop() {
-		p := newLinePlan(strings.Count(value, "\n") + 1)
-		rest, k, err := tr.planRangeLines(p, src, value)
-		if err != nil || rest != "" || k != n || len(p.lists) != 1 {
-			b.Fatalf("planned %d lines, rest %q, %d lists: %v", k, rest, len(p.lists), err)
+		dst := ((i*389 + 17) % (2 * n)) * blk
+		lines = append(lines, fmt.Sprintf("@%d+%d b:/cache@%d", i*blk, blk, dst))
+		for _, v := range []int{i * blk, dst, blk} {
+			bin = binary.LittleEndian.AppendUint64(bin, uint64(v))
 		}
-		closeAll(p.opened)
 	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/line")
+	for _, c := range []struct{ name, value string }{{"text", strings.Join(lines, "\n")}, {"binary", string(bin)}} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				var p *linePlan
+				var rest string
+				var k int
+				var err error
+				if isBinary(c.value) {
+					recs, derr := decodeBinary(c.value)
+					if derr != nil {
+						b.Fatal(derr)
+					}
+					p = newLinePlan(binaryLines(recs))
+					rest, err = tr.planBinary(p, src, recs)
+					k = descriptors(recs)
+				} else {
+					p = newLinePlan(strings.Count(c.value, "\n") + 1)
+					rest, k, err = tr.planRangeLines(p, src, c.value)
+				}
+				if err != nil || rest != "" || k != n || len(p.lists) != 1 {
+					b.Fatalf("planned %d lines, rest %q, %d lists: %v", k, rest, len(p.lists), err)
+				}
+				closeAll(p.opened)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/line")
+		})
+	}
 }
 
 // BenchmarkFindShared1000: findShared over one in-place range list of 1000

@@ -229,7 +229,8 @@ func actionLines(value string, skipped int, want string) ([]actionLine, error) {
 
 // CopyTo pushes node src (a file, or a directory tree) to the lines of
 // value, each "[@SRCRANGE ]DST" with DST "[PEER:]PATH[@RANGE]" (DESIGN.md
-// "In-place copies"): a destination with a range is written in place; a
+// "In-place copies"), or the binary range list that stands for them
+// (BinaryMagic): a destination with a range is written in place; a
 // directory's only with "@0". Several lines are one call (see runLines).
 // It ignores the request's cancellation (FUSE interrupts): a copy runs to
 // completion or failure.
@@ -245,19 +246,36 @@ func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool
 	defer func() {
 		err = copyErr(logRefusal("copy_to", f.Path(src), value, err))
 	}()
-	p := newLinePlan(strings.Count(value, "\n") + 1)
-	defer func() { closeAll(p.opened) }()
+	var p *linePlan
 	var rest string
 	var fast int
-	if p.hint > 1 {
+	switch {
+	case isBinary(value):
+		recs, err := decodeBinary(value)
+		if err != nil {
+			return err
+		}
+		p = newLinePlan(binaryLines(recs))
+		defer func() { closeAll(p.opened) }()
+		if rest, err = f.planBinary(p, src, recs); err != nil {
+			return err
+		}
+		if fast = descriptors(recs); rest == "" {
+			return f.runPlan(ctx, p, f.Path(src))
+		}
+	default:
+		p = newLinePlan(strings.Count(value, "\n") + 1)
+		defer func() { closeAll(p.opened) }()
+		if p.hint == 1 {
+			rest = value
+			break
+		}
 		if rest, fast, err = f.planRangeLines(p, src, value); err != nil {
 			return err
 		}
 		if rest == "" {
 			return f.runPlan(ctx, p, f.Path(src))
 		}
-	} else {
-		rest = value
 	}
 	fields, err := actionLines(rest, fast, "[@SRCRANGE ]DST")
 	if err != nil {
@@ -391,7 +409,7 @@ func applyRange(srcs []transfer.Source, r transfer.Range, isDir bool) error {
 }
 
 // CopyFrom pulls the lines of value, each "SRC[ @DSTRANGE]" with SRC
-// "[PEER:]PATH[@RANGE]", into node dst (a file, or a directory tree): a
+// "[PEER:]PATH[@RANGE]" (or a binary range list: BinaryMagic), into node dst (a file, or a directory tree): a
 // line with a destination range writes dst's bytes in place; without one
 // the data of files is replaced by adoption (the kernel holds dst's lock
 // for this call). The in-place lines run first. Errors as for CopyTo;
@@ -400,11 +418,21 @@ func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error)
 	defer func() {
 		err = copyErr(logRefusal("copy_from", f.Path(dst), value, err))
 	}()
-	fields, err := actionLines(value, 0, "SRC[ @DSTRANGE]")
+	var inPlace, whole []copyLine
+	text := value
+	if isBinary(value) {
+		recs, err := decodeBinary(value)
+		if err != nil {
+			return err
+		}
+		if inPlace, text, err = f.binaryPulls(recs); err != nil {
+			return err
+		}
+	}
+	fields, err := actionLines(text, len(inPlace), "SRC[ @DSTRANGE]")
 	if err != nil {
 		return err
 	}
-	var inPlace, whole []copyLine
 	rp := refParser{f: f}
 	for _, fl := range fields {
 		var l copyLine
@@ -622,16 +650,32 @@ func (f *Tree) localCopy(ctx context.Context, label, dst string, srcs []transfer
 }
 
 // Batch runs the copies of a batch xattr: one "SRC DST" per line, each
-// side "[PEER:]PATH[@RANGE]", as one call (runLines). Errors as CopyTo's.
+// side "[PEER:]PATH[@RANGE]", or a binary range list (BinaryMagic), as one
+// call (runLines). Errors as CopyTo's.
 func (f *Tree) Batch(ctx context.Context, value string) (err error) {
 	defer func() {
 		err = copyErr(logRefusal("batch", "/", value, err))
 	}()
-	p := newLinePlan(strings.Count(value, "\n") + 1)
-	defer func() { closeAll(p.opened) }()
-	rest, fast, err := f.planRangeLines(p, nil, value)
-	if err != nil {
-		return err
+	var p *linePlan
+	var rest string
+	var fast int
+	if isBinary(value) {
+		recs, err := decodeBinary(value)
+		if err != nil {
+			return err
+		}
+		p = newLinePlan(binaryLines(recs))
+		defer func() { closeAll(p.opened) }()
+		if rest, err = f.planBinary(p, nil, recs); err != nil {
+			return err
+		}
+		fast = descriptors(recs)
+	} else {
+		p = newLinePlan(strings.Count(value, "\n") + 1)
+		defer func() { closeAll(p.opened) }()
+		if rest, fast, err = f.planRangeLines(p, nil, value); err != nil {
+			return err
+		}
 	}
 	fields, err := actionLines(rest, fast, "SRC DST")
 	if err != nil {
@@ -691,7 +735,7 @@ func logRefusal(action, on, value string, err error) error {
 	if err == nil || errors.As(err, &le) {
 		return err
 	}
-	if len(value) > 200 {
+	if value = describeValue(value); len(value) > 200 {
 		value = value[:200] + "..."
 	}
 	slog.Warn("refused", "attr", "user.tensorfs."+action, "on", on, "value", value, "errno", errnoName(err), "err", err)

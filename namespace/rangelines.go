@@ -172,7 +172,6 @@ func scanNumber(s string, i int) (int64, int, bool) {
 func (f *Tree) planRangeLines(p *linePlan, src Node, value string) (rest string, n int, err error) {
 	var cur *fileSource
 	var curSrc, curDst string
-	file, _ := src.(*File)
 	var last rangeLine // the line before, whose paths the next one repeats
 	var prev *rangeLine
 	for rest = value; rest != ""; n++ {
@@ -190,50 +189,75 @@ func (f *Tree) planRangeLines(p *linePlan, src Node, value string) (rest string,
 			return rest, n, nil
 		}
 		if cur == nil || l.srcRef != curSrc || l.dstRef != curDst {
-			if src == nil && (cur == nil || l.srcRef != curSrc) {
-				peer, path, err := f.parseTarget(l.srcRef)
-				if err != nil || peer != "" {
-					return rest, n, nil // the general parser's
-				}
-				node, err := f.Resolve(path)
-				if err != nil {
-					return "", 0, err
-				}
-				if file, ok = node.(*File); !ok {
-					return rest, n, nil // a tree: a copy of its own
-				}
-			}
-			if file == nil {
-				return rest, n, nil
-			}
-			peer, path, err := f.parseTarget(l.dstRef)
-			if err != nil {
-				return "", 0, err
+			var opened bool
+			if cur, opened, err = f.rangeList(p, src, l); err != nil || cur == nil {
+				return rest, n, err // cur nil: the general parser's
 			}
 			curSrc, curDst = l.srcRef, l.dstRef
-			key := listKey{file.t, peer, path}
-			if cur = p.lists[key]; cur == nil {
-				s, err := p.set.open(file, strings.TrimPrefix(path, "/"), transfer.Range{Set: true, Off: l.src, Len: l.n, HasLen: true})
-				if err != nil {
-					return "", 0, err
-				}
-				p.opened = append(p.opened, s)
-				s.meta.InPlace, s.meta.Off = true, l.dst
-				p.lists[key] = s
-				p.add(peer, s)
-				cur = s
+			if opened {
 				rest = after
 				continue
 			}
 		}
-		off, k, err := rangeIn(cur.ref.meta.NBytes, transfer.Range{Set: true, Off: l.src, Len: l.n, HasLen: true})
-		if err != nil {
+		if err := cur.addRange(l, p.hint); err != nil {
 			return "", 0, err
 		}
-		cur.addSpan(off, l.dst, k, p.hint)
 		rest = after
 	}
 	return rest, n, nil
+}
+
+// rangeList is the range list of p that line l joins: the descriptor of
+// l's source tensor into its destination (src, for a copy_to; nil for a
+// batch, whose lines name their sources), found, or opened with l's range
+// (opened true: l is in it). A nil list, with no error, is a line a range
+// list cannot take (a source on a peer, a directory, a malformed path):
+// the general parser's. Errors: a missing source, a malformed destination
+// path.
+func (f *Tree) rangeList(p *linePlan, src Node, l rangeLine) (cur *fileSource, opened bool, err error) {
+	file, _ := src.(*File)
+	if src == nil {
+		peer, path, err := f.parseTarget(l.srcRef)
+		if err != nil || peer != "" {
+			return nil, false, nil
+		}
+		node, err := f.Resolve(path)
+		if err != nil {
+			return nil, false, err
+		}
+		file, _ = node.(*File) // a tree: a copy of its own
+	}
+	if file == nil {
+		return nil, false, nil
+	}
+	peer, path, err := f.parseTarget(l.dstRef)
+	if err != nil {
+		return nil, false, err
+	}
+	key := listKey{file.t, peer, path}
+	if cur = p.lists[key]; cur != nil {
+		return cur, false, nil
+	}
+	s, err := p.set.open(file, strings.TrimPrefix(path, "/"), transfer.Range{Set: true, Off: l.src, Len: l.n, HasLen: true})
+	if err != nil {
+		return nil, false, err
+	}
+	p.opened = append(p.opened, s)
+	s.meta.InPlace, s.meta.Off = true, l.dst
+	p.lists[key] = s
+	p.add(peer, s)
+	return s, true, nil
+}
+
+// addRange adds line l's range to range list s, once it lies inside the
+// source tensor. Errors: EINVAL.
+func (s *fileSource) addRange(l rangeLine, hint int) error {
+	off, k, err := rangeIn(s.ref.meta.NBytes, transfer.Range{Set: true, Off: l.src, Len: l.n, HasLen: true})
+	if err != nil {
+		return err
+	}
+	s.addSpan(off, l.dst, k, hint)
+	return nil
 }
 
 // fastLine takes the first line of rest when it is a range line with the

@@ -12,6 +12,7 @@ The tests of in-place copies (class InPlace) need the daemon's range support.
 
 import errno
 import os
+import struct
 import sys
 import threading
 import time
@@ -68,6 +69,69 @@ class Refs(unittest.TestCase):
         self.assertTrue(values[-1].endswith(lines[-1]))
         self.assertEqual(tensorfs.split_batch(lines[:3]), ["\n".join(lines[:3])])
         self.assertRaises(ValueError, tensorfs.split_batch, ["x" * 70000])
+
+
+class BinaryRanges(unittest.TestCase):
+    """encode_ranges(): the binary range list's bytes, no mount needed."""
+
+    def decode(self, value):
+        """The records of one value: [(line, [(src, dst, n), ...]), ...]."""
+        self.assertTrue(value.startswith(tensorfs.BINARY_MAGIC))
+        rest, recs = value[len(tensorfs.BINARY_MAGIC):], []
+        while rest:
+            line, rest = rest.split(b"\n", 1)
+            (count,) = struct.unpack("<I", rest[:4])
+            descs = struct.unpack("<%dq" % (3 * count), rest[4:4 + 24 * count])
+            recs.append((line.decode(), [descs[i:i + 3] for i in range(0, len(descs), 3)]))
+            rest = rest[4 + 24 * count:]
+        return recs
+
+    def test_layout(self):
+        r = tensorfs.ranges("/s", "b:/d", [0, 8192], [65536, 0], 8192)
+        v = tensorfs.encode_ranges([r, ("/note", "b:/note")])
+        self.assertEqual(len(v), 1)
+        self.assertEqual(v[0], tensorfs.BINARY_MAGIC + b"/s b:/d\n" + struct.pack("<I6q", 2, 0, 65536, 8192, 8192, 0, 8192)
+                         + b"/note b:/note\n" + struct.pack("<I", 0))
+        self.assertEqual(len(r), 2)
+        # Lengths one by one; copy_to's record names only its destination.
+        r = tensorfs.ranges(None, "b:/d", [1], [2], [3])
+        self.assertEqual(self.decode(tensorfs.encode_ranges([r])[0]), [("b:/d", [(1, 2, 3)])])
+        # Without NumPy the same bytes come from struct.
+        with_np = tensorfs.ranges("/s", "b:/d", [0, 8192], [65536, 0], 8192)._descs
+        saved = sys.modules.get("numpy")
+        sys.modules["numpy"] = None  # import numpy raises ImportError
+        try:
+            without = tensorfs.ranges("/s", "b:/d", [0, 8192], [65536, 0], 8192)._descs
+            self.assertRaises(ValueError, tensorfs.ranges, "/s", "b:/d", [-1], [0], 8)
+        finally:
+            if saved is None:
+                del sys.modules["numpy"]
+            else:
+                sys.modules["numpy"] = saved
+        self.assertEqual(with_np, without)
+
+    def test_split_keeps_order_and_last(self):
+        n = 7000
+        r = tensorfs.ranges("/s", "b:/d", list(range(n)), list(range(n, 2 * n)), 16)
+        values = tensorfs.encode_ranges([("/first", "b:/first"), r, ("/note", "b:/note")])
+        self.assertGreater(len(values), 2)
+        recs = []
+        for v in values:
+            self.assertLessEqual(len(v), tensorfs.XATTR_SIZE_MAX)
+            recs += self.decode(v)
+        self.assertEqual(recs[0], ("/first b:/first", []))
+        self.assertEqual(recs[-1], ("/note b:/note", []))
+        got = [d for line, ds in recs[1:-1] for d in ds]
+        self.assertTrue(all(line == "/s b:/d" for line, _ in recs[1:-1]))
+        self.assertEqual(got, [(i, n + i, 16) for i in range(n)])
+        self.assertEqual(self.decode(values[-1])[-1], ("/note b:/note", []))
+
+    def test_refusals(self):
+        self.assertRaises(ValueError, tensorfs.ranges, "/s", "b:/d", [0, 1], [0], 8)
+        self.assertRaises(ValueError, tensorfs.ranges, "/s", "b:/d", [0], [0], [8, 8])
+        self.assertRaises(ValueError, tensorfs.ranges, "/s", "b:/d", [-1], [0], 8)
+        self.assertRaises(ValueError, tensorfs.ranges, "/s x", "b:/d", [0], [0], 8)
+        self.assertRaises(ValueError, tensorfs.encode_ranges, [("/" + "x" * 70000, "b:/d")])
 
 
 @unittest.skipUnless(A and B, "TENSORFS_MOUNT_A/B not set (run by tests/python_test.go)")
@@ -444,6 +508,48 @@ class InPlace(Base):
         self.assertTrue(os.path.exists(self.b.path(self.p("done"))))
         want = np.concatenate([pattern(block, k) for k in range(nblocks)])
         np.testing.assert_array_equal(cache.array, want)
+
+    def test_binary_ranges(self):
+        # The blocks of a batch as arrays (a binary range list), into two
+        # peer tensors and one of this mount, then a notification; copy_to
+        # and copy_from take them too. Every block lands, through mappings
+        # made before.
+        block, nblocks = 512, 64
+        caches = [self.cache(self.b, "c%d" % k, block * nblocks) for k in range(2)]
+        local = self.cache(self.a, "local", block * nblocks)
+        before = [self.ids(self.b, "c%d" % k) for k in range(2)]
+        staging = np.concatenate([pattern(block, k) for k in range(40)])
+        self.tensor(self.a, "staging", staging)
+        self.tensor(self.a, "note", b"req 9")
+        rng = np.random.default_rng(3)
+        ids = [rng.permutation(nblocks)[:20] for _ in range(3)]
+        src = np.arange(20) * block
+        items = [tensorfs.ranges(self.p("staging"), NB + ":" + self.p("c0"), src, ids[0] * block, block),
+                 tensorfs.ranges(self.p("staging"), NB + ":" + self.p("c1"), src + 20 * block, ids[1] * block, block),
+                 tensorfs.ranges(self.p("staging"), self.p("local"), src, ids[2] * block, block),
+                 (self.p("note"), NB + ":" + self.p("note"))]
+        self.assertEqual(self.a.batch(items), 1)
+        for k, (m, first) in enumerate([(caches[0], 0), (caches[1], 20), (local, 0)]):
+            a = m.array.reshape(nblocks, block)
+            for j, bid in enumerate(ids[k]):
+                np.testing.assert_array_equal(a[bid], pattern(block, first + j), "target %d block %d" % (k, bid))
+            rest = np.setdiff1d(np.arange(nblocks), ids[k])
+            self.assertTrue((a[rest] == 0xEE).all(), "target %d: bytes outside the ranges changed" % k)
+        self.assertEqual([self.ids(self.b, "c%d" % k) for k in range(2)], before)
+        self.assertEqual(self.read(self.b, "note"), b"req 9")
+        # copy_to: the source is the file; copy_from: the destination is.
+        self.a.copy_to(self.p("staging"), tensorfs.ranges(None, NB + ":" + self.p("c0"), [0], [0], block))
+        np.testing.assert_array_equal(caches[0].array[:block], pattern(block, 0))
+        self.a.copy_from(self.p("local"), tensorfs.ranges(NB + ":" + self.p("c1"), None, ids[1][:2] * block, [0, block], block))
+        np.testing.assert_array_equal(local.array[:2 * block], np.concatenate([pattern(block, 20), pattern(block, 21)]))
+        # A refused list writes nothing, and says why.
+        snap = caches[0].array.copy()
+        bad = tensorfs.ranges(self.p("staging"), NB + ":" + self.p("c0"), [0, 0], [0, block * nblocks], block)
+        with self.assertRaises(tensorfs.TensorfsError) as cm:
+            self.a.batch([bad])
+        self.assertEqual(cm.exception.errno, errno.EINVAL, str(cm.exception))
+        self.assertIn("binary range list", str(cm.exception))
+        np.testing.assert_array_equal(caches[0].array, snap)
 
     def test_range_errors_write_nothing(self):
         cache = self.cache(self.b, "cache", 4096)

@@ -91,7 +91,8 @@ func TestPythonClient(t *testing.T) {
 
 // TestPythonInPlace: in-place copies (ranges) through the client: a mapping
 // made before the copy sees the new bytes, ids and generation are kept, bytes
-// outside the range are untouched, bad ranges write nothing.
+// outside the range are untouched, bad ranges write nothing; binary range
+// lists from arrays (their encoding, then copies with them).
 func TestPythonInPlace(t *testing.T) {
-	pythonSuite(t, "test_tensorfs.InPlace")
+	pythonSuite(t, "test_tensorfs.BinaryRanges", "test_tensorfs.InPlace")
 }

@@ -1,0 +1,87 @@
+package namespace
+
+import (
+	"encoding/binary"
+	"errors"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// binList is a binary range list of one record per line of lines, the
+// descriptors of each given by descs (nil: none).
+func binList(lines []string, descs [][][3]int64) string {
+	b := []byte(BinaryMagic)
+	for i, l := range lines {
+		b = append(b, l...)
+		b = append(b, '\n')
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(descs[i])))
+		for _, d := range descs[i] {
+			for _, v := range d {
+				b = binary.LittleEndian.AppendUint64(b, uint64(v))
+			}
+		}
+	}
+	return string(b)
+}
+
+func TestDecodeBinary(t *testing.T) {
+	v := binList([]string{"/s b:/d", "/n b:/n"}, [][][3]int64{{{1, 2, 3}, {4, 5, 6}}, nil})
+	recs, err := decodeBinary(v)
+	require.NoError(t, err)
+	require.Len(t, recs, 2)
+	require.Equal(t, "/s b:/d", recs[0].line)
+	require.Equal(t, 2, recs[0].count())
+	s, d, n, err := recs[0].desc(1)
+	require.NoError(t, err)
+	require.Equal(t, [3]int64{4, 5, 6}, [3]int64{s, d, n})
+	require.Equal(t, 0, recs[1].count())
+	require.Equal(t, 3, binaryLines(recs))
+	require.Equal(t, 2, descriptors(recs))
+	require.Equal(t, "<binary range list, 81 bytes>", describeValue(v))
+	require.Equal(t, "/a b:/b", describeValue("/a b:/b"))
+
+	neg := binList([]string{"/s b:/d"}, [][][3]int64{{{0, 0, -8}}})
+	recs, err = decodeBinary(neg)
+	require.NoError(t, err)
+	_, _, _, err = recs[0].desc(0)
+	require.True(t, errors.Is(err, syscall.EINVAL), "%v", err)
+
+	for _, bad := range []string{
+		"\x00",
+		"\x00ranges2\n/s\n\x00\x00\x00\x00",
+		BinaryMagic,
+		BinaryMagic + "/s b:/d",
+		BinaryMagic + "/s b:/d\n\x01\x00",
+		v[:len(v)-1],
+		BinaryMagic + "/s\x00 b:/d\n\x00\x00\x00\x00",
+		BinaryMagic + "/s b:/d\n\xff\xff\xff\xff",
+	} {
+		_, err := decodeBinary(bad)
+		require.True(t, errors.Is(err, syscall.EINVAL), "%q: %v", bad, err)
+	}
+	require.True(t, isBinary("\x00x"))
+	require.False(t, isBinary(""))
+	require.False(t, isBinary("/a b:/b"))
+}
+
+// FuzzDecodeBinary: any value decodes or is EINVAL, never a panic, and the
+// records' descriptors are whole.
+func FuzzDecodeBinary(f *testing.F) {
+	f.Add(binList([]string{"/s b:/d", "/n b:/n"}, [][][3]int64{{{1, 2, 3}}, nil}))
+	f.Add(BinaryMagic + "x\n\x02\x00\x00\x00")
+	f.Fuzz(func(t *testing.T, v string) {
+		recs, err := decodeBinary(v)
+		if err != nil {
+			require.True(t, errors.Is(err, syscall.EINVAL), "%v", err)
+			return
+		}
+		for _, r := range recs {
+			require.Zero(t, len(r.descs)%descLen)
+			for i := range r.count() {
+				r.desc(i)
+			}
+		}
+	})
+}
