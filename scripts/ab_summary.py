@@ -33,7 +33,7 @@ def main(path):
         f = floors.get(rnd, {})
         small = [x[3] for x in rows if x[:3] == (build, rnd, "4K/ipc")]
         small = small[0]["floor-us"] if small else None
-        if name == "Scatter1000x8K/ipc" and small is not None and "scatter-us" in f:
+        if name in ("Scatter1000x8K/ipc", "Scatter1000x8K/ipc-binary") and small is not None and "scatter-us" in f:
             fl = small + f["scatter-us"]
             extra = "floor %.1f x-floor %.2f" % (fl, m["p50-us"] / fl)
         elif name == "Big/ipc" and small is not None and "ipc1g-us" in f:

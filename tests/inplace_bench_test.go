@@ -368,7 +368,8 @@ func BenchmarkInPlace4K(b *testing.B) {
 //
 // $INPLACE_BLOCK sets another block size (bytes, at most 1 MiB): with a
 // few bytes the copy is next to nothing, and a profile shows the
-// per-descriptor costs alone.
+// per-descriptor costs alone. Each path runs twice: the text lines, and
+// ("-binary") the same descriptors as a binary range list.
 func BenchmarkInPlaceScatter1000x8K(b *testing.B) {
 	const n = 1000
 	blk := 8 << 10
@@ -380,55 +381,72 @@ func BenchmarkInPlaceScatter1000x8K(b *testing.B) {
 		blk = k
 	}
 	for _, cp := range benchPaths() {
-		path := cp.path
-		b.Run(cp.name, func(b *testing.B) {
-			a, d := inPlaceBenchPairOn(b, cp)
-			data := make([]byte, n*blk)
-			rand.NewChaCha8([32]byte{5}).Read(data)
-			mustNo(b, os.WriteFile(a.path("blocks"), data, 0o644))
-			mustNo(b, os.WriteFile(d.path("cache"), nil, 0o644))
-			mustNo(b, os.Truncate(d.path("cache"), int64(2*n*blk)))
-			perm := rand.New(rand.NewPCG(1, 2)).Perm(2 * n)[:n]
-			var lines []string
-			for i, j := range perm {
-				lines = append(lines, fmt.Sprintf("@%d+%d b:/cache@%d", i*blk, blk, j*blk))
+		for _, binary := range []bool{false, true} {
+			name := cp.name
+			if binary {
+				name += "-binary"
 			}
-			value := strings.Join(lines, "\n")
-			peerBenchCopyTo(b, a.path("blocks"), value)
-			// The value as the bytes a client keeps (a 25 KB conversion
-			// per call was the benchmark's, not the copy's).
-			src, v := a.path("blocks"), []byte(value)
-			var lat []time.Duration
-			for b.Loop() {
-				t := time.Now()
-				if err := unix.Setxattr(src, xattrs.CopyTo, v, 0); err != nil {
-					b.Fatalf("setxattr %s: %v", src, err)
-				}
-				lat = append(lat, time.Since(t))
-			}
-			f, err := os.Open(d.path("cache"))
-			mustNo(b, err)
-			got := make([]byte, blk)
-			for _, i := range []int{0, n / 2, n - 1} {
-				_, err := f.ReadAt(got, int64(perm[i]*blk))
-				mustNo(b, err)
-				if !bytes.Equal(got, data[i*blk:(i+1)*blk]) {
-					b.Fatalf("block %d differs", i)
-				}
-			}
-			f.Close()
-			reportPhases(b, d.mnt, 16)
-			reportTook(b, a.mnt, 16, "src-us")
-			tf := p50(lat)
-			b.ReportMetric(tf, "p50-us")
-			b.ReportMetric(tf/n, "us/desc")
-			if path != "ipc" {
-				r := rawP50(b, data, make([]byte, n*blk), max(len(lat), 20))
-				b.ReportMetric(r, "raw-p50-us")
-				b.ReportMetric(r/tf, "x-raw")
-			}
-		})
+			benchScatter(b, name, cp, n, blk, binary)
+		}
 	}
+}
+
+// benchScatter is BenchmarkInPlaceScatter1000x8K on path cp, its value the
+// text lines or (binary) the binary range list of the same descriptors.
+func benchScatter(b *testing.B, name string, cp copyPath, n, blk int, binary bool) {
+	path := cp.path
+	b.Run(name, func(b *testing.B) {
+		a, d := inPlaceBenchPairOn(b, cp)
+		data := make([]byte, n*blk)
+		rand.NewChaCha8([32]byte{5}).Read(data)
+		mustNo(b, os.WriteFile(a.path("blocks"), data, 0o644))
+		mustNo(b, os.WriteFile(d.path("cache"), nil, 0o644))
+		mustNo(b, os.Truncate(d.path("cache"), int64(2*n*blk)))
+		perm := rand.New(rand.NewPCG(1, 2)).Perm(2 * n)[:n]
+		var lines []string
+		rec := binRec{line: "b:/cache"}
+		for i, j := range perm {
+			lines = append(lines, fmt.Sprintf("@%d+%d b:/cache@%d", i*blk, blk, j*blk))
+			rec.descs = append(rec.descs, [3]int64{int64(i * blk), int64(j * blk), int64(blk)})
+		}
+		value := strings.Join(lines, "\n")
+		if binary {
+			value = binValue(rec)
+		}
+		peerBenchCopyTo(b, a.path("blocks"), value)
+		// The value as the bytes a client keeps (a 25 KB conversion
+		// per call was the benchmark's, not the copy's).
+		src, v := a.path("blocks"), []byte(value)
+		var lat []time.Duration
+		for b.Loop() {
+			t := time.Now()
+			if err := unix.Setxattr(src, xattrs.CopyTo, v, 0); err != nil {
+				b.Fatalf("setxattr %s: %v", src, err)
+			}
+			lat = append(lat, time.Since(t))
+		}
+		f, err := os.Open(d.path("cache"))
+		mustNo(b, err)
+		got := make([]byte, blk)
+		for _, i := range []int{0, n / 2, n - 1} {
+			_, err := f.ReadAt(got, int64(perm[i]*blk))
+			mustNo(b, err)
+			if !bytes.Equal(got, data[i*blk:(i+1)*blk]) {
+				b.Fatalf("block %d differs", i)
+			}
+		}
+		f.Close()
+		reportPhases(b, d.mnt, 16)
+		reportTook(b, a.mnt, 16, "src-us")
+		tf := p50(lat)
+		b.ReportMetric(tf, "p50-us")
+		b.ReportMetric(tf/float64(n), "us/desc")
+		if path != "ipc" {
+			r := rawP50(b, data, make([]byte, n*blk), max(len(lat), 20))
+			b.ReportMetric(r, "raw-p50-us")
+			b.ReportMetric(r/tf, "x-raw")
+		}
+	})
 }
 
 // BenchmarkInPlaceBig: per op, one copy_to of $INPLACE_BIG_MB MiB (default
