@@ -402,7 +402,7 @@ func (f *Tree) pushLines(ctx context.Context, peer, label string, srcs []transfe
 		return f.peers.Check(ctx, peer, "/", srcs, true)
 	}
 	n, err := f.peers.Send(ctx, peer, "/", srcs, true, label)
-	return logCopy(label, peer+":/", n, err, allInPlace(srcs))
+	return logCopy(label, peer+":/", n, err, transfer.ModeOf(metasOf(srcs)))
 }
 
 // localLines writes a call's in-place descriptors into this mount, as one
@@ -413,7 +413,7 @@ func (f *Tree) localLines(ctx context.Context, label string, srcs []transfer.Sou
 	n, err := f.localCopy(ctx, label, "/", srcs, true, func(isDir bool, metas []transfer.Meta) (transfer.Dest, error) {
 		return f.prepare("/", isDir, metas, prepOpts{caller: callerOf(ctx)})
 	}, between)
-	return logCopy(label, "/", n, err, true)
+	return logCopy(label, "/", n, err, transfer.ModeOf(metasOf(srcs)))
 }
 
 // pullLine copies one line's peer source into this mount. It renames into
@@ -439,7 +439,7 @@ func (f *Tree) pullLine(ctx context.Context, l copyLine, check bool) error {
 		return f.peers.CheckPull(ctx, pull, prepare)
 	}
 	n, err := f.peers.Receive(ctx, pull, prepare)
-	return logCopy(l.src.String(), l.dst.String(), n, err, l.dst.r.Set)
+	return logCopy(l.src.String(), l.dst.String(), n, err, lineMode(l))
 }
 
 // pullLists copies a call's in-place lines from peer's tensors into
@@ -461,15 +461,5 @@ func (f *Tree) pullLists(ctx context.Context, peer string, lists []transfer.Span
 		return f.peers.CheckPull(ctx, pull, prepare)
 	}
 	n, err := f.peers.Receive(ctx, pull, prepare)
-	return logCopy(pull.SrcText(), pull.DstText(), n, err, true)
-}
-
-// allInPlace reports whether every descriptor of srcs is written in place.
-func allInPlace(srcs []transfer.Source) bool {
-	for _, s := range srcs {
-		if !s.Meta().InPlace {
-			return false
-		}
-	}
-	return true
+	return logCopy(pull.SrcText(), pull.DstText(), n, err, transfer.ModeNames[transfer.ModeInPlace])
 }

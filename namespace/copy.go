@@ -328,7 +328,7 @@ func (f *Tree) copyNode(ctx context.Context, src Node, l copyLine, viaMount, che
 			return f.peers.Check(ctx, peer, dst, srcs, isDir)
 		}
 		n, err := f.peers.Send(ctx, peer, dst, srcs, isDir, label)
-		return logCopy(label, l.dst.String(), n, err, l.dst.r.Set)
+		return logCopy(label, l.dst.String(), n, err, lineMode(l))
 	}
 	inPlace := l.dst.r.Set
 	target, terr := f.Resolve(dst)
@@ -354,7 +354,7 @@ func (f *Tree) copyNode(ctx context.Context, src Node, l copyLine, viaMount, che
 		return checkLocal(srcs, isDir, prepare)
 	}
 	n, err := f.localCopy(ctx, label, l.dst.String(), srcs, isDir, prepare, nil)
-	return logCopy(label, l.dst.String(), n, err, l.dst.r.Set)
+	return logCopy(label, l.dst.String(), n, err, lineMode(l))
 }
 
 // emptyTreeInPlace is the in-place copy ("@0") of a tree with no tensors
@@ -551,7 +551,7 @@ func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine, check bool) e
 			return f.peers.CheckPull(ctx, pull, prepare)
 		}
 		n, err := f.peers.Receive(ctx, pull, prepare)
-		return logCopy(l.src.String(), dstLabel, n, err, l.dst.r.Set)
+		return logCopy(l.src.String(), dstLabel, n, err, lineMode(l))
 	}
 	srcNode, err := f.Resolve(l.src.path)
 	if err != nil {
@@ -579,7 +579,7 @@ func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine, check bool) e
 		return checkLocal(srcs, isDir, prepare)
 	}
 	n, err := f.localCopy(ctx, l.src.String(), dstLabel, srcs, isDir, prepare, nil)
-	return logCopy(l.src.String(), dstLabel, n, err, l.dst.r.Set)
+	return logCopy(l.src.String(), dstLabel, n, err, lineMode(l))
 }
 
 // metasOf is the descriptors of srcs.
@@ -699,17 +699,26 @@ func (f *Tree) Batch(ctx context.Context, value string) (err error) {
 	return f.runLines(ctx, p, lines, false, "batch")
 }
 
-// logCopy logs a copy's failure, with its errno, and marks the error as
-// logged (logRefusal then says nothing more). A success is logged by the
-// transfer's record as it ends (transfer.Service.TrackCtx: path, mode,
-// bytes, seconds), so it is not logged again here; n and inPlace are kept
-// for the failure's line.
-func logCopy(src, dst string, n int, err error, inPlace bool) error {
+// logCopy logs a copy's failure, with its errno and mode ("whole",
+// "in_place" or "mixed", as its record says: transfer.ModeOf), and marks
+// the error as logged (logRefusal then says nothing more). A success is
+// logged by the transfer's record as it ends (transfer.Service.TrackCtx:
+// path, mode, bytes, seconds), so it is not logged again here.
+func logCopy(src, dst string, n int, err error, mode string) error {
 	if err == nil {
 		return nil
 	}
-	slog.Warn("copy failed", "src", src, "dst", dst, "in_place", inPlace, "copied", n, "errno", errnoName(err), "err", err)
+	slog.Warn("copy failed", "src", src, "dst", dst, "mode", mode, "copied", n, "errno", errnoName(err), "err", err)
 	return loggedError{err}
+}
+
+// lineMode is the mode of a copy of one line: in place when its
+// destination has a range.
+func lineMode(l copyLine) string {
+	if l.dst.r.Set {
+		return transfer.ModeNames[transfer.ModeInPlace]
+	}
+	return transfer.ModeNames[transfer.ModeWhole]
 }
 
 // errnoName is the errno a failure surfaces as, by its C name (ENOENT),

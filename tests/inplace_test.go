@@ -367,6 +367,7 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 		{a.path("tree"), xattrs.CopyTo, "b:/tree@100", syscall.EINVAL},                    // a directory range other than @0
 		{a.path("tree"), xattrs.CopyTo, "@0 b:/tree@0", syscall.EINVAL},                   // a source range on a directory
 		{a.mnt, xattrs.Batch, "/src b:/dst@0\n/src b:/missing@0", syscall.ENOENT},
+		{a.mnt, xattrs.Batch, "/src b:/dst@0\n/src b:/nodir/x", syscall.ENOENT}, // one transfer, the whole line's parent missing
 		{a.mnt, xattrs.Batch, "/src b:/dst@0+1", syscall.EINVAL},
 		// Lines into this mount and to a peer: whichever is refused,
 		// neither writes (the local ones are checked first, written
@@ -407,6 +408,9 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 	// Refused before any transfer: the reason is in the sender's log
 	// (slog's text format: the action's value quoted).
 	a.requireLog(`msg=refused attr=user.tensorfs.copy_to on=/src value="@4000+100 b:/dst@0" errno=EINVAL`)
+	// Refused by the peer: a failure, with the copy's mode (its record's).
+	a.requireLog(`msg="copy failed" src=batch dst=b:/ mode=in_place copied=0 errno=ENOENT`)
+	a.requireLog(`msg="copy failed" src=batch dst=b:/ mode=mixed copied=0 errno=ENOENT`)
 	for _, p := range []string{b.path("nowhere"), a.path("nowhere")} {
 		_, err := os.Stat(p)
 		require.ErrorIs(t, err, os.ErrNotExist, "an empty tree in place made its destination")

@@ -260,14 +260,30 @@ func (rec *Record) setDescs(descs []Meta) {
 	}
 	rec.BytesTotal.Store(total)
 	rec.Tensors.Store(n)
+	rec.mode.Store(modeOf(whole, inPlace))
+}
+
+// ModeOf is the mode of a copy of descs, as its record says it: "whole",
+// "in_place" (every descriptor writes into an existing tensor) or "mixed".
+func ModeOf(descs []Meta) string {
+	whole, inPlace := false, false
+	for _, m := range descs {
+		inPlace = inPlace || m.InPlace
+		whole = whole || !m.InPlace
+	}
+	return modeOf(whole, inPlace)
+}
+
+// modeOf is the mode of a copy that has whole-tensor descriptors (whole)
+// and in-place ones (inPlace).
+func modeOf(whole, inPlace bool) string {
 	switch {
 	case whole && inPlace:
-		rec.mode.Store(modeMixed)
+		return modeMixed
 	case inPlace:
-		rec.mode.Store(modeInPlace)
-	default:
-		rec.mode.Store(modeWhole)
+		return modeInPlace
 	}
+	return modeWhole
 }
 
 // PathCounts counts by path: local (inside one daemon), ipc (another
