@@ -313,7 +313,7 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 		}
 	}
 	rel := strings.TrimPrefix(l.dst.path, "/")
-	if rel == "" && !inPlace {
+	if rel == "" {
 		return errf(syscall.EISDIR, "%s:/ is a directory (name the target file)", l.dst.peer)
 	}
 	s, err := p.set.open(file, rel, l.src.r)
@@ -356,11 +356,15 @@ func (p *linePlan) add(peer string, s *fileSource) {
 }
 
 // schedule adds the local batch and the pushes to p's work. When one
-// peer's push is all the whole-tensor work, its in-place descriptors go
-// with it.
+// peer's push is all the whole-tensor work, and no line writes into this
+// mount in place, its in-place descriptors go with it (one round trip).
 func (f *Tree) schedule(ctx context.Context, p *linePlan, label string) {
 	merge := ""
-	if len(p.then) == 0 {
+	// Not with lines into this mount: they move after the in-place work of
+	// first, and a merged push is then's, after them; its refusal came
+	// after their bytes had landed (a batch of local blocks, a peer's
+	// blocks and its notification).
+	if len(p.then) == 0 && len(p.local) == 0 {
 		for _, peer := range p.peers {
 			if len(p.pushes[peer].whole) == 0 {
 				continue

@@ -3,6 +3,7 @@ package namespace
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"syscall"
@@ -153,117 +154,158 @@ func textLine(b []byte, srcRef, dstRef string, withSrc bool, src, dst, n int64) 
 	return strconv.AppendInt(b, dst, 10)
 }
 
-// planBinary plans the records of a binary range list of a copy_to on src
-// (nil: a batch) into p, as planRangeLines plans range lines: each
-// record's descriptors join the range list between its two tensors. It
-// returns, as text lines for the general parser, the records without
-// descriptors and those a range list cannot take (a source on a peer, a
-// directory: written as their lines, which the general parser plans or
-// refuses). Errors: as planRangeLines's, and EINVAL for a malformed record.
-func (f *Tree) planBinary(p *linePlan, src Node, recs []binRecord) (text string, err error) {
-	var b []byte
-	newline := func() {
-		if len(b) > 0 {
-			b = append(b, '\n')
+// recordRefs reads the line of a record with descriptors: "SRC DST" for
+// a batch (withSrc), "DST" for a copy_to, "SRC" for a copy_from (then in
+// dstRef), fields apart by spaces or tabs. Each must be a path, as a text
+// line's would be without its range (never a comment). Errors: EINVAL
+// (ENAMETOOLONG for a long component).
+func (f *Tree) recordRefs(line string, withSrc bool) (l rangeLine, err error) {
+	l.dstRef = strings.TrimSpace(line)
+	want := "DST (or SRC)"
+	if withSrc {
+		want = "SRC DST"
+		if j := strings.IndexAny(l.dstRef, " \t"); j > 0 {
+			l.srcRef, l.dstRef = l.dstRef[:j], strings.TrimLeft(l.dstRef[j:], " \t")
+		} else {
+			l.dstRef = ""
 		}
 	}
+	if l.dstRef == "" || strings.ContainsAny(l.dstRef, " \t") {
+		return l, errf(syscall.EINVAL, "binary range list: want %s before a record's descriptors, got %q", want, line)
+	}
+	for _, r := range []string{l.srcRef, l.dstRef} {
+		if r == "" {
+			continue
+		}
+		if _, _, err := f.parseTarget(r); err != nil {
+			return l, err
+		}
+	}
+	return l, nil
+}
+
+// fastMax bounds the numbers a range list takes from a binary record: a
+// text line's fast parser reads 18 digits at most (scanNumber), and a
+// larger number sends the line, and the call's lines after it, to the
+// general parser; a descriptor does the same, as its line.
+const fastMax = 999_999_999_999_999_999
+
+// planBinary plans the records of a binary range list of a copy_to on src
+// (nil: a batch) into p as planRangeLines plans the same lines of text:
+// descriptors join the range list between their two tensors until one
+// cannot (a source on a peer, a directory, a number past fastMax, a record
+// without descriptors); that one and all after it come back as their text
+// lines, for the general parser, so that errors and order are the text's.
+// Errors: as planRangeLines's, and EINVAL for a malformed record or a
+// negative number.
+func (f *Tree) planBinary(p *linePlan, src Node, recs []binRecord) (text string, err error) {
+	var b []byte
 	withSrc := src == nil
+	general := false // the rest is the general parser's
 	for _, r := range recs {
 		if r.count() == 0 {
-			newline()
+			if len(b) > 0 {
+				b = append(b, '\n')
+			}
 			b = append(b, r.line...)
+			general = true
 			continue
 		}
-		l := rangeLine{dstRef: strings.TrimSpace(r.line)}
-		if withSrc {
-			a, d, ok := strings.Cut(l.dstRef, " ")
-			l.srcRef, l.dstRef = a, strings.TrimSpace(d)
-			if !ok || a == "" || l.dstRef == "" || strings.ContainsAny(l.dstRef, " \t") {
-				return "", errf(syscall.EINVAL, "binary range list: want SRC DST before a batch record's descriptors, got %q", r.line)
+		l, err := f.recordRefs(r.line, withSrc)
+		if err != nil {
+			return "", err
+		}
+		i := 0
+		if !general {
+			if i, err = f.planRecord(p, src, r, l); err != nil {
+				return "", err
 			}
-		} else if l.dstRef == "" || strings.ContainsAny(l.dstRef, " \t") {
-			return "", errf(syscall.EINVAL, "binary range list: want DST before a copy_to record's descriptors, got %q", r.line)
+			general = i < r.count()
 		}
-		if l.src, l.dst, l.n, err = r.desc(0); err != nil {
-			return "", err
-		}
-		cur, opened, err := f.rangeList(p, src, l)
-		switch {
-		case err != nil:
-			return "", err
-		case cur == nil:
-			for i := range r.count() {
-				if l.src, l.dst, l.n, err = r.desc(i); err != nil {
-					return "", err
-				}
-				newline()
-				b = textLine(b, l.srcRef, l.dstRef, withSrc, l.src, l.dst, l.n)
+		for ; i < r.count(); i++ {
+			if l.src, l.dst, l.n, err = r.desc(i); err != nil {
+				return "", err
 			}
-			continue
-		}
-		first := 0
-		if opened {
-			first = 1 // its range opened the list
-		}
-		if err := r.addTo(cur, first, p.hint); err != nil {
-			return "", err
+			if len(b) > 0 {
+				b = append(b, '\n')
+			}
+			b = textLine(b, l.srcRef, l.dstRef, withSrc, l.src, l.dst, l.n)
 		}
 	}
 	return string(b), nil
 }
 
+// planRecord adds the descriptors of record r, whose paths l holds, to
+// p's range list between them, up to the first a range list cannot take;
+// it returns that one's index (r.count() when all were taken). Errors:
+// as planRangeLines's, and EINVAL for a negative number.
+func (f *Tree) planRecord(p *linePlan, src Node, r binRecord, l rangeLine) (int, error) {
+	var err error
+	if l.src, l.dst, l.n, err = r.desc(0); err != nil || l.src > fastMax || l.dst > fastMax || l.n > fastMax {
+		return 0, err
+	}
+	cur, opened, err := f.rangeList(p, src, l)
+	if err != nil || cur == nil {
+		return 0, err
+	}
+	first := 0
+	if opened {
+		first = 1 // its range opened the list
+	}
+	return r.addTo(cur, first, p.hint)
+}
+
 // addTo adds r's descriptors from first on to range list s, each inside
 // the source tensor (rangeIn's check, written out: this loop is the whole
-// of a 1000-block call's planning). Errors: EINVAL.
-func (r binRecord) addTo(s *fileSource, first, hint int) error {
+// of a 1000-block call's planning), up to one with a number past fastMax,
+// whose index it returns (r.count() when it took them all). Errors:
+// EINVAL.
+func (r binRecord) addTo(s *fileSource, first, hint int) (int, error) {
 	size := s.ref.meta.NBytes
 	for i := first; i < r.count(); i++ {
 		b := r.descs[i*descLen : (i+1)*descLen]
 		src, dst, n := int64(le64(b)), int64(le64(b[8:])), int64(le64(b[16:]))
-		if src < 0 || dst < 0 || n < 0 || src > size || n > size-src {
+		if uint64(src) > fastMax || uint64(dst) > fastMax || uint64(n) > fastMax {
 			if _, _, _, err := r.desc(i); err != nil {
-				return err
+				return 0, err // negative
 			}
+			return i, nil
+		}
+		if src > size || n > size-src {
 			_, _, err := rangeIn(size, transfer.Range{Set: true, Off: src, Len: n, HasLen: true})
-			return err
+			return 0, err
 		}
 		s.addSpan(src, dst, n, hint)
 	}
-	return nil
+	return r.count(), nil
 }
 
-// binaryPulls reads the records of a binary range list of a copy_from:
-// each descriptor of a record "SRC" is the in-place line "SRC@src+n
-// @dst"; the records without descriptors come back as text lines, for the
-// general parser. Errors: EINVAL for a malformed record or path.
-func (f *Tree) binaryPulls(recs []binRecord) (inPlace []copyLine, text string, err error) {
-	var b strings.Builder
-	for _, r := range recs {
-		if r.count() == 0 {
-			if b.Len() > 0 {
-				b.WriteByte('\n')
-			}
-			b.WriteString(r.line)
-			continue
-		}
-		line := strings.TrimSpace(r.line)
-		if line == "" || strings.ContainsAny(line, " \t") {
-			return nil, "", errf(syscall.EINVAL, "binary range list: want SRC before a copy_from record's descriptors, got %q", r.line)
-		}
-		peer, path, err := f.parseTarget(line)
+// pullRecord reads record r of a binary range list of a copy_from, whose
+// line is its source "SRC": each descriptor is the in-place line "SRC@s+n
+// @d". Errors: EINVAL for a malformed line, a negative number or a range
+// past 63 bits (transfer.SplitRange's).
+func (f *Tree) pullRecord(r binRecord) ([]copyLine, error) {
+	l, err := f.recordRefs(r.line, false)
+	if err != nil {
+		return nil, err
+	}
+	peer, path, err := f.parseTarget(l.dstRef)
+	if err != nil {
+		return nil, err
+	}
+	lines := make([]copyLine, r.count())
+	for i := range lines {
+		s, d, n, err := r.desc(i)
 		if err != nil {
-			return nil, "", err
+			return nil, err
 		}
-		for i := range r.count() {
-			s, d, n, err := r.desc(i)
-			if err != nil {
-				return nil, "", err
-			}
-			inPlace = append(inPlace, copyLine{
-				src: ref{peer: peer, path: path, r: transfer.Range{Set: true, Off: s, Len: n, HasLen: true}},
-				dst: ref{r: transfer.Range{Set: true, Off: d}},
-			})
+		if s > math.MaxInt64-n {
+			return nil, errf(syscall.EINVAL, "binary range list: descriptor %d of %q: range @%d+%d does not fit in 63 bits", i, r.line, s, n)
+		}
+		lines[i] = copyLine{
+			src: ref{peer: peer, path: path, r: transfer.Range{Set: true, Off: s, Len: n, HasLen: true}},
+			dst: ref{r: transfer.Range{Set: true, Off: d}},
 		}
 	}
-	return inPlace, b.String(), nil
+	return lines, nil
 }

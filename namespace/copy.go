@@ -260,7 +260,7 @@ func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool
 		if rest, err = f.planBinary(p, src, recs); err != nil {
 			return err
 		}
-		if fast = descriptors(recs); rest == "" {
+		if fast = descriptors(recs); rest == "" && fast > 0 {
 			return f.runPlan(ctx, p, f.Path(src))
 		}
 	default:
@@ -419,34 +419,51 @@ func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error)
 		err = copyErr(logRefusal("copy_from", f.Path(dst), value, err))
 	}()
 	var inPlace, whole []copyLine
-	text := value
+	rp := refParser{f: f}
+	add := func(text string, skipped int) error {
+		fields, err := actionLines(text, skipped, "SRC[ @DSTRANGE]")
+		if err != nil {
+			return err
+		}
+		for _, fl := range fields {
+			var l copyLine
+			if l.src, err = rp.parseRef(fl.a); err != nil {
+				return err
+			}
+			if fl.b != "" {
+				if l.dst.r, err = bareRange(fl.b); err != nil {
+					return err
+				}
+				inPlace = append(inPlace, l)
+			} else {
+				whole = append(whole, l)
+			}
+		}
+		return nil
+	}
 	if isBinary(value) {
+		// The records in order, as their lines would be read.
 		recs, err := decodeBinary(value)
 		if err != nil {
 			return err
 		}
-		if inPlace, text, err = f.binaryPulls(recs); err != nil {
-			return err
-		}
-	}
-	fields, err := actionLines(text, len(inPlace), "SRC[ @DSTRANGE]")
-	if err != nil {
-		return err
-	}
-	rp := refParser{f: f}
-	for _, fl := range fields {
-		var l copyLine
-		if l.src, err = rp.parseRef(fl.a); err != nil {
-			return err
-		}
-		if fl.b != "" {
-			if l.dst.r, err = bareRange(fl.b); err != nil {
+		for _, r := range recs {
+			if r.count() == 0 {
+				err = add(r.line, 1)
+			} else {
+				var lines []copyLine
+				lines, err = f.pullRecord(r)
+				inPlace = append(inPlace, lines...)
+			}
+			if err != nil {
 				return err
 			}
-			inPlace = append(inPlace, l)
-		} else {
-			whole = append(whole, l)
 		}
+		if len(inPlace)+len(whole) == 0 {
+			return errf(syscall.EINVAL, "no copy in the binary range list (want SRC[ @DSTRANGE])")
+		}
+	} else if err := add(value, 0); err != nil {
+		return err
 	}
 	// Every peer the lines name is known before any line runs, as in
 	// runPlan.

@@ -2,6 +2,7 @@ package namespace
 
 import (
 	"strings"
+	"syscall"
 
 	"github.com/tensorfs/tensorfs/transfer"
 )
@@ -233,6 +234,9 @@ func (f *Tree) rangeList(p *linePlan, src Node, l rangeLine) (cur *fileSource, o
 	peer, path, err := f.parseTarget(l.dstRef)
 	if err != nil {
 		return nil, false, err
+	}
+	if peer != "" && path == "/" {
+		return nil, false, errf(syscall.EISDIR, "%s:/ is a directory (name the target file)", peer)
 	}
 	key := listKey{file.t, peer, path}
 	if cur = p.lists[key]; cur != nil {

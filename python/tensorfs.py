@@ -38,6 +38,7 @@ import ctypes.util
 import errno as _errno
 import json
 import mmap
+import numbers
 import os
 import re
 import select
@@ -142,12 +143,10 @@ def _range_suffix(r):
 
 
 def _line(item):
-    if isinstance(item, str):
-        if "\n" in item:
-            raise ValueError("batch: a line contains a newline: %r" % item)
-        return item
-    src, dst = item
-    return "%s %s" % (src, dst)
+    line = item if isinstance(item, str) else "%s %s" % tuple(item)
+    if "\n" in line or "\x00" in line:
+        raise ValueError("batch: a line contains a newline or a NUL: %r" % (item,))
+    return line
 
 
 def split_batch(lines, limit=XATTR_SIZE_MAX):
@@ -225,25 +224,39 @@ def ranges(src, dst, src_offsets, dst_offsets, nbytes):
     return Ranges(src, dst, src_offsets, dst_offsets, nbytes)
 
 
+def _is_int(v):
+    """An integer, bools excepted (NumPy's integers are numbers.Integral)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
 def _pack_descs(src_offsets, dst_offsets, nbytes):
-    """(src, dst, n) little-endian int64 triples, as bytes."""
+    """(src, dst, n) little-endian int64 triples, as bytes. Offsets and
+    lengths must be integers (a float or bool is a TypeError: truncated, it
+    would move other bytes than meant)."""
     n = len(src_offsets)
     if len(dst_offsets) != n:
         raise ValueError("ranges: %d source offsets, %d destination offsets" % (n, len(dst_offsets)))
-    if not isinstance(nbytes, int) and len(nbytes) != n:
+    one = _is_int(nbytes)
+    if not one and len(nbytes) != n:
         raise ValueError("ranges: %d offsets, %d lengths" % (n, len(nbytes)))
     try:
         import numpy as np
     except ImportError:
         np = None
     if np is not None:
+        cols = [np.asarray(c) for c in (src_offsets, dst_offsets, nbytes)]
+        for c in cols:
+            if c.size and c.dtype.kind not in "iu":
+                raise TypeError("ranges: offsets and lengths must be integers, not %s" % c.dtype)
         a = np.empty((n, 3), dtype="<i8")
-        a[:, 0], a[:, 1], a[:, 2] = src_offsets, dst_offsets, nbytes
+        a[:, 0], a[:, 1], a[:, 2] = cols
         if n and a.min() < 0:
             raise ValueError("ranges: a negative offset or length")
         return a.tobytes()
-    lens = [nbytes] * n if isinstance(nbytes, int) else list(nbytes)
+    lens = [nbytes] * n if one else list(nbytes)
     flat = [v for t in zip(src_offsets, dst_offsets, lens) for v in t]
+    if not all(_is_int(v) for v in flat):
+        raise TypeError("ranges: offsets and lengths must be integers")
     if any(v < 0 for v in flat):
         raise ValueError("ranges: a negative offset or length")
     return struct.pack("<%dq" % len(flat), *flat)

@@ -132,6 +132,11 @@ class BinaryRanges(unittest.TestCase):
         self.assertRaises(ValueError, tensorfs.ranges, "/s", "b:/d", [-1], [0], 8)
         self.assertRaises(ValueError, tensorfs.ranges, "/s x", "b:/d", [0], [0], 8)
         self.assertRaises(ValueError, tensorfs.encode_ranges, [("/" + "x" * 70000, "b:/d")])
+        self.assertRaises(ValueError, tensorfs.encode_ranges, [("/s\n/t", "b:/d")])
+        # Integers only: a float offset was truncated (other bytes moved).
+        self.assertRaises(TypeError, tensorfs.ranges, "/s", "b:/d", [1.7], [0], 10)
+        self.assertRaises(TypeError, tensorfs.ranges, "/s", "b:/d", [True], [0], 10)
+        self.assertEqual(len(tensorfs.ranges("/s", "b:/d", [1], [0], np.int64(10)) if np else [0]), 1)
 
 
 @unittest.skipUnless(A and B, "TENSORFS_MOUNT_A/B not set (run by tests/python_test.go)")

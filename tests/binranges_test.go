@@ -206,6 +206,23 @@ func TestBinaryRangeListRefusals(t *testing.T) {
 		{"copy_from line of two paths", a.path("loc"), xattrs.CopyFrom, binValue(binRec{"b:/dst /x", [][3]int64{{0, 0, 1}}}), syscall.EINVAL},
 		{"copy_from past the destination", a.path("loc"), xattrs.CopyFrom, binValue(binRec{"b:/dst", [][3]int64{{0, 0, 1}, {0, 8190, 10}}}), syscall.EINVAL},
 		{"unknown peer", a.path("src"), xattrs.CopyTo, binValue(good, binRec{"zz:/dst", [][3]int64{{0, 0, 1}}}), syscall.ENOENT},
+		// A record's paths are paths: "#..." is no comment there (it was
+		// dropped, and the call succeeded); an empty text record alone is
+		// no copy (copy_to ran an empty plan).
+		{"a comment as a source", a.mnt, xattrs.Batch, binValue(binRec{"#src b:/dst", [][3]int64{{0, 0, 100}}}), syscall.EINVAL},
+		{"a comment as a source, with a good record", a.mnt, xattrs.Batch, binValue(binRec{"/src b:/dst", [][3]int64{{0, 0, 100}}}, binRec{"#src b:/dst", [][3]int64{{0, 0, 100}}}), syscall.EINVAL},
+		{"a comment as a destination", a.path("src"), xattrs.CopyTo, binValue(binRec{"#/dst", [][3]int64{{0, 0, 100}}}), syscall.EINVAL},
+		{"a comment as a pull's source", a.path("loc"), xattrs.CopyFrom, binValue(binRec{"#/src", [][3]int64{{0, 0, 100}}}), syscall.EINVAL},
+		{"a peer named #b", a.path("src"), xattrs.CopyTo, binValue(binRec{"#b:/dst", [][3]int64{{0, 0, 100}}}), syscall.ENOENT},
+		{"an empty text record", a.path("src"), xattrs.CopyTo, binValue(binRec{"", nil}), syscall.EINVAL},
+		{"an empty text record, batch", a.mnt, xattrs.Batch, binValue(binRec{"", nil}), syscall.EINVAL},
+		{"an empty text record, copy_from", a.path("loc"), xattrs.CopyFrom, binValue(binRec{" ", nil}), syscall.EINVAL},
+		{"the peer's root", a.path("src"), xattrs.CopyTo, binValue(binRec{"b:/", [][3]int64{{0, 0, 1}}}), syscall.EISDIR},
+		// Several faults: the error of the text lines the records stand
+		// for (the first line the general parser refuses, before any
+		// path is looked up).
+		{"overflow before a missing source", a.mnt, xattrs.Batch, binValue(binRec{"/nope b:/dst", [][3]int64{{1, 9223372036854775807, 9223372036854775807}}}), syscall.EINVAL},
+		{"a pull's bad line before a later source", a.mnt, xattrs.Batch, binValue(binRec{"b:/dst b:/co:lon", [][3]int64{{1961, 2438, 54}}}, binRec{"/src/x b:/dst", [][3]int64{{0, 0, 1}}}), syscall.EINVAL},
 	} {
 		err := unix.Setxattr(c.on, c.attr, []byte(c.v), 0)
 		require.ErrorIs(t, err, c.want, c.name)

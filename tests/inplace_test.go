@@ -368,6 +368,13 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 		{a.path("tree"), xattrs.CopyTo, "@0 b:/tree@0", syscall.EINVAL},                   // a source range on a directory
 		{a.mnt, xattrs.Batch, "/src b:/dst@0\n/src b:/missing@0", syscall.ENOENT},
 		{a.mnt, xattrs.Batch, "/src b:/dst@0\n/src b:/nodir/x", syscall.ENOENT}, // one transfer, the whole line's parent missing
+		// Lines into this mount, a peer's refused in-place line and a
+		// whole line to it (the notification): the peer's lines went as
+		// one transfer after the local bytes had landed.
+		{a.mnt, xattrs.Batch, "/src@0+16 /loc@0\n/src@0+16 b:/dst@8190\n/src b:/note", syscall.EINVAL},
+		{a.mnt, xattrs.Batch, "/src@0+16 /loc@0\n/src@0+16 b:/missing@0\n/src b:/note", syscall.ENOENT},
+		{a.path("src"), xattrs.CopyTo, "b:/note\n@0+16 /loc@0\n@0+16 b:/dst@8190", syscall.EINVAL},
+		{a.path("src"), xattrs.CopyTo, "@0+10 b:/@0", syscall.EISDIR}, // the peer's root
 		{a.mnt, xattrs.Batch, "/src b:/dst@0+1", syscall.EINVAL},
 		// Lines into this mount and to a peer: whichever is refused,
 		// neither writes (the local ones are checked first, written
