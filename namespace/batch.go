@@ -136,6 +136,9 @@ type linePlan struct {
 	hint  int // the call's lines: room for a range list's spans
 	// named is every peer the lines name, once (name).
 	named []string
+	// caller is the FUSE caller of the call (nil: unknown), who must be
+	// allowed to read each source in this mount (mayRead).
+	caller *Caller
 	// checks check the in-place transfers of first (and of a push in then
 	// that carries in-place descriptors), but for the local lines, which
 	// are checked first anyway: with more than one, runPlan runs them all
@@ -290,6 +293,11 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 		node = n
 	}
 	file, ok := node.(*File)
+	if ok {
+		if err := mayRead(p.caller, file); err != nil {
+			return err
+		}
+	}
 	if !ok || l.dst.peer == "" && !inPlace {
 		// A tree, or a whole tensor inside this mount: a copy of its own.
 		p.step(inPlace, func(check bool) error { return f.copyNode(ctx, node, *l, viaMount, check) })

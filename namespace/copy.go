@@ -256,6 +256,7 @@ func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool
 			return err
 		}
 		p = newLinePlan(binaryLines(recs))
+		p.caller = callerOf(ctx)
 		defer func() { closeAll(p.opened) }()
 		if rest, err = f.planBinary(p, src, recs); err != nil {
 			return err
@@ -265,6 +266,7 @@ func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool
 		}
 	default:
 		p = newLinePlan(strings.Count(value, "\n") + 1)
+		p.caller = callerOf(ctx)
 		defer func() { closeAll(p.opened) }()
 		if p.hint == 1 {
 			rest = value
@@ -307,7 +309,7 @@ func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool
 // copy_to. check: only check it, moving nothing (transfer.Service.Check
 // on a peer; here, the destination prepared and let go).
 func (f *Tree) copyNode(ctx context.Context, src Node, l copyLine, viaMount, check bool) error {
-	srcs, isDir, err := sources(src, l.src.r)
+	srcs, isDir, err := sources(src, l.src.r, callerOf(ctx))
 	if err != nil {
 		return err
 	}
@@ -584,7 +586,7 @@ func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine, check bool) e
 	if d, ok := dst.(*Dir); ok && f.within(l.src.path, d) && !inPlace {
 		return errf(syscall.EINVAL, "copy of %s into a directory that contains it", l.src.path)
 	}
-	srcs, isDir, err := sources(srcNode, l.src.r)
+	srcs, isDir, err := sources(srcNode, l.src.r, callerOf(ctx))
 	if err != nil {
 		return err
 	}
@@ -682,6 +684,7 @@ func (f *Tree) Batch(ctx context.Context, value string) (err error) {
 			return err
 		}
 		p = newLinePlan(binaryLines(recs))
+		p.caller = callerOf(ctx)
 		defer func() { closeAll(p.opened) }()
 		if rest, err = f.planBinary(p, nil, recs); err != nil {
 			return err
@@ -689,6 +692,7 @@ func (f *Tree) Batch(ctx context.Context, value string) (err error) {
 		fast = descriptors(recs)
 	} else {
 		p = newLinePlan(strings.Count(value, "\n") + 1)
+		p.caller = callerOf(ctx)
 		defer func() { closeAll(p.opened) }()
 		if rest, fast, err = f.planRangeLines(p, nil, value); err != nil {
 			return err

@@ -263,8 +263,10 @@ func rangeIn(size int64, r transfer.Range) (off, n int64, err error) {
 }
 
 // sources opens the tensors of a node: one for a file (r: its bytes to
-// read), all below a directory (which takes no range: EINVAL).
-func sources(n Node, r transfer.Range) ([]transfer.Source, bool, error) {
+// read), all below a directory (which takes no range: EINVAL), each of
+// which caller c must be allowed to read (mayRead; nil: a peer's copy).
+// Errors: EINVAL, EACCES, open's.
+func sources(n Node, r transfer.Range, c *Caller) ([]transfer.Source, bool, error) {
 	var refs []fileRef
 	isDir := false
 	switch x := n.(type) {
@@ -276,6 +278,11 @@ func sources(n Node, r transfer.Range) ([]transfer.Source, bool, error) {
 		}
 		isDir = true
 		refs = x.walk("", nil)
+	}
+	for _, ref := range refs {
+		if err := mayRead(c, ref.f); err != nil {
+			return nil, false, err
+		}
 	}
 	set := sourceSet{}
 	if r.Spans != nil && len(refs) == 1 {
@@ -310,7 +317,7 @@ func (f *Tree) Get(p string, r transfer.Range) ([]transfer.Source, bool, error) 
 	if err != nil {
 		return nil, false, err
 	}
-	return sources(n, r)
+	return sources(n, r, nil)
 }
 
 // Put implements transfer.Local: temporaries in the destination directories,

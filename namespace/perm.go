@@ -16,7 +16,18 @@ import (
 // /proc/TID/status: FUSE names only the primary gid) or others' write bit.
 // A nil caller is a peer's copy (the cluster secret authorizes it).
 // Errors: EACCES.
-func mayWrite(c *Caller, f *File) error {
+func mayWrite(c *Caller, f *File) error { return mayAccess(c, f, 0o2, "write the in-place destination") }
+
+// mayRead checks that caller c may read file f, a copy's source in this
+// mount, as open(O_RDONLY) would (mayWrite's rules, with the read bits):
+// without it, a copy into a file of the caller's own, or to a peer, read a
+// tensor whose mode kept the caller out. Errors: EACCES.
+func mayRead(c *Caller, f *File) error { return mayAccess(c, f, 0o4, "read the source") }
+
+// mayAccess checks caller c's access to f for bit (0o4 read, 0o2 write) of
+// the owner's, group's or others' class; what names the access in the
+// error. Errors: EACCES.
+func mayAccess(c *Caller, f *File, bit uint32, what string) error {
 	if c == nil || c.UID == 0 {
 		return nil
 	}
@@ -24,17 +35,14 @@ func mayWrite(c *Caller, f *File) error {
 	f.meta.Lock()
 	mode := f.meta.Mode
 	f.meta.Unlock()
-	var bit uint32
 	switch {
 	case c.UID == uid:
-		bit = 0o200
+		bit <<= 6
 	case c.GID == gid || inGroup(c.PID, gid):
-		bit = 0o020
-	default:
-		bit = 0o002
+		bit <<= 3
 	}
 	if mode&bit == 0 {
-		return errf(syscall.EACCES, "uid %d may not write the in-place destination (mode %04o, owner %d:%d)", c.UID, mode, uid, gid)
+		return errf(syscall.EACCES, "uid %d may not %s (mode %04o, owner %d:%d)", c.UID, what, mode, uid, gid)
 	}
 	return nil
 }

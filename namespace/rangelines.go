@@ -231,6 +231,9 @@ func (f *Tree) rangeList(p *linePlan, src Node, l rangeLine) (cur *fileSource, o
 	if file == nil {
 		return nil, false, nil
 	}
+	if err := mayRead(p.caller, file); err != nil {
+		return nil, false, err
+	}
 	peer, path, err := f.parseTarget(l.dstRef)
 	if err != nil {
 		return nil, false, err

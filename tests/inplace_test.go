@@ -195,7 +195,9 @@ func TestInPlacePullList(t *testing.T) {
 // tensor, and into its own bytes elsewhere, writes in place (one batch);
 // a caller without write permission on the destination is refused.
 func TestInPlaceLocal(t *testing.T) {
-	d := startDaemon(t)
+	// --allow-other: else nobody's refusal below is the kernel's, for
+	// any user but root, and would pass without the permission check.
+	d := startDaemon(t, "--allow-other")
 	src := fill(8192, 5)
 	writeTensor(t, d.path("src"), src)
 	zeros(t, d.path("dst"), 32768)
@@ -231,6 +233,13 @@ func TestInPlaceLocal(t *testing.T) {
 	require.Error(t, err, "nobody may not write root's 0644 tensor in place: %s", out)
 	require.Contains(t, out, "Permission denied")
 	requireContent(t, d.path("dst"), want)
+	d.requireLog("may not write the in-place destination")
+	// Its own tensor, nobody may write.
+	out, err = asNobody("setfattr", "-n", xattrs.CopyTo, "-v", "@0+10 /theirs@50", d.path("theirs"))
+	require.NoError(t, err, out)
+	theirs := fill(100, 1)
+	copy(theirs[50:], theirs[:10])
+	requireContent(t, d.path("theirs"), theirs)
 }
 
 // TestInPlaceBatch: 1000 lines across several tensors of the peer, at

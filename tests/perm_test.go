@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -103,4 +104,50 @@ func TestPermissions(t *testing.T) {
 	require.NoError(t, os.Remove(shared))
 	d.requireClean()
 	private.requireClean()
+}
+
+// TestCopySourceNeedsRead: a copy's source in this mount needs the caller's
+// read permission, as open(O_RDONLY) would: nobody copied root's 0600
+// tensor into a file of its own (copy_from, batch, a range list, a binary
+// one, a new tensor) and read it there. A source it may read copies.
+func TestCopySourceNeedsRead(t *testing.T) {
+	needOtherUsers(t, "setfattr")
+	d := startDaemon(t, "--allow-other")
+	openToOthers(d.mnt)
+	require.NoError(t, os.Chmod(d.mnt, 0o777))
+	secret, shared, mine := d.path("secret"), d.path("shared"), d.path("mine")
+	require.NoError(t, os.WriteFile(secret, fill(4096, 7), 0o600))
+	require.NoError(t, os.WriteFile(shared, fill(4096, 8), 0o644))
+	zeros(t, mine, 4096)
+	require.NoError(t, os.Chown(mine, 65534, 65534))
+	require.NoError(t, os.Mkdir(d.path("dir"), 0o755))
+	require.NoError(t, os.WriteFile(d.path("dir", "s"), fill(64, 9), 0o600))
+	binary := fmt.Sprintf("0x%x", binValue(binRec{"/secret /mine", [][3]int64{{0, 0, 100}}}))
+	for _, c := range []struct{ on, attr, v string }{
+		{mine, xattrs.CopyFrom, "/secret@0+100 @0"},
+		{mine, xattrs.CopyFrom, "/secret"},
+		{d.mnt, xattrs.Batch, "/secret@0+100 /mine@0"},
+		{d.mnt, xattrs.Batch, "/secret@0+100 /mine@0\n/secret@100+100 /mine@100"},
+		{d.mnt, xattrs.Batch, "/secret /stolen"},
+		{d.mnt, xattrs.Batch, "/dir /dir2"},
+		{d.mnt, xattrs.Batch, binary},
+	} {
+		out, err := asNobody("setfattr", "-n", c.attr, "-v", c.v, c.on)
+		require.Error(t, err, "%s %q: %s", c.attr, c.v, out)
+		require.Contains(t, out, "Permission denied", "%s %q", c.attr, c.v)
+		requireContent(t, mine, make([]byte, 4096))
+	}
+	for _, p := range []string{d.path("stolen"), d.path("dir2")} {
+		_, err := os.Stat(p)
+		require.ErrorIs(t, err, os.ErrNotExist)
+	}
+	d.requireLog(`may not read the source`)
+	// What nobody may read, it copies.
+	out, err := asNobody("setfattr", "-n", xattrs.CopyFrom, "-v", "/shared@0+100 @0", mine)
+	require.NoError(t, err, out)
+	out, err = asNobody("setfattr", "-n", xattrs.Batch, "-v", "/shared@100+100 /mine@100\n/shared@200+100 /mine@200", d.mnt)
+	require.NoError(t, err, out)
+	want := make([]byte, 4096)
+	copy(want, fill(4096, 8)[:300])
+	requireContent(t, mine, want)
 }
