@@ -16,7 +16,9 @@ import (
 // /proc/TID/status: FUSE names only the primary gid) or others' write bit.
 // A nil caller is a peer's copy (the cluster secret authorizes it).
 // Errors: EACCES.
-func mayWrite(c *Caller, f *File) error { return mayAccess(c, f, 0o2, "write the in-place destination") }
+func mayWrite(c *Caller, f *File) error {
+	return mayAccess(c, f, 0o2, "write the in-place destination")
+}
 
 // mayRead checks that caller c may read file f, a copy's source in this
 // mount, as open(O_RDONLY) would (mayWrite's rules, with the read bits):
