@@ -136,6 +136,9 @@ type linePlan struct {
 	hint  int // the call's lines: room for a range list's spans
 	// named is every peer the lines name, once (name).
 	named []string
+	// wholeTo is the destinations of the call's whole-tensor lines, as
+	// "PEER:PATH" (planLine refuses a second line to one).
+	wholeTo map[string]bool
 	// caller is the FUSE caller of the call (nil: unknown), who must be
 	// allowed to read each source in this mount (mayRead).
 	caller *Caller
@@ -259,6 +262,19 @@ func (p *linePlan) step(inPlace bool, run func(check bool) error) {
 // peers or a range that does not fit; the source's lookup's.
 func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount bool) error {
 	inPlace := l.dst.r.Set
+	if !inPlace {
+		// Two whole tensors for one name: to a peer, two descriptors of
+		// one transfer, which it refused (EPROTO); here, the second
+		// replaced the first. Neither is what the call meant.
+		key := l.dst.peer + ":" + l.dst.path
+		if p.wholeTo == nil {
+			p.wholeTo = map[string]bool{}
+		}
+		if p.wholeTo[key] {
+			return errf(syscall.EINVAL, "%s is the destination of two whole-tensor lines of one call", l.dst)
+		}
+		p.wholeTo[key] = true
+	}
 	if l.src.peer != "" {
 		if l.dst.peer != "" {
 			return errf(syscall.EINVAL, "%s -> %s: one side of a line must be this mount", l.src, l.dst)

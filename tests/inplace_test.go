@@ -384,6 +384,10 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 		{a.mnt, xattrs.Batch, "/src@0+16 /loc@0\n/src@0+16 b:/missing@0\n/src b:/note", syscall.ENOENT},
 		{a.path("src"), xattrs.CopyTo, "b:/note\n@0+16 /loc@0\n@0+16 b:/dst@8190", syscall.EINVAL},
 		{a.path("src"), xattrs.CopyTo, "@0+10 b:/@0", syscall.EISDIR}, // the peer's root
+		// One name, two whole tensors (the peer's EPROTO; here the last
+		// won): EINVAL, before anything moves.
+		{a.path("src"), xattrs.CopyTo, "b:/dst@0\nb:/new\nb:/new", syscall.EINVAL},
+		{a.mnt, xattrs.Batch, "/src /new\n/loc /new", syscall.EINVAL},
 		{a.mnt, xattrs.Batch, "/src b:/dst@0+1", syscall.EINVAL},
 		// Lines into this mount and to a peer: whichever is refused,
 		// neither writes (the local ones are checked first, written
