@@ -252,7 +252,7 @@ func (f *Tree) planRecord(p *linePlan, src Node, r binRecord, l rangeLine) (int,
 	if opened {
 		first = 1 // its range opened the list
 	}
-	return r.addTo(cur, first, p.hint)
+	return r.addTo(cur, first, p.spanRoom())
 }
 
 // addTo adds r's descriptors from first on to range list s, each inside

@@ -3,6 +3,8 @@ package namespace
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -84,4 +86,33 @@ func FuzzDecodeBinary(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSpanRoomBounded: a call's range lists between many pairs of tensors
+// make room for the call's lines once, not once a list (a 64 KiB value of
+// 2000 lines between 1000 pairs took 64 MB of spans).
+func TestSpanRoomBounded(t *testing.T) {
+	tr := unmountedFS(t)
+	ten, err := tr.store.New(u8tmpl())
+	require.NoError(t, err)
+	require.NoError(t, ten.Truncate(4096))
+	require.NoError(t, tr.Root().Add("s", NewFile(ten, 0o644, 0, 0)))
+	var b strings.Builder
+	for i := range 1000 {
+		fmt.Fprintf(&b, "/s@0+1 b:/c%d@0\n/s@1+1 b:/c%d@1\n", i, i)
+	}
+	value := strings.TrimSuffix(b.String(), "\n")
+	p := newLinePlan(strings.Count(value, "\n") + 1)
+	rest, n, err := tr.planRangeLines(p, nil, value)
+	require.NoError(t, err)
+	require.Equal(t, "", rest)
+	require.Equal(t, 2000, n)
+	require.Len(t, p.lists, 1000)
+	room := 0
+	for _, s := range p.lists {
+		require.Len(t, s.meta.Spans, 2)
+		room += cap(s.meta.Spans)
+	}
+	require.Less(t, room, 2000+1000*8, "spans made room for %d", room)
+	closeAll(p.opened)
 }

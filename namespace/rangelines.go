@@ -179,7 +179,7 @@ func (f *Tree) planRangeLines(p *linePlan, src Node, value string) (rest string,
 		if cur != nil {
 			// The usual line: the paths of the one before, into the same
 			// list (fastLine); anything else goes the general way below.
-			if after, ok := fastLine(rest, curSrc, curDst, cur, p.hint); ok {
+			if after, ok := fastLine(rest, curSrc, curDst, cur, p.spanRoom()); ok {
 				rest = after
 				continue
 			}
@@ -200,7 +200,7 @@ func (f *Tree) planRangeLines(p *linePlan, src Node, value string) (rest string,
 				continue
 			}
 		}
-		if err := cur.addRange(l, p.hint); err != nil {
+		if err := cur.addRange(l, p.spanRoom()); err != nil {
 			return "", 0, err
 		}
 		rest = after
