@@ -5,8 +5,9 @@ Computes (here: a deterministic pattern per layer and block id) the KV
 blocks of one request into staging tensors on its own node
 (``/prefill/REQUEST/layerL``, the request's blocks back to back), then sends
 them, in ONE ``batch`` call, into the decode node's cache at the request's
-scattered block ids, IN PLACE (``prefill:/.../layerL@OFF+LEN ->
-decode:/kv/layerL@BLOCK*BLOCKBYTES``), with a last whole-tensor line: the
+scattered block ids, IN PLACE (block j of ``/prefill/REQUEST/layerL`` ->
+``decode:/kv/layerL`` at BLOCK*BLOCKBYTES: one ``tensorfs.ranges`` record
+per layer, from arrays of offsets, a binary range list), with a last whole-tensor line: the
 small notification file ``decode:/notify/REQUEST`` whose bytes are JSON with
 the request id and the block ids. The daemon commits that line only after
 every in-place byte before it has landed, so its arrival (IN_MOVED_TO on the
@@ -49,9 +50,9 @@ def main():
             # into the tensor's memory, host or GPU).
             with open(m.path(p), "xb", buffering=0) as f:
                 f.write(common.block_pattern(np, layer, ids, bb).tobytes())
-            for j, bid in enumerate(ids):
-                lines.append((tensorfs.ref(p, j * bb, bb),
-                              tensorfs.ref("%s/layer%d" % (a.kv, layer), bid * bb, peer=a.peer)))
+            # Block j of the staging tensor into block ids[j] of the layer.
+            lines.append(tensorfs.ranges(p, "%s:%s/layer%d" % (a.peer, a.kv, layer),
+                                         np.arange(len(ids)) * bb, np.array(ids) * bb, bb))
         note = json.dumps({"request": a.request, "blocks": ids, "layers": a.layers}).encode()
         note_path = "%s.notify" % stage
         m.create(note_path, "U8", (len(note),))
