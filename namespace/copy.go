@@ -246,38 +246,13 @@ func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool
 	defer func() {
 		err = copyErr(logRefusal("copy_to", f.Path(src), value, err))
 	}()
-	var p *linePlan
-	var rest string
-	var fast int
-	switch {
-	case isBinary(value):
-		recs, err := decodeBinary(value)
-		if err != nil {
-			return err
-		}
-		p = newLinePlan(binaryLines(recs))
-		p.caller = callerOf(ctx)
-		defer func() { closeAll(p.opened) }()
-		if rest, err = f.planBinary(p, src, recs); err != nil {
-			return err
-		}
-		if fast = descriptors(recs); rest == "" && fast > 0 {
-			return f.runPlan(ctx, p, f.Path(src))
-		}
-	default:
-		p = newLinePlan(strings.Count(value, "\n") + 1)
-		p.caller = callerOf(ctx)
-		defer func() { closeAll(p.opened) }()
-		if p.hint == 1 {
-			rest = value
-			break
-		}
-		if rest, fast, err = f.planRangeLines(p, src, value); err != nil {
-			return err
-		}
-		if rest == "" {
-			return f.runPlan(ctx, p, f.Path(src))
-		}
+	p, rest, fast, err := f.planCall(ctx, src, value)
+	defer func() { closeAll(p.opened) }()
+	if err != nil {
+		return err
+	}
+	if rest == "" && fast > 0 {
+		return f.runPlan(ctx, p, f.Path(src))
 	}
 	fields, err := actionLines(rest, fast, "[@SRCRANGE ]DST")
 	if err != nil {
@@ -303,6 +278,33 @@ func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool
 		return f.copyNode(ctx, src, lines[0], viaMount, false)
 	}
 	return f.runLines(ctx, p, lines, viaMount, f.Path(src))
+}
+
+// planCall plans what a call's fast parsers take of value, a call on src
+// (a copy_to; nil for a batch): the range lines at its start
+// (planRangeLines), or a binary range list's records (planBinary). It
+// returns the plan, which carries the caller, the rest of the value for
+// the general parser, and how many lines the plan took. A copy_to of one
+// line is all rest (copyNode's). The caller closes p's sources
+// (closeAll(p.opened)), whatever the error.
+func (f *Tree) planCall(ctx context.Context, src Node, value string) (p *linePlan, rest string, fast int, err error) {
+	if isBinary(value) {
+		recs, err := decodeBinary(value)
+		if err != nil {
+			return newLinePlan(1), "", 0, err
+		}
+		p = newLinePlan(binaryLines(recs))
+		p.caller = callerOf(ctx)
+		rest, err = f.planBinary(p, src, recs)
+		return p, rest, descriptors(recs), err
+	}
+	p = newLinePlan(strings.Count(value, "\n") + 1)
+	p.caller = callerOf(ctx)
+	if src != nil && p.hint == 1 {
+		return p, value, 0, nil
+	}
+	rest, fast, err = f.planRangeLines(p, src, value)
+	return p, rest, fast, err
 }
 
 // copyNode pushes node src (or its range l.src.r) to l.dst, one line of a
@@ -675,28 +677,10 @@ func (f *Tree) Batch(ctx context.Context, value string) (err error) {
 	defer func() {
 		err = copyErr(logRefusal("batch", "/", value, err))
 	}()
-	var p *linePlan
-	var rest string
-	var fast int
-	if isBinary(value) {
-		recs, err := decodeBinary(value)
-		if err != nil {
-			return err
-		}
-		p = newLinePlan(binaryLines(recs))
-		p.caller = callerOf(ctx)
-		defer func() { closeAll(p.opened) }()
-		if rest, err = f.planBinary(p, nil, recs); err != nil {
-			return err
-		}
-		fast = descriptors(recs)
-	} else {
-		p = newLinePlan(strings.Count(value, "\n") + 1)
-		p.caller = callerOf(ctx)
-		defer func() { closeAll(p.opened) }()
-		if rest, fast, err = f.planRangeLines(p, nil, value); err != nil {
-			return err
-		}
+	p, rest, fast, err := f.planCall(ctx, nil, value)
+	defer func() { closeAll(p.opened) }()
+	if err != nil {
+		return err
 	}
 	fields, err := actionLines(rest, fast, "SRC DST")
 	if err != nil {
