@@ -156,10 +156,9 @@ func textLine(b []byte, srcRef, dstRef string, withSrc bool, src, dst, n int64) 
 
 // recordRefs reads the line of a record with descriptors: "SRC DST" for
 // a batch (withSrc), "DST" for a copy_to, "SRC" for a copy_from (then in
-// dstRef), fields apart by spaces or tabs. Each must be a path, as a text
-// line's would be without its range (never a comment). Errors: EINVAL
-// (ENAMETOOLONG for a long component).
-func (f *Tree) recordRefs(line string, withSrc bool) (l rangeLine, err error) {
+// dstRef), fields apart by spaces or tabs, each a path as a text line's
+// would be without its range, never a comment. Errors: EINVAL.
+func recordRefs(line string, withSrc bool) (l rangeLine, err error) {
 	l.dstRef = strings.TrimSpace(line)
 	want := "DST (or SRC)"
 	if withSrc {
@@ -173,13 +172,12 @@ func (f *Tree) recordRefs(line string, withSrc bool) (l rangeLine, err error) {
 	if l.dstRef == "" || strings.ContainsAny(l.dstRef, " \t") {
 		return l, errf(syscall.EINVAL, "binary range list: want %s before a record's descriptors, got %q", want, line)
 	}
-	for _, r := range []string{l.srcRef, l.dstRef} {
-		if r == "" {
-			continue
-		}
-		if _, _, err := f.parseTarget(r); err != nil {
-			return l, err
-		}
+	// A batch line's source may start a comment ("#"): a record's may
+	// not. The paths are checked where their lines' would be (the
+	// destination after the source is found), so that the errors are
+	// the text's.
+	if strings.HasPrefix(l.srcRef, "#") {
+		return l, errf(syscall.EINVAL, "binary range list: %q is no path (a record's line is no comment)", l.srcRef)
 	}
 	return l, nil
 }
@@ -211,7 +209,7 @@ func (f *Tree) planBinary(p *linePlan, src Node, recs []binRecord) (text string,
 			general = true
 			continue
 		}
-		l, err := f.recordRefs(r.line, withSrc)
+		l, err := recordRefs(r.line, withSrc)
 		if err != nil {
 			return "", err
 		}
@@ -285,9 +283,12 @@ func (r binRecord) addTo(s *fileSource, first, hint int) (int, error) {
 // @d". Errors: EINVAL for a malformed line, a negative number or a range
 // past 63 bits (transfer.SplitRange's).
 func (f *Tree) pullRecord(r binRecord) ([]copyLine, error) {
-	l, err := f.recordRefs(r.line, false)
+	l, err := recordRefs(r.line, false)
 	if err != nil {
 		return nil, err
+	}
+	if strings.HasPrefix(l.dstRef, "#") { // its line's first field: no comment either
+		return nil, errf(syscall.EINVAL, "binary range list: %q is no path (a record's line is no comment)", l.dstRef)
 	}
 	peer, path, err := f.parseTarget(l.dstRef)
 	if err != nil {

@@ -469,6 +469,11 @@ func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error)
 	} else if err := add(value, 0); err != nil {
 		return err
 	}
+	if len(whole) > 1 {
+		// Each would replace dst whole: the last won (planLine refuses
+		// the same of a batch or a copy_to).
+		return errf(syscall.EINVAL, "%d whole-tensor lines into %s in one copy_from", len(whole), f.Path(dst))
+	}
 	// Every peer the lines name is known before any line runs, as in
 	// runPlan.
 	for _, l := range slices.Concat(inPlace, whole) {

@@ -220,6 +220,7 @@ func TestBinaryRangeListRefusals(t *testing.T) {
 		// Several faults: the error of the text lines the records stand
 		// for (the first line the general parser refuses, before any
 		// path is looked up).
+		{"a missing source before a malformed destination", a.mnt, xattrs.Batch, binValue(binRec{"/missing rel", [][3]int64{{0, 0, 0}}}), syscall.ENOENT},
 		{"overflow before a missing source", a.mnt, xattrs.Batch, binValue(binRec{"/nope b:/dst", [][3]int64{{1, 9223372036854775807, 9223372036854775807}}}), syscall.EINVAL},
 		{"a pull's bad line before a later source", a.mnt, xattrs.Batch, binValue(binRec{"b:/dst b:/co:lon", [][3]int64{{1961, 2438, 54}}}, binRec{"/src/x b:/dst", [][3]int64{{0, 0, 1}}}), syscall.EINVAL},
 	} {

@@ -388,6 +388,7 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 		// won): EINVAL, before anything moves.
 		{a.path("src"), xattrs.CopyTo, "b:/dst@0\nb:/new\nb:/new", syscall.EINVAL},
 		{a.mnt, xattrs.Batch, "/src /new\n/loc /new", syscall.EINVAL},
+		{a.path("loc"), xattrs.CopyFrom, "b:/dst\n/src", syscall.EINVAL}, // two whole tensors into one file
 		{a.mnt, xattrs.Batch, "/src b:/dst@0+1", syscall.EINVAL},
 		// Lines into this mount and to a peer: whichever is refused,
 		// neither writes (the local ones are checked first, written
