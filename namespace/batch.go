@@ -314,6 +314,9 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 	}
 	node := l.node
 	if node == nil {
+		if err := f.mayReach(p.caller, l.src.path); err != nil {
+			return err
+		}
 		n, err := f.Resolve(l.src.path)
 		if err != nil {
 			return err

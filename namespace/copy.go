@@ -579,6 +579,9 @@ func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine, check bool) e
 		n, err := f.peers.Receive(ctx, pull, prepare)
 		return logCopy(l.src.String(), dstLabel, n, err, lineMode(l))
 	}
+	if err := f.mayReach(callerOf(ctx), l.src.path); err != nil {
+		return err
+	}
 	srcNode, err := f.Resolve(l.src.path)
 	if err != nil {
 		return err

@@ -81,6 +81,10 @@ type dest struct {
 	// their files by path.
 	pins      map[*File]*pinned
 	inPlaceAt map[string]*File
+	// caller is the FUSE caller whose copy this is (nil: a peer's), who
+	// must be allowed to search the paths and write what the copy
+	// writes (mayReach, mayWrite, mayEnter).
+	caller *Caller
 	// shared marks the in-place items whose tensor has bytes that two of
 	// the copy's ranges write (findShared), once a stream asks to write in
 	// place.
@@ -120,7 +124,7 @@ type prepOpts struct {
 func (f *Tree) prepare(p string, isDir bool, metas []transfer.Meta, o prepOpts) (_ *dest, err error) {
 	defer func() { err = copyErr(err) }()
 	adoptTarget := o.adopt
-	d := &dest{tree: f, rename: adoptTarget == nil && o.viaMount && f.placer != nil, dirs: map[string]dirLoc{}}
+	d := &dest{tree: f, rename: adoptTarget == nil && o.viaMount && f.placer != nil, dirs: map[string]dirLoc{}, caller: o.caller}
 	ok := false
 	defer func() {
 		if !ok {
@@ -147,6 +151,9 @@ func (f *Tree) prepare(p string, isDir bool, metas []transfer.Meta, o prepOpts) 
 		ok = true
 		return d, nil
 	}
+	if err := f.mayReach(o.caller, p); err != nil {
+		return nil, err
+	}
 	if !isDir {
 		parentPath, name := path.Split(p)
 		if name == "" {
@@ -160,6 +167,11 @@ func (f *Tree) prepare(p string, isDir bool, metas []transfer.Meta, o prepOpts) 
 		pd, isD := parent.(*Dir)
 		if !isD {
 			return nil, errf(syscall.ENOTDIR, "%s: parent is not a directory", p)
+		}
+		if adoptTarget == nil { // an adoption changes no entry of pd
+			if err := mayEnter(o.caller, pd, name); err != nil {
+				return nil, err
+			}
 		}
 		if err := d.add(dirLoc{dir: pd, rel: parentPath}, parentPath, name, metas[0], adoptTarget); err != nil {
 			return nil, err
@@ -201,6 +213,11 @@ func (f *Tree) prepare(p string, isDir bool, metas []transfer.Meta, o prepOpts) 
 		if err != nil {
 			return nil, err
 		}
+		if loc.staged == nil { // an existing directory: its entry changes
+			if err := mayEnter(o.caller, loc.dir, name); err != nil {
+				return nil, err
+			}
+		}
 		if err := d.add(loc, final, name, m, adoptTarget); err != nil {
 			return nil, err
 		}
@@ -233,6 +250,17 @@ func (d *dest) dirFor(p string) (dirLoc, error) {
 		return dirLoc{}, errf(errno, "%s: name too long", p)
 	}
 	pd := parent.dir
+	if parent.staged == nil {
+		// An existing directory: searched on the way, and given a new
+		// entry when the next is made.
+		bits, what := uint32(0o1), "search a directory on the path to "+p
+		if pd.Child(name) == nil {
+			bits, what = 0o3, "create or replace entries in the destination directory"
+		}
+		if err := mayAccess(d.caller, &pd.meta, bits, what); err != nil {
+			return dirLoc{}, err
+		}
+	}
 	pd.mu.Lock()
 	in := pd.entries[name]
 	if in != nil {
@@ -503,6 +531,9 @@ func (d *dest) at(i int) (*tensor.Tensor, int64) {
 func (d *dest) addInPlace(p string, m transfer.Meta, c *Caller) error {
 	file := d.inPlaceAt[p] // a thousand ranges of one tensor resolve it once
 	if file == nil {
+		if err := d.tree.mayReach(c, p); err != nil {
+			return err
+		}
 		n, err := d.tree.Resolve(p)
 		if err != nil {
 			// Resolve's errno: ENOTDIR under a file, as a whole copy's

@@ -279,6 +279,11 @@ func sources(n Node, r transfer.Range, c *Caller) ([]transfer.Source, bool, erro
 		isDir = true
 		refs = x.walk("", nil)
 	}
+	if d, ok := n.(*Dir); ok {
+		if err := d.mayList(c); err != nil {
+			return nil, false, err
+		}
+	}
 	for _, ref := range refs {
 		if err := mayRead(c, ref.f); err != nil {
 			return nil, false, err

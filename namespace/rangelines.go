@@ -222,6 +222,9 @@ func (f *Tree) rangeList(p *linePlan, src Node, l rangeLine) (cur *fileSource, o
 		if err != nil || peer != "" {
 			return nil, false, nil
 		}
+		if err := f.mayReach(p.caller, path); err != nil {
+			return nil, false, err
+		}
 		node, err := f.Resolve(path)
 		if err != nil {
 			return nil, false, err
