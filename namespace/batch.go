@@ -40,6 +40,20 @@ func (f *Tree) runLines(ctx context.Context, p *linePlan, lines []copyLine, viaM
 	return f.runPlan(ctx, p, label)
 }
 
+// wholeCheckMax is the most bytes of whole tensors that a call's checks
+// ask a destination to prepare (allocating their temporaries) before its
+// in-place bytes move: a notification's few, never a model's weights.
+const wholeCheckMax = 1 << 20
+
+// metaBytes is the bytes of srcs' descriptors.
+func metaBytes(srcs []transfer.Source) int64 {
+	var n int64
+	for _, s := range srcs {
+		n += s.Meta().NBytes
+	}
+	return n
+}
+
 // spanRoom is the spans a range list of p makes room for at its first
 // span: the call's lines for its first list, a few for the others. Sized
 // by the call for every list, a 64 KiB value of 2000 lines between 1000
@@ -83,8 +97,15 @@ func (f *Tree) runPlan(ctx context.Context, p *linePlan, label string) error {
 		}
 	}
 	f.schedule(ctx, p, label)
-	if len(p.checks) > 1 {
-		if err := checkAll(p.checks); err != nil {
+	checks, run := p.checks, len(p.checks) > 1
+	if len(p.checks)+len(p.local) > 0 && (p.checkedWhole || len(p.wholeChecks) > 0) {
+		// The whole-tensor lines that follow in-place bytes (a batch's
+		// notification): a missing parent or a directory in the way
+		// of one refused it after those bytes had landed.
+		checks, run = append(slices.Clip(checks), p.wholeChecks...), true
+	}
+	if run {
+		if err := checkAll(checks); err != nil {
 			return err
 		}
 	}
@@ -148,6 +169,12 @@ type linePlan struct {
 	hint  int // the call's lines: room for a range list's spans
 	// named is every peer the lines name, once (name).
 	named []string
+	// wholeChecks check the call's small whole-tensor transfers (pushes
+	// of their own, copies inside this mount), which run after its
+	// in-place bytes; checkedWhole: a check of p.checks carries some too.
+	// runPlan runs them with the others when the call has in-place work.
+	wholeChecks  []func() error
+	checkedWhole bool
 	// wholeTo is the destinations of the call's whole-tensor lines, as
 	// "PEER:PATH" (planLine refuses a second line to one).
 	wholeTo map[string]bool
@@ -331,7 +358,11 @@ func (f *Tree) planLine(ctx context.Context, p *linePlan, l *copyLine, viaMount 
 	}
 	if !ok || l.dst.peer == "" && !inPlace {
 		// A tree, or a whole tensor inside this mount: a copy of its own.
-		p.step(inPlace, func(check bool) error { return f.copyNode(ctx, node, *l, viaMount, check) })
+		run := func(check bool) error { return f.copyNode(ctx, node, *l, viaMount, check) }
+		p.step(inPlace, run)
+		if !inPlace && ok && file.t.Size() <= wholeCheckMax {
+			p.wholeChecks = append(p.wholeChecks, func() error { return run(true) })
+		}
 		return nil
 	}
 	key := listKey{file.t, l.dst.peer, l.dst.path}
@@ -417,10 +448,20 @@ func (f *Tree) schedule(ctx context.Context, p *linePlan, label string) {
 	}
 	for _, peer := range p.peers {
 		ps := p.pushes[peer]
-		if inPlace := ps.inPlace; len(inPlace) > 0 {
-			// Only the in-place descriptors: a whole tensor's check would
-			// allocate its temporary.
-			p.checks = append(p.checks, func() error { return f.pushLines(ctx, peer, label, inPlace, true) })
+		// The in-place descriptors, and the whole tensors when they are
+		// small and go in a transfer of their own (a whole tensor's check
+		// allocates its temporary there).
+		checked := ps.inPlace
+		small := peer != merge && len(ps.whole) > 0 && metaBytes(ps.whole) <= wholeCheckMax
+		if small {
+			checked = slices.Concat(ps.inPlace, ps.whole)
+		}
+		switch {
+		case len(ps.inPlace) > 0:
+			p.checks = append(p.checks, func() error { return f.pushLines(ctx, peer, label, checked, true) })
+			p.checkedWhole = p.checkedWhole || small
+		case small:
+			p.wholeChecks = append(p.wholeChecks, func() error { return f.pushLines(ctx, peer, label, checked, true) })
 		}
 		if peer == merge {
 			ps.whole, ps.inPlace = append(ps.inPlace, ps.whole...), nil

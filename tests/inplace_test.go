@@ -384,6 +384,15 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 		{a.mnt, xattrs.Batch, "/src@0+16 /loc@0\n/src@0+16 b:/missing@0\n/src b:/note", syscall.ENOENT},
 		{a.path("src"), xattrs.CopyTo, "b:/note\n@0+16 /loc@0\n@0+16 b:/dst@8190", syscall.EINVAL},
 		{a.path("src"), xattrs.CopyTo, "@0+10 b:/@0", syscall.EISDIR}, // the peer's root
+		// In-place lines, then a notification that its destination
+		// refuses (a missing parent, a directory in the way): checked
+		// before the in-place bytes move (they were left written).
+		{a.mnt, xattrs.Batch, "/src@0+16 b:/dst@0\n/src@0+16 /loc@0\n/src b:/nodir/note", syscall.ENOENT},
+		{a.mnt, xattrs.Batch, "/src@0+16 b:/dst@0\n/src@0+16 /loc@0\n/src b:/tree", syscall.EISDIR},
+		{a.mnt, xattrs.Batch, "/src@0+16 /loc@0\n/src b:/nodir/note", syscall.ENOENT},
+		{a.mnt, xattrs.Batch, "/src@0+16 b:/dst@0\n/src /nodir/note", syscall.ENOENT},
+		{a.mnt, xattrs.Batch, "/src@0+16 b:/dst@0\n/src /tree", syscall.EISDIR},
+		{a.path("src"), xattrs.CopyTo, "@0+16 b:/dst@0\n@0+16 /loc@0\nb:/nodir/note", syscall.ENOENT},
 		// One name, two whole tensors (the peer's EPROTO; here the last
 		// won): EINVAL, before anything moves.
 		{a.path("src"), xattrs.CopyTo, "b:/dst@0\nb:/new\nb:/new", syscall.EINVAL},
@@ -449,6 +458,17 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 		requireContent(t, b.path("tree", fmt.Sprint(i)), fill(n, byte(i)))
 	}
 	require.Equal(t, reg, ids(t, b.path("tree", "1")))
+	// In-place lines here and on b, then a notification to b, which its
+	// check accepts: all of it lands, the notification last.
+	setx(t, a.mnt, xattrs.Batch, "/src@0+16 b:/dst@100\n/src@16+16 /loc@200\n/src b:/note")
+	src := fill(4096, 2)
+	requireContent(t, b.path("note"), src)
+	got, err := os.ReadFile(b.path("dst"))
+	require.NoError(t, err)
+	require.Equal(t, src[:16], got[100:116])
+	got, err = os.ReadFile(a.path("loc"))
+	require.NoError(t, err)
+	require.Equal(t, src[16:32], got[200:216])
 }
 
 // severalPeers makes the tensors of TestInPlaceRefusalsSeveralPeers on a,
