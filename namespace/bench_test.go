@@ -2,7 +2,6 @@ package namespace
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/tensorfs/tensorfs/tensor"
 	"github.com/tensorfs/tensorfs/transfer"
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // BenchmarkCopyToLines1000: one copy_to of 1000 in-place lines (8 KiB
@@ -109,15 +109,13 @@ func BenchmarkPlanRangeLines1000(b *testing.B) {
 		b.Fatal(err)
 	}
 	var lines []string
-	bin := []byte(BinaryMagic + "b:/cache\n")
-	bin = binary.LittleEndian.AppendUint32(bin, n)
+	var descs []xattrs.RangeDesc
 	for i := range n {
 		dst := ((i*389 + 17) % (2 * n)) * blk
 		lines = append(lines, fmt.Sprintf("@%d+%d b:/cache@%d", i*blk, blk, dst))
-		for _, v := range []int{i * blk, dst, blk} {
-			bin = binary.LittleEndian.AppendUint64(bin, uint64(v))
-		}
+		descs = append(descs, xattrs.RangeDesc{Src: int64(i * blk), Dst: int64(dst), Len: blk})
 	}
+	bin := xattrs.AppendRangeRecord(nil, "b:/cache", descs)
 	for _, c := range []struct{ name, value string }{{"text", strings.Join(lines, "\n")}, {"binary", string(bin)}} {
 		b.Run(c.name, func(b *testing.B) {
 			for b.Loop() {

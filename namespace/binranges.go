@@ -9,34 +9,23 @@ import (
 	"syscall"
 
 	"github.com/tensorfs/tensorfs/transfer"
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
-// A binary range list: an action's value as a descriptor list of fixed-size
-// records, the form NIXL's and Mooncake's clients hand their engines (an
-// array of offsets and lengths), rather than a line of text per block. A
-// client builds it from arrays in microseconds (numpy's tobytes), where
+// A binary range list (xattrs.RangeListMagic; README "Binary range
+// lists"): an action's value as a descriptor list of fixed-size records,
+// the form NIXL's and Mooncake's clients hand their engines (an array of
+// offsets and lengths), rather than a line of text per block. A client
+// builds it from arrays in microseconds (numpy's tobytes), where
 // formatting 1000 range lines cost Python 0.3-1.1 ms, more than the copy
 // they describe; and the daemon reads it without parsing a number (53 ns a
-// line for the text, most of the sender's CPU in a 1000-block copy).
-//
-//	value  = BinaryMagic record...
-//	record = line "\n" count:uint32 count*(src:int64 dst:int64 n:int64)
-//
-// All integers are little-endian. A record with descriptors names its two
-// tensors in line, as a text line would without ranges: "SRC DST" for a
-// batch, "DST" for a copy_to (the source is the file), "SRC" for a
-// copy_from (the destination is the file); each descriptor is then the
-// line "SRC@src+n DST@dst" of that action, in order. A record without
-// descriptors is a text line of the action as it stands (a whole-tensor
-// line: a batch's notification). README "Binary range lists".
-
-// BinaryMagic starts a binary range list: a NUL, which no text value
-// holds, then the format's name and version, and a newline.
-const BinaryMagic = "\x00ranges1\n"
+// line for the text, most of the sender's CPU in a 1000-block copy). Each
+// descriptor stands for its text line, and the records are planned in
+// order as those lines would be (planBinary).
 
 // descLen is the bytes of one descriptor of a binary range list: three
 // int64s.
-const descLen = 24
+const descLen = xattrs.RangeDescLen
 
 // binRecord is one record of a binary range list: its line and its
 // descriptors' bytes (descLen each).
@@ -76,10 +65,10 @@ func isBinary(value string) bool { return value != "" && value[0] == 0 }
 // EINVAL for a value that is not one (another header, a record cut short,
 // a line holding a NUL), or one with no records.
 func decodeBinary(value string) ([]binRecord, error) {
-	if !strings.HasPrefix(value, BinaryMagic) {
-		return nil, errf(syscall.EINVAL, "a value that starts with a NUL is a binary range list, which starts %q", BinaryMagic)
+	if !strings.HasPrefix(value, xattrs.RangeListMagic) {
+		return nil, errf(syscall.EINVAL, "a value that starts with a NUL is a binary range list, which starts %q", xattrs.RangeListMagic)
 	}
-	rest := value[len(BinaryMagic):]
+	rest := value[len(xattrs.RangeListMagic):]
 	var recs []binRecord
 	for rest != "" {
 		nl := strings.IndexByte(rest, '\n')

@@ -1,7 +1,6 @@
 package namespace
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
@@ -9,21 +8,20 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tensorfs/tensorfs/xattrs"
 )
 
 // binList is a binary range list of one record per line of lines, the
 // descriptors of each given by descs (nil: none).
 func binList(lines []string, descs [][][3]int64) string {
-	b := []byte(BinaryMagic)
+	var b []byte
 	for i, l := range lines {
-		b = append(b, l...)
-		b = append(b, '\n')
-		b = binary.LittleEndian.AppendUint32(b, uint32(len(descs[i])))
+		var ds []xattrs.RangeDesc
 		for _, d := range descs[i] {
-			for _, v := range d {
-				b = binary.LittleEndian.AppendUint64(b, uint64(v))
-			}
+			ds = append(ds, xattrs.RangeDesc{Src: d[0], Dst: d[1], Len: d[2]})
 		}
+		b = xattrs.AppendRangeRecord(b, l, ds)
 	}
 	return string(b)
 }
@@ -53,12 +51,12 @@ func TestDecodeBinary(t *testing.T) {
 	for _, bad := range []string{
 		"\x00",
 		"\x00ranges2\n/s\n\x00\x00\x00\x00",
-		BinaryMagic,
-		BinaryMagic + "/s b:/d",
-		BinaryMagic + "/s b:/d\n\x01\x00",
+		xattrs.RangeListMagic,
+		xattrs.RangeListMagic + "/s b:/d",
+		xattrs.RangeListMagic + "/s b:/d\n\x01\x00",
 		v[:len(v)-1],
-		BinaryMagic + "/s\x00 b:/d\n\x00\x00\x00\x00",
-		BinaryMagic + "/s b:/d\n\xff\xff\xff\xff",
+		xattrs.RangeListMagic + "/s\x00 b:/d\n\x00\x00\x00\x00",
+		xattrs.RangeListMagic + "/s b:/d\n\xff\xff\xff\xff",
 	} {
 		_, err := decodeBinary(bad)
 		require.True(t, errors.Is(err, syscall.EINVAL), "%q: %v", bad, err)
@@ -72,7 +70,7 @@ func TestDecodeBinary(t *testing.T) {
 // records' descriptors are whole.
 func FuzzDecodeBinary(f *testing.F) {
 	f.Add(binList([]string{"/s b:/d", "/n b:/n"}, [][][3]int64{{{1, 2, 3}}, nil}))
-	f.Add(BinaryMagic + "x\n\x02\x00\x00\x00")
+	f.Add(xattrs.RangeListMagic + "x\n\x02\x00\x00\x00")
 	f.Fuzz(func(t *testing.T, v string) {
 		recs, err := decodeBinary(v)
 		if err != nil {

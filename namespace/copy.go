@@ -230,7 +230,7 @@ func actionLines(value string, skipped int, want string) ([]actionLine, error) {
 // CopyTo pushes node src (a file, or a directory tree) to the lines of
 // value, each "[@SRCRANGE ]DST" with DST "[PEER:]PATH[@RANGE]" (DESIGN.md
 // "In-place copies"), or the binary range list that stands for them
-// (BinaryMagic): a destination with a range is written in place; a
+// (xattrs.RangeListMagic): a destination with a range is written in place; a
 // directory's only with "@0". Several lines are one call (see runLines).
 // It ignores the request's cancellation (FUSE interrupts): a copy runs to
 // completion or failure.
@@ -413,7 +413,7 @@ func applyRange(srcs []transfer.Source, r transfer.Range, isDir bool) error {
 }
 
 // CopyFrom pulls the lines of value, each "SRC[ @DSTRANGE]" with SRC
-// "[PEER:]PATH[@RANGE]" (or a binary range list: BinaryMagic), into node dst (a file, or a directory tree): a
+// "[PEER:]PATH[@RANGE]" (or a binary range list: xattrs.RangeListMagic), into node dst (a file, or a directory tree): a
 // line with a destination range writes dst's bytes in place; without one
 // the data of files is replaced by adoption (the kernel holds dst's lock
 // for this call). The in-place lines run first. Errors as for CopyTo;
@@ -679,7 +679,7 @@ func (f *Tree) localCopy(ctx context.Context, label, dst string, srcs []transfer
 }
 
 // Batch runs the copies of a batch xattr: one "SRC DST" per line, each
-// side "[PEER:]PATH[@RANGE]", or a binary range list (BinaryMagic), as one
+// side "[PEER:]PATH[@RANGE]", or a binary range list (xattrs.RangeListMagic), as one
 // call (runLines). Errors as CopyTo's.
 func (f *Tree) Batch(ctx context.Context, value string) (err error) {
 	defer func() {

@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/tensorfs/tensorfs/namespace"
 	"github.com/tensorfs/tensorfs/xattrs"
 )
 
@@ -23,18 +21,16 @@ type binRec struct {
 	descs [][3]int64
 }
 
-// binValue is recs as a binary range list (README "Binary range lists").
+// binValue is recs as a binary range list (README "Binary range lists"),
+// as a Go client writes one (xattrs.AppendRangeRecord).
 func binValue(recs ...binRec) string {
-	b := []byte(namespace.BinaryMagic)
+	var b []byte
 	for _, r := range recs {
-		b = append(b, r.line...)
-		b = append(b, '\n')
-		b = binary.LittleEndian.AppendUint32(b, uint32(len(r.descs)))
+		var ds []xattrs.RangeDesc
 		for _, d := range r.descs {
-			for _, v := range d {
-				b = binary.LittleEndian.AppendUint64(b, uint64(v))
-			}
+			ds = append(ds, xattrs.RangeDesc{Src: d[0], Dst: d[1], Len: d[2]})
 		}
+		b = xattrs.AppendRangeRecord(b, r.line, ds)
 	}
 	return string(b)
 }
@@ -187,9 +183,9 @@ func TestBinaryRangeListRefusals(t *testing.T) {
 		want              syscall.Errno
 	}{
 		{"another header", a.path("src"), xattrs.CopyTo, "\x00ranges9\nb:/dst\n\x00\x00\x00\x00", syscall.EINVAL},
-		{"header alone", a.path("src"), xattrs.CopyTo, namespace.BinaryMagic, syscall.EINVAL},
-		{"no line end", a.path("src"), xattrs.CopyTo, namespace.BinaryMagic + "b:/dst", syscall.EINVAL},
-		{"no count", a.path("src"), xattrs.CopyTo, namespace.BinaryMagic + "b:/dst\n\x01", syscall.EINVAL},
+		{"header alone", a.path("src"), xattrs.CopyTo, xattrs.RangeListMagic, syscall.EINVAL},
+		{"no line end", a.path("src"), xattrs.CopyTo, xattrs.RangeListMagic + "b:/dst", syscall.EINVAL},
+		{"no count", a.path("src"), xattrs.CopyTo, xattrs.RangeListMagic + "b:/dst\n\x01", syscall.EINVAL},
 		{"cut short", a.path("src"), xattrs.CopyTo, full[:len(full)-1], syscall.EINVAL},
 		{"count past the end", a.path("src"), xattrs.CopyTo, binValue(good) + "b:/dst\n\x05\x00\x00\x00", syscall.EINVAL},
 		{"a NUL in a line", a.path("src"), xattrs.CopyTo, binValue(binRec{"b:/d\x00st", [][3]int64{{0, 0, 1}}}), syscall.EINVAL},
