@@ -474,6 +474,17 @@ func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error)
 		// the same of a batch or a copy_to).
 		return errf(syscall.EINVAL, "%d whole-tensor lines into %s in one copy_from", len(whole), f.Path(dst))
 	}
+	// A whole line onto dst itself is refused before the in-place lines
+	// run (it was, after they had landed).
+	for _, l := range whole {
+		if l.src.peer == "" {
+			if n, err := f.Resolve(l.src.path); err == nil {
+				if err := f.refuseSelf(l, n, dst, f.Path(dst)); err != nil {
+					return err
+				}
+			}
+		}
+	}
 	// Every peer the lines name is known before any line runs, as in
 	// runPlan.
 	for _, l := range slices.Concat(inPlace, whole) {
@@ -586,15 +597,8 @@ func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine, check bool) e
 	if err != nil {
 		return err
 	}
-	inPlace := l.dst.r.Set
-	if srcNode == dst && (!inPlace || dstIsDir) {
-		return errf(syscall.EINVAL, "copy of %s onto itself", l.src.path)
-	}
-	if d, ok := srcNode.(*Dir); ok && f.within(dstPath, d) && !inPlace {
-		return errf(syscall.EINVAL, "copy of directory %s into its own subtree %s", l.src.path, dstPath)
-	}
-	if d, ok := dst.(*Dir); ok && f.within(l.src.path, d) && !inPlace {
-		return errf(syscall.EINVAL, "copy of %s into a directory that contains it", l.src.path)
+	if err := f.refuseSelf(l, srcNode, dst, dstPath); err != nil {
+		return err
 	}
 	srcs, isDir, err := sources(srcNode, l.src.r, callerOf(ctx))
 	if err != nil {
@@ -609,6 +613,27 @@ func (f *Tree) pullInto(ctx context.Context, dst Node, l copyLine, check bool) e
 	}
 	n, err := f.localCopy(ctx, l.src.String(), dstLabel, srcs, isDir, prepare, nil)
 	return logCopy(l.src.String(), dstLabel, n, err, lineMode(l))
+}
+
+// refuseSelf refuses line l of a copy_from into dst (at dstPath), whose
+// source in this mount is srcNode, when it would copy a node onto itself
+// or a tree into its own subtree, or into a directory that contains it:
+// the kernel holds dst's lock for the call, and a whole copy of dst onto
+// itself is no copy. In place, a file may write its own bytes elsewhere in
+// itself. Errors: EINVAL.
+func (f *Tree) refuseSelf(l copyLine, srcNode, dst Node, dstPath string) error {
+	inPlace := l.dst.r.Set
+	_, dstIsDir := dst.(*Dir)
+	if srcNode == dst && (!inPlace || dstIsDir) {
+		return errf(syscall.EINVAL, "copy of %s onto itself", l.src.path)
+	}
+	if d, ok := srcNode.(*Dir); ok && f.within(dstPath, d) && !inPlace {
+		return errf(syscall.EINVAL, "copy of directory %s into its own subtree %s", l.src.path, dstPath)
+	}
+	if d, ok := dst.(*Dir); ok && f.within(l.src.path, d) && !inPlace {
+		return errf(syscall.EINVAL, "copy of %s into a directory that contains it", l.src.path)
+	}
+	return nil
 }
 
 // metasOf is the descriptors of srcs.

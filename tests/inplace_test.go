@@ -398,6 +398,10 @@ func inPlaceRefusals(t *testing.T, a, b *daemon) {
 		{a.path("src"), xattrs.CopyTo, "b:/dst@0\nb:/new\nb:/new", syscall.EINVAL},
 		{a.mnt, xattrs.Batch, "/src /new\n/loc /new", syscall.EINVAL},
 		{a.path("loc"), xattrs.CopyFrom, "b:/dst\n/src", syscall.EINVAL}, // two whole tensors into one file
+		// A whole line onto itself, after in-place lines: refused before
+		// they run (they had landed).
+		{a.path("loc"), xattrs.CopyFrom, "/loc\n/src@0+16 @0", syscall.EINVAL},
+		{a.path("loc"), xattrs.CopyFrom, "/src@0+16 @0\n/loc", syscall.EINVAL},
 		{a.mnt, xattrs.Batch, "/src b:/dst@0+1", syscall.EINVAL},
 		// Lines into this mount and to a peer: whichever is refused,
 		// neither writes (the local ones are checked first, written
