@@ -250,9 +250,10 @@ func (d *dest) dirFor(p string) (dirLoc, error) {
 		return dirLoc{}, errf(errno, "%s: name too long", p)
 	}
 	pd := parent.dir
-	if parent.staged == nil {
+	if c := d.caller; c != nil && c.UID != 0 && parent.staged == nil {
 		// An existing directory: searched on the way, and given a new
-		// entry when the next is made.
+		// entry when the next is made. (Not for a peer's copy or root's:
+		// this runs for every directory of a tree copy.)
 		bits, what := uint32(0o1), "search a directory on the path to "+p
 		if pd.Child(name) == nil {
 			bits, what = 0o3, "create or replace entries in the destination directory"
