@@ -141,6 +141,16 @@ func (c *closingConn) SyscallConn() (syscall.RawConn, error) {
 	return c.raw, nil
 }
 
+// remoteLabel names the far end of an accepted connection in the log: its
+// address, or "unix socket" for a peer of this host on the abstract
+// socket (whose clients have no name).
+func remoteLabel(nc net.Conn) string {
+	if a := nc.RemoteAddr(); a != nil && a.String() != "" && a.String() != "@" {
+		return a.String()
+	}
+	return "unix socket"
+}
+
 func newConn(nc net.Conn, timeout time.Duration, peer string) *conn {
 	cc := &closingConn{Conn: nc}
 	if sc, ok := nc.(syscall.Conn); ok {
@@ -257,10 +267,11 @@ func (c *conn) writeFrames(frames [][]byte) error {
 	c.iov = append(c.iov[:0], frames...)
 	bufs := net.Buffers(c.iov)
 	defer clear(c.iov)
-	if tc, ok := c.c.Conn.(*net.TCPConn); ok {
-		// The TCP connection itself: net.Buffers writes it with writev
-		// (through the wrapper, one write per frame).
-		_, err := bufs.WriteTo(tc)
+	switch nc := c.c.Conn.(type) {
+	case *net.TCPConn, *net.UnixConn:
+		// The socket itself: net.Buffers writes it with writev (through
+		// the wrapper, one write per frame).
+		_, err := bufs.WriteTo(nc)
 		return err
 	}
 	_, err := bufs.WriteTo(c.c)

@@ -173,12 +173,15 @@ func (s *Service) rmaFor(peer string, c *conn) (*rmaPeer, error) {
 }
 
 // sameHost reports whether the peer of c runs on this host: it says so (its
-// host id is ours) and the connection comes from an address of this machine
-// (a loopback address, or the one it reached us on), so a remote peer that
-// claims our host id cannot make us read local memory for it.
+// host id is ours) and the connection comes from this machine: a unix
+// socket, a loopback address, or the one it reached us on; so a remote
+// peer that claims our host id cannot make us read local memory for it.
 func (s *Service) sameHost(c *conn) bool {
 	if s.cfg.HostID == "" || c.hostID != s.cfg.HostID {
 		return false
+	}
+	if _, ok := c.c.Conn.(*net.UnixConn); ok {
+		return true
 	}
 	r, rok := c.c.RemoteAddr().(*net.TCPAddr)
 	l, lok := c.c.LocalAddr().(*net.TCPAddr)

@@ -16,7 +16,7 @@ import (
 // the connection on one.
 func (s *Service) authenticate(c *conn, addr string) error {
 	cn := nonce()
-	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.NoChecksum}); err != nil {
+	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.NoChecksum, Local: s.localName}); err != nil {
 		return netErr(err)
 	}
 	var ch challenge
@@ -43,14 +43,14 @@ func (s *Service) authenticate(c *conn, addr string) error {
 	c.hostID = ch.HostID
 	c.instance, c.imports, c.noChecksum = ch.Instance, ch.Imports, ch.NoChecksum
 	c.max = MaxFrame
-	s.notePeer(ch.Name, ch.HostID, ch.Instance, ch.NoChecksum)
+	s.notePeer(ch.Name, ch.HostID, ch.Instance, ch.NoChecksum, ch.Local)
 	s.noteRMA(ch.Name, ch.Instance, ch.UCX)
 	return nil
 }
 
 // handshake authenticates an accepted connection.
 func (s *Service) handshake(nc net.Conn) (*conn, error) {
-	c := newConn(nc, s.cfg.Timeout, nc.RemoteAddr().String())
+	c := newConn(nc, s.cfg.Timeout, remoteLabel(nc))
 	c.c.spin = s.cfg.Spin
 	typ, p, err := c.recv()
 	if err != nil {
@@ -67,7 +67,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	}
 	c.peer = h.Name
 	sn := nonce()
-	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name), Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.NoChecksum}); err != nil {
+	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name), Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.NoChecksum, Local: s.localName}); err != nil {
 		return nil, err
 	}
 	var a authMsg
@@ -78,7 +78,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	}
 	if !hmac.Equal(a.Proof, proof(s.cfg.Secret, "client", h.Nonce, sn, h.Name, s.cfg.Name)) {
 		none := len(s.cfg.Secret) == 0
-		err := &Error{Errno: syscall.EACCES, Msg: secretMismatch(s.cfg.Name, none, h.NoSecret, h.Name, nc.RemoteAddr().String())}
+		err := &Error{Errno: syscall.EACCES, Msg: secretMismatch(s.cfg.Name, none, h.NoSecret, h.Name, remoteLabel(nc))}
 		c.sendError(&Error{Errno: syscall.EACCES, Msg: secretMismatch(h.Name, h.NoSecret, none, s.cfg.Name, nc.LocalAddr().String()) + " (refused by " + s.cfg.Name + ")"})
 		return nil, err
 	}
@@ -88,7 +88,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	c.hostID = h.HostID
 	c.instance, c.imports, c.noChecksum = h.Instance, h.Imports, h.NoChecksum
 	c.max = MaxFrame
-	s.notePeer(h.Name, h.HostID, h.Instance, h.NoChecksum)
+	s.notePeer(h.Name, h.HostID, h.Instance, h.NoChecksum, h.Local)
 	s.noteRMA(h.Name, h.Instance, h.UCX)
 	return c, nil
 }

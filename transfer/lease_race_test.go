@@ -162,6 +162,15 @@ func TestLateDescriptorAfterRevoke(t *testing.T) {
 // is refused with EXDEV; a negative offset does not even decode: EPROTO),
 // nothing panics, and nothing is committed or left open.
 func TestHostilePutDescriptors(t *testing.T) {
+	for _, via := range []struct {
+		name   string
+		authed func(testing.TB, *Service) *conn
+	}{{"tcp", authed}, {"unix", authedLocal}} {
+		t.Run(via.name, func(t *testing.T) { hostilePutDescriptors(t, via.authed) })
+	}
+}
+
+func hostilePutDescriptors(t *testing.T, authed func(testing.TB, *Service) *conn) {
 	local := newMemLocal()
 	srv := startServer(t, "srv", local, testSecret, func(c *Config) { c.HostID = "raw" })
 	fd, err := unix.MemfdCreate("tensorfs-hostile", unix.MFD_CLOEXEC)
@@ -210,8 +219,19 @@ func TestHostilePutDescriptors(t *testing.T) {
 // TestPutNamingAnotherProcessRefused: an authenticated peer of this host may
 // name only its own process's memory. A tensorfs memfd held by another
 // process (another daemon, e.g. of another cluster with another secret) is
-// refused (EXDEV: the peer must send the bytes itself), never read.
+// refused (EXDEV: the peer must send the bytes itself), never read; over
+// loopback TCP (the socket's holder, from /proc) and over the unix socket
+// (the peer's credentials).
 func TestPutNamingAnotherProcessRefused(t *testing.T) {
+	for _, via := range []struct {
+		name   string
+		authed func(testing.TB, *Service) *conn
+	}{{"tcp", authed}, {"unix", authedLocal}} {
+		t.Run(via.name, func(t *testing.T) { putNamingAnotherProcess(t, via.authed) })
+	}
+}
+
+func putNamingAnotherProcess(t *testing.T, authed func(testing.TB, *Service) *conn) {
 	fd, err := unix.MemfdCreate("tensorfs", unix.MFD_CLOEXEC)
 	require.NoError(t, err)
 	mem := os.NewFile(uintptr(fd), "memfd")

@@ -11,20 +11,31 @@ import (
 	"strings"
 
 	"github.com/tensorfs/tensorfs/ipc"
+	"golang.org/x/sys/unix"
 )
 
 // A memfd handle names a process ("memfd:/proc/PID/fd/N"). An authenticated
 // peer of this host may name only its own process's memory: otherwise a
 // peer of one cluster could make this daemon read the tensors of another
 // cluster's daemon on the same host (another secret) into a destination the
-// peer then reads. TCP on loopback carries no peer credentials, so the check
-// finds the socket at the other end of the connection in /proc/net/tcp{,6}
-// and requires the named process to hold it.
+// peer then reads. A unix socket carries the peer's credentials
+// (SO_PEERCRED: the process that connected); TCP on loopback carries none,
+// so the check finds the socket at the other end of the connection in
+// /proc/net/tcp{,6} and requires the named process to hold it.
 
-// holdsPeerSocket reports whether process pid holds the socket at the other
-// end of the local TCP connection c. Errors: c is not a TCP connection, or
-// /proc cannot be read.
+// holdsPeerSocket reports whether process pid is the peer of the unix
+// socket connection c, or holds the socket at the other end of the local
+// TCP connection c. Errors: c is neither, or /proc or the credentials
+// cannot be read.
 func holdsPeerSocket(c net.Conn, pid int) (bool, error) {
+	if uc, ok := c.(*net.UnixConn); ok {
+		return peerCredPID(uc, pid)
+	}
+	if cc, ok := c.(*closingConn); ok {
+		if uc, ok := cc.Conn.(*net.UnixConn); ok {
+			return peerCredPID(uc, pid)
+		}
+	}
 	local, lok := c.LocalAddr().(*net.TCPAddr)
 	remote, rok := c.RemoteAddr().(*net.TCPAddr)
 	if !lok || !rok {
@@ -47,6 +58,26 @@ func holdsPeerSocket(c net.Conn, pid int) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// peerCredPID reports whether pid is the process that connected the unix
+// socket c (SO_PEERCRED, in this daemon's PID namespace).
+func peerCredPID(c *net.UnixConn, pid int) (bool, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return false, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return false, err
+	}
+	if cerr != nil {
+		return false, fmt.Errorf("SO_PEERCRED: %w", cerr)
+	}
+	return int(cred.Pid) == pid, nil
 }
 
 // socketInode finds the inode of the TCP socket bound to local and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"syscall"
 	"time"
@@ -179,16 +180,55 @@ func (s *Service) done(peer string, c *conn, open bool, err error) {
 }
 
 // dial connects and authenticates to a named peer, found by resolve (no
-// network round trip). Errors: ENOENT for an unknown peer, EHOSTUNREACH for
-// one the Resolver saw leave, the dial's errno (ECONNREFUSED, EHOSTUNREACH, ETIMEDOUT),
-// EACCES for a refused authentication, EPROTO for a version mismatch.
+// network round trip). A peer of this host that offered a unix socket
+// (localFor) is dialled there; when that fails it is forgotten, and the
+// TCP handshake that follows says what to use. A TCP handshake that
+// reveals such a socket is followed by a dial there, which the copy takes
+// (and the pool after it) when it succeeds: one more handshake at a
+// peer's first contact, instead of loopback TCP for every copy after.
+// Errors: ENOENT for an unknown peer, EHOSTUNREACH for one the Resolver saw
+// leave, the dial's errno (ECONNREFUSED, EHOSTUNREACH, ETIMEDOUT), EACCES
+// for a refused authentication, EPROTO for a version mismatch: TCP's.
 func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
+	if c := s.dialLocal(ctx, peer); c != nil {
+		return c, nil
+	}
 	addr, err := s.resolve(peer)
 	if err != nil {
 		return nil, err
 	}
+	c, err := s.dialOn(ctx, peer, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if uc := s.dialLocal(ctx, peer); uc != nil {
+		c.c.Close()
+		return uc, nil
+	}
+	return c, nil
+}
+
+// dialLocal is dial on peer's unix socket (localFor): nil when it has
+// none or the dial or handshake there failed (then forgotten).
+func (s *Service) dialLocal(ctx context.Context, peer string) *conn {
+	name := s.localFor(peer)
+	if name == "" {
+		return nil
+	}
+	c, err := s.dialOn(ctx, peer, "unix", name)
+	if err != nil {
+		slog.Info("peer's unix socket refused; connecting over TCP", "peer", peer, "socket", name, "err", err)
+		s.forgetLocal(peer, name)
+		return nil
+	}
+	return c
+}
+
+// dialOn connects to peer at addr on network ("tcp", "unix") and
+// authenticates. Errors as dial's.
+func (s *Service) dialOn(ctx context.Context, peer, network, addr string) (*conn, error) {
 	d := net.Dialer{Timeout: s.cfg.Timeout}
-	nc, err := d.DialContext(ctx, "tcp", addr)
+	nc, err := d.DialContext(ctx, network, addr)
 	if err != nil {
 		var errno syscall.Errno
 		if errors.As(err, &errno) {

@@ -110,6 +110,9 @@ func (s *Service) peerReports() (map[string]PeerReport, *ClusterReport) {
 			p.HostID, p.Instance, p.Reached = m.hostID, m.instance, m.at.UTC().Format(time.RFC3339)
 			p.NoChecksum = s.cfg.NoChecksum && m.noChecksum
 			p.SameHost = s.cfg.HostID != "" && m.hostID == s.cfg.HostID
+			if p.SameHost {
+				p.Local = m.local
+			}
 		}
 		peers[name] = p
 	}
@@ -127,16 +130,45 @@ func (s *Service) peerReports() (map[string]PeerReport, *ClusterReport) {
 type peerMet struct {
 	hostID, instance string
 	noChecksum       bool // the peer runs --checksum none
-	at               time.Time
+	// local is the peer's abstract unix socket (hello.Local), "" when it
+	// offered none or a dial there failed (forgetLocal).
+	local string
+	at    time.Time
 }
 
 // notePeer records an authenticated handshake with peer name, whose hello
-// or challenge gave its host id and instance (stats: PeerReport.Reached).
-func (s *Service) notePeer(name, hostID, instance string, noChecksum bool) {
+// or challenge gave its host id, instance and unix socket (stats:
+// PeerReport.Reached).
+func (s *Service) notePeer(name, hostID, instance string, noChecksum bool, local string) {
 	s.metMu.Lock()
 	defer s.metMu.Unlock()
 	if s.met == nil {
 		s.met = map[string]peerMet{}
 	}
-	s.met[name] = peerMet{hostID: hostID, instance: instance, noChecksum: noChecksum, at: time.Now()}
+	s.met[name] = peerMet{hostID: hostID, instance: instance, noChecksum: noChecksum, local: local, at: time.Now()}
+}
+
+// localFor is the unix socket to dial peer on: the one its last handshake
+// offered, when its host id is this node's (the IPC path's condition: a
+// peer given another --host-id on this machine stays on TCP); else "".
+func (s *Service) localFor(peer string) string {
+	s.metMu.Lock()
+	defer s.metMu.Unlock()
+	m := s.met[peer]
+	if s.cfg.HostID == "" || m.hostID != s.cfg.HostID || !strings.HasPrefix(m.local, localPrefix) {
+		return ""
+	}
+	return m.local
+}
+
+// forgetLocal drops peer's unix socket name after a dial there failed (the
+// peer restarted under a new one, or lives in another network namespace):
+// its next TCP handshake says again what to use.
+func (s *Service) forgetLocal(peer, name string) {
+	s.metMu.Lock()
+	defer s.metMu.Unlock()
+	if m, ok := s.met[peer]; ok && m.local == name {
+		m.local = ""
+		s.met[peer] = m
+	}
 }

@@ -12,7 +12,7 @@ import (
 func (s *Service) serve(nc net.Conn) {
 	c, err := s.handshake(nc)
 	if err != nil {
-		slog.Warn("peer refused", "peer", nc.RemoteAddr().String(), "err", err)
+		slog.Warn("peer refused", "peer", remoteLabel(nc), "err", err)
 		return
 	}
 	for {

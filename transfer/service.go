@@ -163,7 +163,11 @@ type Service struct {
 	cfg   Config
 	local Local
 	ln    net.Listener
-	wg    sync.WaitGroup
+	// lnLocal is the abstract unix socket localName that peers of this
+	// host connect to (nil when it could not be made: they use TCP).
+	lnLocal   net.Listener
+	localName string
+	wg        sync.WaitGroup
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -261,7 +265,16 @@ func New(cfg Config, local Local) (*Service, error) {
 	return &Service{cfg: cfg, local: local, conns: map[net.Conn]struct{}{}, instance: fmt.Sprintf("%x", nonce()[:16]), imports: newImportCache(), chans: map[string]*leaseChan{}}, nil
 }
 
-// Start listens on cfg.Listen (if set) and serves peers until Close.
+// Start listens on cfg.Listen (if set) and serves peers until Close. With
+// it, it also listens on an abstract unix socket named by the instance
+// (localPrefix and 32 hex digits), which peers of the same host connect to
+// instead (Service.dial): a request and its reply there cost a few
+// microseconds less than over loopback TCP, whose whole stack both ends
+// run (a 24 KB descriptor table and a short reply: 13.3-13.9 against
+// 17.5-19.3 µs on the 2-vCPU VM, Go, p50 of 20,000). An abstract name
+// needs no file to clean up and is seen only in this network namespace,
+// as loopback is; peers authenticate there with the secret as over TCP.
+// When it cannot be made, peers of this host use TCP (logged).
 func (s *Service) Start() error {
 	if s.cfg.Listen == "" {
 		return nil
@@ -271,6 +284,23 @@ func (s *Service) Start() error {
 		return fmt.Errorf("listen %s: %w", s.cfg.Listen, err)
 	}
 	s.ln = ln
+	s.accept(ln, s.cfg.Listen)
+	name := localPrefix + s.instance
+	if lu, err := net.Listen("unix", name); err != nil {
+		slog.Warn("no unix socket for peers of this host; they connect over TCP", "socket", name, "err", err)
+	} else {
+		s.lnLocal, s.localName = lu, name
+		s.accept(lu, name)
+	}
+	return nil
+}
+
+// localPrefix starts the name of a node's abstract unix socket (Start).
+const localPrefix = "@tensorfs-"
+
+// accept serves the connections of ln (named so in the log) until it is
+// closed.
+func (s *Service) accept(ln net.Listener, name string) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -281,7 +311,7 @@ func (s *Service) Start() error {
 					return
 				}
 				// EMFILE and the like: keep serving once they pass.
-				slog.Warn("accept failed; retrying", "listen", s.cfg.Listen, "err", err)
+				slog.Warn("accept failed; retrying", "listen", name, "err", err)
 				time.Sleep(50 * time.Millisecond)
 				continue
 			}
@@ -297,7 +327,6 @@ func (s *Service) Start() error {
 			}()
 		}
 	}()
-	return nil
 }
 
 // Name is this node's name.
@@ -353,6 +382,9 @@ func (s *Service) Close() error {
 	s.mu.Unlock()
 	if s.ln != nil {
 		s.ln.Close()
+	}
+	if s.lnLocal != nil {
+		s.lnLocal.Close()
 	}
 	s.closeChans()
 	s.wg.Wait()

@@ -1058,6 +1058,19 @@ func authed(t testing.TB, srv *Service) *conn {
 	return c
 }
 
+// authedLocal is authed on srv's abstract unix socket, the way a peer of
+// its host connects.
+func authedLocal(t testing.TB, srv *Service) *conn {
+	t.Helper()
+	require.NotEmpty(t, srv.localName, "the server has a unix socket")
+	nc, err := net.Dial("unix", srv.localName)
+	require.NoError(t, err)
+	t.Cleanup(func() { nc.Close() })
+	c := wrapConn(nc, "server")
+	require.NoError(t, clientHandshake(c, "raw", testSecret))
+	return c
+}
+
 func putRequest(t testing.TB, c *conn, path string, metas ...Meta) {
 	t.Helper()
 	require.NoError(t, c.sendJSON(frameRequest, request{Op: "put", Path: path, Tensors: metas}))
@@ -1789,3 +1802,75 @@ type metaSource struct {
 }
 
 func (s metaSource) Meta() Meta { return s.m }
+
+// pooledKind is the network of the idle connections cli keeps to peer
+// ("tcp", "unix"), all of one kind, or "" when none or mixed.
+func pooledKind(cli *Service, peer string) string {
+	cli.mu.Lock()
+	defer cli.mu.Unlock()
+	kind := ""
+	for _, ic := range cli.idle[peer] {
+		k := ic.c.c.LocalAddr().Network()
+		if kind != "" && k != kind {
+			return ""
+		}
+		kind = k
+	}
+	return kind
+}
+
+// TestSameHostPeersUseUnixSocket: a peer of the same host id is reached on
+// its abstract unix socket after the first TCP handshake, and the pool
+// keeps those connections (stats name the socket); a restarted peer's old
+// socket is gone, and the next copy finds the new one through TCP; a peer
+// of another host id stays on TCP.
+func TestSameHostPeersUseUnixSocket(t *testing.T) {
+	same := func(c *Config) { c.HostID = "one-host" }
+	b := newMemLocal()
+	srv := startServer(t, "b", b, testSecret, same)
+	require.True(t, strings.HasPrefix(srv.localName, localPrefix), "listening on %q", srv.localName)
+	a := newMemLocal()
+	a.put("/x", []byte("payload"))
+	cli := newClient(t, "a", a, testSecret, map[string]string{"b": addrOf(srv)}, same)
+	for i := range 10 {
+		_, err := push(context.Background(), cli, a, "/x", "b", fmt.Sprintf("/y%d", i))
+		require.NoError(t, err)
+		requireSameTensor(t, a, "/x", b, fmt.Sprintf("/y%d", i))
+	}
+	require.Equal(t, "unix", pooledKind(cli, "b"))
+	require.Equal(t, srv.localName, cli.Stats().Peers["b"].Local)
+	require.Eventually(t, func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return len(srv.conns) == 1 // the first TCP connection was closed
+	}, 5*time.Second, time.Millisecond)
+
+	// A restart: the same TCP address, a new instance and socket.
+	addr, old := addrOf(srv), srv.localName
+	srv.Close()
+	srv2 := startServer(t, "b", b, testSecret, func(c *Config) { same(c); c.Listen = addr })
+	require.NotEqual(t, old, srv2.localName)
+	cli.mu.Lock()
+	for _, ic := range cli.idle["b"] {
+		ic.c.c.Close() // as the reaper would find it; the dial is what is tested
+	}
+	cli.idle["b"] = nil
+	cli.mu.Unlock()
+	_, err := push(context.Background(), cli, a, "/x", "b", "/z")
+	require.NoError(t, err)
+	require.Equal(t, "unix", pooledKind(cli, "b"))
+	require.Equal(t, srv2.localName, cli.Stats().Peers["b"].Local)
+
+	// Another host id: TCP, and no socket in stats.
+	c := newMemLocal()
+	srv3 := startServer(t, "c", c, testSecret, nil)
+	cli3 := newClient(t, "a", a, testSecret, map[string]string{"c": addrOf(srv3)}, nil)
+	for range 3 {
+		_, err := push(context.Background(), cli3, a, "/x", "c", "/y")
+		require.NoError(t, err)
+	}
+	require.Equal(t, "tcp", pooledKind(cli3, "c"))
+	require.Empty(t, cli3.Stats().Peers["c"].Local)
+	requireClean(t, b)
+	requireClean(t, c)
+}

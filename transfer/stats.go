@@ -422,6 +422,10 @@ type PeerReport struct {
 	// NoChecksum, for a peer reached so, says TCP copies with it go
 	// without CRC32C: both nodes run --checksum none (Config.NoChecksum).
 	NoChecksum bool `json:"no_checksum,omitempty"`
+	// Local, for a peer of this host reached so, is its abstract unix
+	// socket ("@tensorfs-" and its instance), which connections to it
+	// use instead of TCP; absent: they use TCP.
+	Local string `json:"local,omitempty"`
 }
 
 // Stats returns the copies, transfers and peers now. A nil service (no peer

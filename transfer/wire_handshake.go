@@ -22,6 +22,10 @@ type hello struct {
 	// NoChecksum says the node goes without CRC32C on its TCP copies
 	// (Config.NoChecksum); a copy does only when both ends do.
 	NoChecksum bool `json:"no_checksum,omitempty"`
+	// Local is the node's abstract unix socket ("@tensorfs-" and its
+	// instance), absent when it has none: a peer of the same host id
+	// connects there instead of over TCP (Service.dial).
+	Local string `json:"local,omitempty"`
 }
 
 // challenge answers hello (server -> client) and proves the server knows the
@@ -32,12 +36,13 @@ type challenge struct {
 	HostID  string `json:"host_id"`
 	Nonce   []byte `json:"nonce"`
 	Proof   []byte `json:"proof"`
-	// Instance, Imports, NoSecret, UCX and NoChecksum: as in hello.
+	// Instance, Imports, NoSecret, UCX, NoChecksum and Local: as in hello.
 	Instance   string   `json:"instance"`
 	Imports    []string `json:"imports,omitempty"`
 	NoSecret   bool     `json:"no_secret,omitempty"`
 	UCX        []byte   `json:"ucx,omitempty"`
 	NoChecksum bool     `json:"no_checksum,omitempty"`
+	Local      string   `json:"local,omitempty"`
 }
 
 // authMsg proves the client knows the secret (client -> server).

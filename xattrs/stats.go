@@ -248,6 +248,10 @@ type Peer struct {
 	// NoChecksum, for a peer reached so: TCP copies with it go without
 	// CRC32C (both nodes run --checksum none).
 	NoChecksum bool `json:"no_checksum,omitempty"`
+	// Local, for a peer of this host reached so, is its abstract unix
+	// socket ("@tensorfs-" and its instance), which connections to it use
+	// instead of TCP; absent: they use TCP.
+	Local string `json:"local,omitempty"`
 }
 
 // Cluster is the "cluster" object of Stats: the etcd view's state.
