@@ -276,18 +276,13 @@ type SpanList struct {
 }
 
 // CopySpans is CopyExtents for range lists: the ranges of every list as one
-// batch (gpu.CopyBatch: on CUDA one gather/scatter kernel launch), built in
-// one pass. A range list's thousand ranges went through four slices of
-// descriptors on their way to the kernel (the transfer's, the mapping's,
-// CopyExtents' and the device's), 350 µs of a 1000-range IPC copy on an
-// H200 against 15 µs for the kernel. Every range is checked first: one
+// batch (gpu.CopyRanges: on CUDA one pass from the lists to the descriptors
+// of one gather/scatter kernel launch). Every range is checked first: one
 // outside its tensor is ErrInvalid and nothing is copied. Errors:
 // ErrInvalid, ErrReleased, the device's.
 func CopySpans(lists []SpanList) error {
-	n := 0
 	var ts []*Tensor
 	for _, l := range lists {
-		n += l.N
 		if !slices.Contains(ts, l.Dst) {
 			ts = append(ts, l.Dst)
 		}
@@ -303,15 +298,11 @@ func CopySpans(lists []SpanList) error {
 			t.mu.RUnlock()
 		}
 	}()
-	ep := extentPool.Get().(*[]gpu.Extent)
-	g := slices.Grow((*ep)[:0], n)
-	defer func() {
-		clear(g) // the buffers' references, which the pool would keep alive
-		if cap(g) <= maxPooledExtents {
-			*ep = g[:0]
-			extentPool.Put(ep)
-		}
-	}()
+	var one [1]gpu.RangeList
+	rl := one[:0]
+	if len(lists) > 1 {
+		rl = make([]gpu.RangeList, 0, len(lists))
+	}
 	for _, l := range lists {
 		t := l.Dst
 		if t.released {
@@ -321,18 +312,9 @@ func CopySpans(lists []SpanList) error {
 		if t.alloc != nil {
 			dst = t.alloc.buf
 		}
-		size := t.size
-		for k := range l.N {
-			srcOff, dstOff, n := l.At(k)
-			if n < 0 || dstOff < 0 || dstOff > size-n {
-				return fmt.Errorf("copy %d bytes to [%d, +%d) of a %d-byte tensor: %w", n, dstOff, n, size, ErrInvalid)
-			}
-			if n > 0 {
-				g = append(g, gpu.Extent{Dst: dst, DstOff: dstOff, Src: l.Src, SrcOff: srcOff, N: n})
-			}
-		}
+		rl = append(rl, gpu.RangeList{Dst: dst, DstLen: t.size, Src: l.Src, N: l.N, At: l.At})
 	}
-	if err := gpu.CopyBatch(g); err != nil {
+	if err := gpu.CopyRanges(rl); err != nil {
 		if errors.Is(err, gpu.ErrInvalidSize) {
 			return fmt.Errorf("%v: %w", err, ErrInvalid)
 		}
@@ -340,13 +322,6 @@ func CopySpans(lists []SpanList) error {
 	}
 	return nil
 }
-
-// extentPool keeps CopySpans' descriptor arrays between calls: 1000
-// extents are 56 KB, which each call allocated and cleared (and collected)
-// before. maxPooledExtents bounds what it keeps, in extents.
-var extentPool = sync.Pool{New: func() any { return new([]gpu.Extent) }}
-
-const maxPooledExtents = 1 << 16
 
 // HostMemory is the tensor's bytes when they are host memory mapped into
 // the daemon, for a transport that reads and writes them outside the

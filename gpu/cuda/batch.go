@@ -121,6 +121,65 @@ func (b *buffer) CopyBatch(exts []gpu.Extent) (done bool, err error) {
 	return true, d.runBatch(pl, fn)
 }
 
+// CopyRanges implements gpu.RangeCopier: CopyBatch for range lists, done
+// on the same terms (every Dst a buffer of b's device, every Src one its
+// context can address). Its pass (planRanges) writes each range's work
+// straight from At, with the buffers' checks once per list.
+func (b *buffer) CopyRanges(lists []gpu.RangeList) (done bool, err error) {
+	d := b.dev
+	fn, kernel := d.scatterKernel()
+	pl := planPool.Get().(*batchPlan)
+	defer pl.put()
+	var set bufSet
+	peers, ok, err := d.planRanges(lists, kernel, pl, &set)
+	if !ok || err != nil {
+		return ok, err
+	}
+	for _, p := range peers {
+		if !d.peerReadable(p) {
+			return false, nil
+		}
+	}
+	if err := set.rlock(); err != nil {
+		return true, err
+	}
+	defer set.runlock()
+	return true, d.runBatch(pl, fn)
+}
+
+// planRanges is planBatch for range lists: the buffers of each list are
+// checked once, then each range (inside both buffers and before DstLen).
+func (d *Device) planRanges(lists []gpu.RangeList, kernel bool, pl *batchPlan, set *bufSet) (peers []*Device, ok bool, err error) {
+	for i := range lists {
+		l := &lists[i]
+		dst, ok := l.Dst.(*buffer)
+		src, ok2 := l.Src.(*buffer)
+		if !ok || !ok2 || dst.dev != d || src.dev.drv != d.drv {
+			return nil, false, nil
+		}
+		if src.dev != d {
+			if src.a.imp != nil {
+				return nil, false, nil // mapped in src.dev's context, not this one's
+			}
+			if !slices.Contains(peers, src.dev) {
+				peers = append(peers, src.dev)
+			}
+		}
+		set.add(dst)
+		set.add(src)
+		dstLen := min(dst.size, l.DstLen)
+		for k := range l.N {
+			srcOff, dstOff, n := l.At(k)
+			if !inRange(dstLen, dstOff, n) || !inRange(src.size, srcOff, n) {
+				return nil, true, fmt.Errorf("%s: copy ranges: list %d, range %d: %d bytes from %d/%d to %d/%d: %w",
+					d.name, i, k, n, srcOff, src.size, dstOff, dstLen, gpu.ErrInvalidSize)
+			}
+			pl.add(dst.ptr(dstOff), src.dev, src.ptr(srcOff), n, kernel)
+		}
+	}
+	return peers, true, nil
+}
+
 // planBatch is CopyBatch's pass over the extents: it checks each one and
 // adds its work to pl, and every buffer to set; peers are the other GPUs
 // that sources live on. ok is false (nothing planned worth keeping) when

@@ -376,3 +376,164 @@ func BenchmarkCopyBatchGoSide(b *testing.B) {
 	y.Free()
 	require.NoError(b, d.Close())
 }
+
+// rangesOf is exts (all of one Dst and Src) as one range list.
+func rangesOf(exts []gpu.Extent, dstLen int64) gpu.RangeList {
+	return gpu.RangeList{Dst: exts[0].Dst, DstLen: dstLen, Src: exts[0].Src, N: len(exts), At: func(k int) (int64, int64, int64) {
+		e := &exts[k]
+		return e.SrcOff, e.DstOff, e.N
+	}}
+}
+
+// TestCopyRanges: range lists from several sources (this device's buffer,
+// an arena piece, an import, a peer GPU's buffer) into one destination run
+// as one launch and one synchronization, byte for byte as the same extents
+// through CopyBatch; a range past a list's DstLen, or outside a buffer, is
+// ErrInvalidSize with nothing launched or written; lists the kernel cannot
+// run (a host source) go through the generic path and still copy.
+func TestCopyRanges(t *testing.T) {
+	f, devs := openFake(t, 2, 0)
+	setBatch(t, 256<<10, batchDescMax)
+	d := devs[0]
+	rng := rand.New(rand.NewPCG(7, 8))
+	own, ownB := filled(t, d, 1<<20, 1)
+	piece, pieceB := filled(t, d, 300<<10, 2)
+	peerBuf, peerB := filled(t, devs[1], 1<<20, 3)
+	h0, _, imp0B := foreign(t, f, 0, 1<<20, 4)
+	imp0, err := d.Import(h0, 0, 0)
+	require.NoError(t, err)
+	defer imp0.Free()
+	bytesOf := map[gpu.Buffer][]byte{own: ownB, piece: pieceB, peerBuf: peerB, imp0: imp0B}
+	dst, err := d.Alloc(4<<20, 0)
+	require.NoError(t, err)
+	defer dst.Free()
+
+	var lists []gpu.RangeList
+	var all []gpu.Extent
+	small := 0
+	for i, src := range []gpu.Buffer{own, piece, imp0, peerBuf} {
+		exts := blockScatter(rng, dst, int64(i)<<20, src, 0, 30, 8192)
+		exts[3].N = 0         // an empty range copies nothing
+		exts[4].N = 300 << 10 // past batchEngineMin here: the copy engine
+		exts[4].SrcOff = 0
+		exts[4].DstOff = int64(i)<<20 + 600<<10 // clear of the blocks (overlaps race)
+		if src == piece {
+			exts[4].N = 100
+		}
+		for _, e := range exts {
+			if e.N > 0 && e.N < batchEngineMin {
+				small += int((e.N + batchPiece - 1) / batchPiece)
+			}
+		}
+		lists = append(lists, rangesOf(exts, dst.Size()))
+		all = append(all, exts...)
+	}
+	want := expect(readAll(t, dst), all, bytesOf)
+	sync0 := f.count("cuStreamSynchronize")
+	require.NoError(t, gpu.CopyRanges(lists))
+	require.Equal(t, []int{small}, f.launched(), "one launch for every small range")
+	require.Equal(t, 1, f.count("cuStreamSynchronize")-sync0, "one synchronization")
+	require.True(t, bytes.Equal(want, readAll(t, dst)), "every byte")
+
+	// Refusals: nothing launched, nothing written.
+	before := readAll(t, dst)
+	launches := len(f.launched())
+	good := blockScatter(rng, dst, 0, own, 0, 4, 4096)
+	for i, bad := range []gpu.Extent{
+		{Dst: dst, DstOff: 8192 - 10, Src: own, N: 11}, // past DstLen (8192)
+		{Dst: dst, DstOff: 0, Src: own, SrcOff: 1 << 20, N: 1},
+		{Dst: dst, DstOff: -1, Src: own, N: 1},
+		{Dst: dst, DstOff: 0, Src: own, N: -1},
+		{Dst: dst, DstOff: 1 << 62, Src: own, N: 1 << 62},
+	} {
+		ls := []gpu.RangeList{rangesOf(good, 1<<20), rangesOf([]gpu.Extent{good[0], bad}, 8192)}
+		require.ErrorIs(t, gpu.CopyRanges(ls), gpu.ErrInvalidSize, "bad range %d", i)
+		done, err := dst.(*buffer).CopyRanges(ls)
+		require.True(t, done)
+		require.ErrorIs(t, err, gpu.ErrInvalidSize, "bad range %d, direct", i)
+	}
+	require.Len(t, f.launched(), launches, "nothing launched")
+	require.True(t, bytes.Equal(before, readAll(t, dst)), "not one byte written")
+
+	// A host source: declined, then copied by the generic path.
+	host, err := gpu.NewHost(1 << 30)
+	require.NoError(t, err)
+	defer host.Close()
+	hb, err := host.Alloc(64<<10, 0)
+	require.NoError(t, err)
+	defer hb.Free()
+	hostB := pattern(64<<10, 9)
+	_, err = hb.WriteAt(hostB, 0)
+	require.NoError(t, err)
+	bytesOf[hb] = hostB
+	mixed := []gpu.RangeList{rangesOf(blockScatter(rng, dst, 0, own, 0, 3, 1000), dst.Size()), rangesOf(blockScatter(rng, dst, 8192, hb, 0, 3, 1000), dst.Size())}
+	done, err := dst.(*buffer).CopyRanges(mixed)
+	require.False(t, done)
+	require.NoError(t, err)
+	var mixedExts []gpu.Extent
+	for _, l := range mixed {
+		for k := range l.N {
+			s, dd, n := l.At(k)
+			mixedExts = append(mixedExts, gpu.Extent{Dst: l.Dst, DstOff: dd, Src: l.Src, SrcOff: s, N: n})
+		}
+	}
+	want = expect(readAll(t, dst), mixedExts, bytesOf)
+	require.NoError(t, gpu.CopyRanges(mixed))
+	require.True(t, bytes.Equal(want, readAll(t, dst)))
+	require.NoError(t, gpu.CopyRanges(nil))
+}
+
+// BenchmarkCopyRangesGoSide: BenchmarkCopyBatchGoSide's 1000 x 8 KiB as
+// one range list (gpu.CopyRanges, as an IPC copy's receiver runs it), and
+// as the extents built from the same list first (how it ran before).
+func BenchmarkCopyRangesGoSide(b *testing.B) {
+	f := newFake(1, fakeGPU)
+	gd, err := open(f, 0)
+	require.NoError(b, err)
+	d := gd[0].(*Device)
+	x, err := d.Alloc(16<<20, 0)
+	require.NoError(b, err)
+	y, err := d.Alloc(16<<20, 0)
+	require.NoError(b, err)
+	_, ok := d.scatterKernel()
+	require.True(b, ok)
+	require.NoError(b, d.withStager(func(s *stager) error { return d.descArrays(s) }))
+	d.drv = nopDriver{f}
+	exts := blockScatter(rand.New(rand.NewPCG(1, 1)), x, 0, y, 0, 1000, 8192)
+	type span struct{ src, dst, n int64 }
+	spans := make([]span, len(exts))
+	for i, e := range exts {
+		spans[i] = span{e.SrcOff, e.DstOff, e.N}
+	}
+	list := []gpu.RangeList{{Dst: x, DstLen: 16 << 20, Src: y, N: len(spans), At: func(k int) (int64, int64, int64) {
+		s := &spans[k]
+		return s.src, s.dst, s.n
+	}}}
+	b.Run("ranges", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := gpu.CopyRanges(list); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("extents", func(b *testing.B) {
+		b.ReportAllocs()
+		g := make([]gpu.Extent, 0, len(spans))
+		for b.Loop() {
+			g = g[:0]
+			l := list[0]
+			for k := range l.N {
+				s, dd, n := l.At(k)
+				g = append(g, gpu.Extent{Dst: l.Dst, DstOff: dd, Src: l.Src, SrcOff: s, N: n})
+			}
+			if err := gpu.CopyBatch(g); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	d.drv = f
+	x.Free()
+	y.Free()
+	require.NoError(b, d.Close())
+}
