@@ -42,6 +42,11 @@ type closingConn struct {
 	// first, so that nothing is out of order whoever reads next.
 	pre    []byte
 	preBuf [readAhead]byte
+	// kick, when set (by respin), turns the next deadline error of a read
+	// into a fresh spin under kickDeadline.
+	kickMu       sync.Mutex
+	kick         bool
+	kickDeadline time.Time
 }
 
 // readAhead is the most bytes a data stream's readv takes past a chunk's
@@ -60,8 +65,50 @@ func (c *closingConn) spinFor() time.Duration {
 
 // Read implements io.Reader: with spin set, a read that finds nothing in
 // the socket tries again for up to spin before it waits in the runtime's
-// poller (spinRead); else net.Conn's Read.
+// poller (spinRead); else net.Conn's Read. A read that respin woke spins
+// again, inside this call: the caller's frame parse never sees the kick.
 func (c *closingConn) Read(p []byte) (int, error) {
+	for {
+		n, err := c.read(p)
+		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) && c.kicked() {
+			continue
+		}
+		return n, err
+	}
+}
+
+// respin makes a read that waits in the poller, its spin over, spin again
+// at once, under deadline from then on; with no read waiting, the next
+// one does. Why: a push's reply reader starts with the data, which takes
+// longer than the spin on 8 MiB and more, so it slept through it and the
+// reply, tens of µs after the last byte, then cost the poller's wake-up
+// (a thread woken from epoll_wait, then the goroutine). No-op without a
+// spin.
+func (c *closingConn) respin(deadline time.Time) {
+	if c.spin <= 0 || c.raw == nil {
+		c.Conn.SetReadDeadline(deadline)
+		return
+	}
+	c.kickMu.Lock()
+	defer c.kickMu.Unlock()
+	c.kick, c.kickDeadline = true, deadline
+	c.Conn.SetReadDeadline(time.Unix(1, 0)) // wakes a read in the poller
+}
+
+// kicked reports whether respin caused the deadline error just seen,
+// restoring the deadline respin gave; false: a real timeout.
+func (c *closingConn) kicked() bool {
+	c.kickMu.Lock()
+	defer c.kickMu.Unlock()
+	if !c.kick {
+		return false
+	}
+	c.kick = false
+	c.Conn.SetReadDeadline(c.kickDeadline)
+	return true
+}
+
+func (c *closingConn) read(p []byte) (int, error) {
 	if len(c.pre) > 0 {
 		n := copy(p, c.pre)
 		c.pre = c.pre[n:]

@@ -380,7 +380,7 @@ func (s *Service) sentFirst(peer string, c *conn, sr sendResult, res <-chan push
 		return 0, sr.err
 	}
 	sent.Store(true)
-	c.c.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
+	c.c.respin(time.Now().Add(s.cfg.Timeout))
 	rr := <-res
 	s.releaseStreams(peer, sr.extras, rr.err)
 	if rr.err != nil {

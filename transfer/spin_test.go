@@ -241,3 +241,41 @@ func TestReadAhead(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "frame", string(f))
 }
+
+// TestRespin: a read asleep in the poller, its spin over, polls again at
+// respin (the reply reader of a push whose data outlasted the spin), gets
+// what arrives then without an error, and keeps the deadline respin gave:
+// a silent peer still times out (a real deadline error, not a kick).
+func TestRespin(t *testing.T) {
+	near, far := tcpPair(t, 20*time.Millisecond)
+	got := make(chan error, 1)
+	buf := make([]byte, 5)
+	go func() {
+		_, err := io.ReadFull(near.c, buf)
+		got <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // past the spin: asleep in the poller
+	polls := near.c.polls.Load()
+	require.NotZero(t, polls, "it spun first")
+	time.Sleep(20 * time.Millisecond)
+	require.Equal(t, polls, near.c.polls.Load(), "then slept")
+	near.c.respin(time.Now().Add(5 * time.Second))
+	require.Eventually(t, func() bool { return near.c.polls.Load() > polls }, time.Second, time.Millisecond, "spinning again")
+	_, err := far.Write([]byte("reply"))
+	require.NoError(t, err)
+	require.NoError(t, <-got, "the kick is not the caller's error")
+	require.Equal(t, "reply", string(buf))
+
+	// A respin whose deadline passes with nothing to read: a timeout.
+	near.c.respin(time.Now().Add(60 * time.Millisecond))
+	start := time.Now()
+	_, err = near.c.Read(buf)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond, "at respin's deadline, not at once")
+
+	// Without a spin, respin only sets the deadline.
+	plain, _ := tcpPair(t, 0)
+	plain.c.respin(time.Now().Add(30 * time.Millisecond))
+	_, err = plain.c.Read(buf)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+}
