@@ -95,6 +95,17 @@ func (c *closingConn) respin(deadline time.Time) {
 	c.Conn.SetReadDeadline(time.Unix(1, 0)) // wakes a read in the poller
 }
 
+// SetReadDeadline implements net.Conn, ending a kick respin left pending
+// (a reply read before the kick, say): the next real deadline error, of
+// a 100 ms wait perhaps, must not be taken for the kick and stretched to
+// respin's deadline.
+func (c *closingConn) SetReadDeadline(t time.Time) error {
+	c.kickMu.Lock()
+	defer c.kickMu.Unlock()
+	c.kick = false
+	return c.Conn.SetReadDeadline(t)
+}
+
 // kicked reports whether respin caused the deadline error just seen,
 // restoring the deadline respin gave; false: a real timeout.
 func (c *closingConn) kicked() bool {
@@ -189,11 +200,14 @@ func (c *closingConn) SyscallConn() (syscall.RawConn, error) {
 }
 
 // remoteLabel names the far end of an accepted connection in the log: its
-// address, or "unix socket" for a peer of this host on the abstract
-// socket (whose clients have no name).
+// address, or for a client of the abstract unix socket (which has no
+// name) its process and user.
 func remoteLabel(nc net.Conn) string {
 	if a := nc.RemoteAddr(); a != nil && a.String() != "" && a.String() != "@" {
 		return a.String()
+	}
+	if cred, err := peerCred(nc); err == nil {
+		return fmt.Sprintf("unix socket (pid %d, uid %d)", cred.Pid, cred.Uid)
 	}
 	return "unix socket"
 }
@@ -218,7 +232,12 @@ type conn struct {
 	iovAhead [][]byte
 	peer     string
 	hostID   string
-	max      uint32 // largest frame accepted now
+	// name is the name the peer gave in its handshake; local and pid, for
+	// a dialled one, the unix socket and process it offered (learnLocal).
+	name  string
+	local string
+	pid   int
+	max   uint32 // largest frame accepted now
 	// instance, imports and noChecksum: the peer's, from the handshake.
 	instance   string
 	imports    []string
@@ -502,7 +521,13 @@ func (c *conn) recvArmed(arm func()) (byte, []byte, error) {
 
 // recvJSON reads a frame of type want into v; an error frame becomes *Error.
 func (c *conn) recvJSON(want byte, v any) error {
-	typ, p, err := c.recv()
+	return c.recvJSONArmed(want, v, func() { c.c.SetReadDeadline(time.Now().Add(c.timeout)) })
+}
+
+// recvJSONArmed is recvJSON with the read deadlines left to arm
+// (recvArmed).
+func (c *conn) recvJSONArmed(want byte, v any, arm func()) error {
+	typ, p, err := c.recvArmed(arm)
 	if err != nil {
 		return netErr(err)
 	}

@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"syscall"
+	"time"
 )
 
 // authenticate runs the client half of the handshake on a dialed connection
@@ -15,12 +17,13 @@ import (
 // Errors as for dial (EACCES, EPROTO, the connection's); the caller closes
 // the connection on one.
 func (s *Service) authenticate(c *conn, addr string) error {
+	by := handshakeBy(s.cfg.Timeout)
 	cn := nonce()
-	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.NoChecksum, Local: s.localName}); err != nil {
+	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.NoChecksum, Local: s.localName, PID: s.localPID()}); err != nil {
 		return netErr(err)
 	}
 	var ch challenge
-	if err := c.recvJSON(frameChallenge, &ch); err != nil {
+	if err := c.recvJSONArmed(frameChallenge, &ch, by(c)); err != nil {
 		return err
 	}
 	if ch.Version != ProtocolVersion {
@@ -37,22 +40,42 @@ func (s *Service) authenticate(c *conn, addr string) error {
 	if err := c.sendJSON(frameAuth, authMsg{Proof: proof(s.cfg.Secret, "client", cn, ch.Nonce, s.cfg.Name, ch.Name)}); err != nil {
 		return netErr(err)
 	}
-	if err := c.recvJSON(frameOK, nil); err != nil {
+	if err := c.recvJSONArmed(frameOK, nil, by(c)); err != nil {
 		return err
 	}
 	c.hostID = ch.HostID
 	c.instance, c.imports, c.noChecksum = ch.Instance, ch.Imports, ch.NoChecksum
 	c.max = MaxFrame
-	s.notePeer(ch.Name, ch.HostID, ch.Instance, ch.NoChecksum, ch.Local)
+	s.notePeer(ch.Name, ch.HostID, ch.Instance, ch.NoChecksum)
+	c.name, c.local, c.pid = ch.Name, ch.Local, ch.PID
 	s.noteRMA(ch.Name, ch.Instance, ch.UCX)
 	return nil
+}
+
+// handshakeBy returns, for a connection, the arm of every read of a
+// handshake: one deadline, timeout from the start, for the whole exchange.
+// Per frame, a peer that sends keepalives (which reads skip) would hold a
+// dial or an accepted connection for as long as it liked: a local process
+// squatting a peer's unix socket held copies in D state for minutes.
+func handshakeBy(timeout time.Duration) func(c *conn) func() {
+	deadline := time.Now().Add(timeout)
+	return func(c *conn) func() { return func() { c.c.SetReadDeadline(deadline) } }
+}
+
+// localPID is this process's id when it offers a unix socket (hello.PID).
+func (s *Service) localPID() int {
+	if s.localName == "" {
+		return 0
+	}
+	return os.Getpid()
 }
 
 // handshake authenticates an accepted connection.
 func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	c := newConn(nc, s.cfg.Timeout, remoteLabel(nc))
 	c.c.spin = s.cfg.Spin
-	typ, p, err := c.recv()
+	by := handshakeBy(s.cfg.Timeout)
+	typ, p, err := c.recvArmed(by(c))
 	if err != nil {
 		return nil, err
 	}
@@ -67,11 +90,11 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	}
 	c.peer = h.Name
 	sn := nonce()
-	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name), Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.NoChecksum, Local: s.localName}); err != nil {
+	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name), Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.NoChecksum, Local: s.localName, PID: s.localPID()}); err != nil {
 		return nil, err
 	}
 	var a authMsg
-	if err := c.recvJSON(frameAuth, &a); err != nil {
+	if err := c.recvJSONArmed(frameAuth, &a, by(c)); err != nil {
 		// The client's reason, when it refused our proof (secretMismatch),
 		// is in err: this node's log says it, not a bare EOF.
 		return nil, err
@@ -88,7 +111,8 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	c.hostID = h.HostID
 	c.instance, c.imports, c.noChecksum = h.Instance, h.Imports, h.NoChecksum
 	c.max = MaxFrame
-	s.notePeer(h.Name, h.HostID, h.Instance, h.NoChecksum, h.Local)
+	s.notePeer(h.Name, h.HostID, h.Instance, h.NoChecksum)
+	c.name = h.Name
 	s.noteRMA(h.Name, h.Instance, h.UCX)
 	return c, nil
 }

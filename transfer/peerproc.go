@@ -19,7 +19,8 @@ import (
 // peer of one cluster could make this daemon read the tensors of another
 // cluster's daemon on the same host (another secret) into a destination the
 // peer then reads. A unix socket carries the peer's credentials
-// (SO_PEERCRED: the process that connected); TCP on loopback carries none,
+// (SO_PEERCRED and a pidfd: the process that connected); TCP on loopback
+// carries none,
 // so the check finds the socket at the other end of the connection in
 // /proc/net/tcp{,6} and requires the named process to hold it.
 
@@ -60,24 +61,93 @@ func holdsPeerSocket(c net.Conn, pid int) (bool, error) {
 	return false, nil
 }
 
-// peerCredPID reports whether pid is the process that connected the unix
-// socket c (SO_PEERCRED, in this daemon's PID namespace).
+// peerCredPID reports whether pid is the process at the other end of the
+// unix socket c and still alive: SO_PEERCRED says which process connected
+// (or listened), and its pidfd (SO_PEERPIDFD) whether that very process
+// lives; a process that connected, handed its socket on and exited could
+// otherwise leave its pid to another process, whose memory the check
+// would then let a peer name. Errors: the credentials cannot be read, or
+// the kernel gives no pidfd (before Linux 6.5: Start then offers no unix
+// socket, localSupported).
 func peerCredPID(c *net.UnixConn, pid int) (bool, error) {
-	raw, err := c.SyscallConn()
+	cred, pidfd, err := peerIdentity(c)
 	if err != nil {
 		return false, err
+	}
+	defer unix.Close(pidfd)
+	if int(cred.Pid) != pid {
+		return false, nil
+	}
+	// Signal 0 checks without sending: ESRCH once the process exited,
+	// whatever its pid names now.
+	return unix.PidfdSendSignal(pidfd, 0, nil, 0) == nil, nil
+}
+
+// peerIdentity is SO_PEERCRED and SO_PEERPIDFD of the unix socket c; the
+// caller closes the pidfd.
+func peerIdentity(c *net.UnixConn) (*unix.Ucred, int, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, -1, err
+	}
+	var cred *unix.Ucred
+	pidfd := -1
+	var cerr, ferr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		pidfd, ferr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
+	}); err != nil {
+		return nil, -1, err
+	}
+	if cerr != nil {
+		if ferr == nil {
+			unix.Close(pidfd)
+		}
+		return nil, -1, fmt.Errorf("SO_PEERCRED: %w", cerr)
+	}
+	if ferr != nil {
+		return nil, -1, fmt.Errorf("SO_PEERPIDFD: %w", ferr)
+	}
+	return cred, pidfd, nil
+}
+
+// peerCred is the credentials of the process at the other end of the unix
+// socket nc (SO_PEERCRED). Errors: nc is no unix socket, or getsockopt's.
+func peerCred(nc net.Conn) (*unix.Ucred, error) {
+	uc, ok := nc.(*net.UnixConn)
+	if !ok {
+		return nil, fmt.Errorf("not a unix socket")
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return nil, err
 	}
 	var cred *unix.Ucred
 	var cerr error
 	if err := raw.Control(func(fd uintptr) {
 		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	}); err != nil {
-		return false, err
+		return nil, err
 	}
-	if cerr != nil {
-		return false, fmt.Errorf("SO_PEERCRED: %w", cerr)
+	return cred, cerr
+}
+
+// localSupported reports whether this kernel gives a unix socket's peer
+// as a pidfd (SO_PEERPIDFD, Linux 6.5), which the memfd owner check over
+// the socket needs (peerCredPID).
+func localSupported() bool {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return false
 	}
-	return int(cred.Pid) == pid, nil
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	pidfd, err := unix.GetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_PEERPIDFD)
+	if err != nil {
+		return false
+	}
+	unix.Close(pidfd)
+	return true
 }
 
 // socketInode finds the inode of the TCP socket bound to local and

@@ -180,15 +180,15 @@ func (s *Service) done(peer string, c *conn, open bool, err error) {
 }
 
 // dial connects and authenticates to a named peer, found by resolve (no
-// network round trip). A peer of this host that offered a unix socket
-// (localFor) is dialled there; when that fails it is forgotten, and the
-// TCP handshake that follows says what to use. A TCP handshake that
-// reveals such a socket is followed by a dial there, which the copy takes
-// (and the pool after it) when it succeeds: one more handshake at a
-// peer's first contact, instead of loopback TCP for every copy after.
-// Errors: ENOENT for an unknown peer, EHOSTUNREACH for one the Resolver saw
-// leave, the dial's errno (ECONNREFUSED, EHOSTUNREACH, ETIMEDOUT), EACCES
-// for a refused authentication, EPROTO for a version mismatch: TCP's.
+// network round trip). A peer of this host whose unix socket a TCP
+// handshake of ours learned (learnLocal) is dialled there; when that fails
+// the socket is forgotten and TCP used. A TCP handshake that reveals such a
+// socket is followed by a dial there, which the copy takes (and the pool
+// after it) when it succeeds: one more handshake at a peer's first
+// contact, instead of loopback TCP for every copy after. Errors: ENOENT for
+// an unknown peer, EHOSTUNREACH for one the Resolver saw leave, the dial's
+// errno (ECONNREFUSED, EHOSTUNREACH, ETIMEDOUT), EACCES for a refused
+// authentication, EPROTO for a version mismatch: TCP's.
 func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
 	if c := s.dialLocal(ctx, peer); c != nil {
 		return c, nil
@@ -201,6 +201,7 @@ func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.learnLocal(peer, c)
 	if uc := s.dialLocal(ctx, peer); uc != nil {
 		c.c.Close()
 		return uc, nil
@@ -209,19 +210,53 @@ func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
 }
 
 // dialLocal is dial on peer's unix socket (localFor): nil when it has
-// none or the dial or handshake there failed (then forgotten).
+// none or the dial there failed (then forgotten, and logged). The process
+// listening there must be the one the TCP handshake named
+// (SO_PEERCRED), checked before a byte is sent: any local user can bind
+// an abstract name that is free (a restarted peer's old one, or every
+// name of a peer in another network namespace), and one that accepts
+// and stays silent would hold the dial to the timeout. The handshake must
+// then come from the instance that offered the socket, under peer's name.
 func (s *Service) dialLocal(ctx context.Context, peer string) *conn {
-	name := s.localFor(peer)
-	if name == "" {
+	lp, ok := s.localFor(peer)
+	if !ok {
 		return nil
 	}
-	c, err := s.dialOn(ctx, peer, "unix", name)
+	c, err := s.dialUnix(ctx, peer, lp)
 	if err != nil {
-		slog.Info("peer's unix socket refused; connecting over TCP", "peer", peer, "socket", name, "err", err)
-		s.forgetLocal(peer, name)
+		slog.Info("not using the peer's unix socket; connecting over TCP", "peer", peer, "socket", lp.sock, "err", err)
+		s.forgetLocal(peer, lp)
 		return nil
 	}
 	return c
+}
+
+// dialUnix connects to lp and authenticates, checking who listens there
+// (dialLocal).
+func (s *Service) dialUnix(ctx context.Context, peer string, lp localPeer) (*conn, error) {
+	d := net.Dialer{Timeout: s.cfg.Timeout}
+	nc, err := d.DialContext(ctx, "unix", lp.sock)
+	if err != nil {
+		return nil, err
+	}
+	if cred, err := peerCred(nc); err != nil || int(cred.Pid) != lp.pid {
+		nc.Close()
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("process %d listens there, not the peer's %d", cred.Pid, lp.pid)
+	}
+	c := newConn(nc, s.cfg.Timeout, peer)
+	c.c.spin = s.cfg.Spin
+	if err := s.authenticate(c, lp.sock); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	if c.instance != lp.instance || c.name != peer {
+		nc.Close()
+		return nil, fmt.Errorf("the node there is %s (instance %s), not %s (instance %s)", c.name, c.instance, peer, lp.instance)
+	}
+	return c, nil
 }
 
 // dialOn connects to peer at addr on network ("tcp", "unix") and

@@ -110,9 +110,9 @@ func (s *Service) peerReports() (map[string]PeerReport, *ClusterReport) {
 			p.HostID, p.Instance, p.Reached = m.hostID, m.instance, m.at.UTC().Format(time.RFC3339)
 			p.NoChecksum = s.cfg.NoChecksum && m.noChecksum
 			p.SameHost = s.cfg.HostID != "" && m.hostID == s.cfg.HostID
-			if p.SameHost {
-				p.Local = m.local
-			}
+		}
+		if lp, ok := s.locals[name]; ok {
+			p.Local = lp.sock
 		}
 		peers[name] = p
 	}
@@ -130,45 +130,71 @@ func (s *Service) peerReports() (map[string]PeerReport, *ClusterReport) {
 type peerMet struct {
 	hostID, instance string
 	noChecksum       bool // the peer runs --checksum none
-	// local is the peer's abstract unix socket (hello.Local), "" when it
-	// offered none or a dial there failed (forgetLocal).
-	local string
-	at    time.Time
+	at               time.Time
 }
 
 // notePeer records an authenticated handshake with peer name, whose hello
-// or challenge gave its host id, instance and unix socket (stats:
-// PeerReport.Reached).
-func (s *Service) notePeer(name, hostID, instance string, noChecksum bool, local string) {
+// or challenge gave its host id and instance (stats: PeerReport.Reached).
+func (s *Service) notePeer(name, hostID, instance string, noChecksum bool) {
 	s.metMu.Lock()
 	defer s.metMu.Unlock()
 	if s.met == nil {
 		s.met = map[string]peerMet{}
 	}
-	s.met[name] = peerMet{hostID: hostID, instance: instance, noChecksum: noChecksum, local: local, at: time.Now()}
+	s.met[name] = peerMet{hostID: hostID, instance: instance, noChecksum: noChecksum, at: time.Now()}
 }
 
-// localFor is the unix socket to dial peer on: the one its last handshake
-// offered, when its host id is this node's (the IPC path's condition: a
-// peer given another --host-id on this machine stays on TCP); else "".
-func (s *Service) localFor(peer string) string {
-	s.metMu.Lock()
-	defer s.metMu.Unlock()
-	m := s.met[peer]
-	if s.cfg.HostID == "" || m.hostID != s.cfg.HostID || !strings.HasPrefix(m.local, localPrefix) {
-		return ""
-	}
-	return m.local
+// localPeer is a peer's abstract unix socket, as the challenge of a TCP
+// handshake this node dialled to the peer's own address offered it: the
+// socket, the instance and the process that listen there.
+type localPeer struct {
+	sock, instance string
+	pid            int
 }
 
-// forgetLocal drops peer's unix socket name after a dial there failed (the
-// peer restarted under a new one, or lives in another network namespace):
-// its next TCP handshake says again what to use.
-func (s *Service) forgetLocal(peer, name string) {
+// learnLocal records the unix socket c's peer offered, when c is a TCP
+// connection this node dialled to peer's address and the peer answered
+// as peer, from this host id, with a socket, its process id and an
+// instance. Only such a handshake may say where peer is: a connection
+// that came in under a name proves only that its node holds the secret
+// (a second daemon of the same --name, say), and what it offered would
+// send this node's copies for that name elsewhere. A socket that failed
+// here (forgetLocal) is not learned again from the same instance.
+func (s *Service) learnLocal(peer string, c *conn) {
+	if s.cfg.HostID == "" || c.hostID != s.cfg.HostID || c.name != peer || c.pid <= 0 || c.instance == "" || !strings.HasPrefix(c.local, localPrefix) {
+		return
+	}
 	s.metMu.Lock()
 	defer s.metMu.Unlock()
-	if m, ok := s.met[peer]; ok && m.local == name {
-		m.local = ""
-		s.met[peer] = m
+	if s.badLocal[peer] == c.local {
+		return
 	}
+	if s.locals == nil {
+		s.locals = map[string]localPeer{}
+	}
+	s.locals[peer] = localPeer{sock: c.local, instance: c.instance, pid: c.pid}
+}
+
+// localFor is the unix socket to dial peer on (learnLocal), if any.
+func (s *Service) localFor(peer string) (localPeer, bool) {
+	s.metMu.Lock()
+	defer s.metMu.Unlock()
+	lp, ok := s.locals[peer]
+	return lp, ok
+}
+
+// forgetLocal drops peer's unix socket after a dial there failed (the
+// peer restarted under a new one, lives in another network namespace, or
+// another process holds the name), and keeps the name from being learned
+// again: the next TCP handshake that offers another one says what to use.
+func (s *Service) forgetLocal(peer string, lp localPeer) {
+	s.metMu.Lock()
+	defer s.metMu.Unlock()
+	if s.locals[peer] == lp {
+		delete(s.locals, peer)
+	}
+	if s.badLocal == nil {
+		s.badLocal = map[string]string{}
+	}
+	s.badLocal[peer] = lp.sock
 }

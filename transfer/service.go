@@ -178,6 +178,10 @@ type Service struct {
 	// nothing else is known.
 	metMu sync.Mutex
 	met   map[string]peerMet
+	// locals are the unix sockets of peers of this host (learnLocal), by
+	// name; badLocal the last socket that failed for each (forgetLocal).
+	locals   map[string]localPeer
+	badLocal map[string]string
 
 	// rma holds the RMA endpoint to each peer that offered an address, by
 	// name (noteRMA); rmaClosed: Close has closed them all.
@@ -286,7 +290,9 @@ func (s *Service) Start() error {
 	s.ln = ln
 	s.accept(ln, s.cfg.Listen)
 	name := localPrefix + s.instance
-	if lu, err := net.Listen("unix", name); err != nil {
+	if !localSupported() {
+		slog.Info("no unix socket for peers of this host (the kernel gives no SO_PEERPIDFD, Linux 6.5); they connect over TCP")
+	} else if lu, err := net.Listen("unix", name); err != nil {
 		slog.Warn("no unix socket for peers of this host; they connect over TCP", "socket", name, "err", err)
 	} else {
 		s.lnLocal, s.localName = lu, name

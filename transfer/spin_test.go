@@ -279,3 +279,16 @@ func TestRespin(t *testing.T) {
 	_, err = plain.c.Read(buf)
 	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
 }
+
+// TestRespinNotLeftPending: a respin that no read took (the reply was
+// already read) is ended by the next deadline set on the connection: a
+// later short wait times out at its own deadline, not at respin's.
+func TestRespinNotLeftPending(t *testing.T) {
+	near, _ := tcpPair(t, time.Millisecond)
+	near.c.respin(time.Now().Add(5 * time.Second))
+	near.c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	start := time.Now()
+	_, err := near.c.Read(make([]byte, 1))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.Less(t, time.Since(start), 2*time.Second, "the 100 ms deadline was stretched to respin's")
+}

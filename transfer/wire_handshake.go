@@ -26,6 +26,10 @@ type hello struct {
 	// instance), absent when it has none: a peer of the same host id
 	// connects there instead of over TCP (Service.dial).
 	Local string `json:"local,omitempty"`
+	// PID is the node's process id, with Local: a client of the socket
+	// checks that this process is the one listening there (SO_PEERCRED)
+	// before it says anything.
+	PID int `json:"pid,omitempty"`
 }
 
 // challenge answers hello (server -> client) and proves the server knows the
@@ -36,13 +40,15 @@ type challenge struct {
 	HostID  string `json:"host_id"`
 	Nonce   []byte `json:"nonce"`
 	Proof   []byte `json:"proof"`
-	// Instance, Imports, NoSecret, UCX, NoChecksum and Local: as in hello.
+	// Instance, Imports, NoSecret, UCX, NoChecksum, Local and PID: as in
+	// hello.
 	Instance   string   `json:"instance"`
 	Imports    []string `json:"imports,omitempty"`
 	NoSecret   bool     `json:"no_secret,omitempty"`
 	UCX        []byte   `json:"ucx,omitempty"`
 	NoChecksum bool     `json:"no_checksum,omitempty"`
 	Local      string   `json:"local,omitempty"`
+	PID        int      `json:"pid,omitempty"`
 }
 
 // authMsg proves the client knows the secret (client -> server).
