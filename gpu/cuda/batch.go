@@ -100,12 +100,21 @@ var batchEngineMin int64 = 16 << 20
 // driver's *Error (cuLaunchKernel, or cuStreamSynchronize for a fault while
 // the kernel ran; some extents may then have been copied).
 func (b *buffer) CopyBatch(exts []gpu.Extent) (done bool, err error) {
-	d := b.dev
+	return b.dev.batch(func(pl *batchPlan, kernel bool) ([]*Device, bool, error) {
+		return b.dev.planBatch(exts, kernel, pl)
+	})
+}
+
+// batch runs the batch plan writes (planBatch, planRanges): plan checks
+// it and adds its work and buffers to pl, with the kernel or without;
+// done=false when plan declines or a source's GPU cannot be read from here
+// (nothing copied). The buffers are held for the copy.
+func (d *Device) batch(plan func(pl *batchPlan, kernel bool) (peers []*Device, ok bool, err error)) (done bool, err error) {
 	fn, kernel := d.scatterKernel()
 	pl := planPool.Get().(*batchPlan)
 	defer pl.put()
-	var set bufSet // every buffer of the batch, once
-	peers, ok, err := d.planBatch(exts, kernel, pl, &set)
+	set := &pl.set
+	peers, ok, err := plan(pl, kernel)
 	if !ok || err != nil {
 		return ok, err
 	}
@@ -126,30 +135,15 @@ func (b *buffer) CopyBatch(exts []gpu.Extent) (done bool, err error) {
 // context can address). Its pass (planRanges) writes each range's work
 // straight from At, with the buffers' checks once per list.
 func (b *buffer) CopyRanges(lists []gpu.RangeList) (done bool, err error) {
-	d := b.dev
-	fn, kernel := d.scatterKernel()
-	pl := planPool.Get().(*batchPlan)
-	defer pl.put()
-	var set bufSet
-	peers, ok, err := d.planRanges(lists, kernel, pl, &set)
-	if !ok || err != nil {
-		return ok, err
-	}
-	for _, p := range peers {
-		if !d.peerReadable(p) {
-			return false, nil
-		}
-	}
-	if err := set.rlock(); err != nil {
-		return true, err
-	}
-	defer set.runlock()
-	return true, d.runBatch(pl, fn)
+	return b.dev.batch(func(pl *batchPlan, kernel bool) ([]*Device, bool, error) {
+		return b.dev.planRanges(lists, kernel, pl)
+	})
 }
 
 // planRanges is planBatch for range lists: the buffers of each list are
 // checked once, then each range (inside both buffers and before DstLen).
-func (d *Device) planRanges(lists []gpu.RangeList, kernel bool, pl *batchPlan, set *bufSet) (peers []*Device, ok bool, err error) {
+func (d *Device) planRanges(lists []gpu.RangeList, kernel bool, pl *batchPlan) (peers []*Device, ok bool, err error) {
+	set := &pl.set
 	for i := range lists {
 		l := &lists[i]
 		dst, ok := l.Dst.(*buffer)
@@ -185,7 +179,8 @@ func (d *Device) planRanges(lists []gpu.RangeList, kernel bool, pl *batchPlan, s
 // that sources live on. ok is false (nothing planned worth keeping) when
 // an extent is not this device's to copy; err is gpu.ErrInvalidSize for a
 // range outside its buffers.
-func (d *Device) planBatch(exts []gpu.Extent, kernel bool, pl *batchPlan, set *bufSet) (peers []*Device, ok bool, err error) {
+func (d *Device) planBatch(exts []gpu.Extent, kernel bool, pl *batchPlan) (peers []*Device, ok bool, err error) {
+	set := &pl.set
 	var lastDst, lastSrc *buffer
 	for i := range exts {
 		e := &exts[i]
@@ -249,6 +244,7 @@ type engineCopy struct {
 type batchPlan struct {
 	descs  []scatterDesc
 	engine []engineCopy
+	set    bufSet // every buffer of the batch, once
 }
 
 var planPool = sync.Pool{New: func() any { return new(batchPlan) }}
@@ -277,6 +273,8 @@ func (pl *batchPlan) put() {
 	}
 	pl.descs, pl.engine = pl.descs[:0], pl.engine[:0]
 	clear(pl.engine[:cap(pl.engine)]) // the devices they name
+	clear(pl.set.list[:cap(pl.set.list)])
+	pl.set = bufSet{list: pl.set.list[:0]} // no buffer kept alive by the pool
 	planPool.Put(pl)
 }
 

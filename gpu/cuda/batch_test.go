@@ -352,6 +352,20 @@ func (nopDriver) launchKernel(cuFunc, [3]uint32, [3]uint32, uint32, cuStrm, unsa
 // extents of 8 KiB between two buffers (checks, locks, descriptors), with
 // the driver's calls free; on a GPU the kernel adds its 14 µs.
 func BenchmarkCopyBatchGoSide(b *testing.B) {
+	exts := goSide(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := gpu.CopyBatch(exts); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// goSide is the setup of the Go-side benchmarks: a fake device whose
+// batch calls are free (nopDriver), its kernel loaded and descriptor
+// arrays made, and 1000 scattered 8 KiB extents between two of its
+// buffers; all undone at the benchmark's end.
+func goSide(b *testing.B) []gpu.Extent {
 	f := newFake(1, fakeGPU)
 	gd, err := open(f, 0)
 	require.NoError(b, err)
@@ -364,17 +378,13 @@ func BenchmarkCopyBatchGoSide(b *testing.B) {
 	require.True(b, ok)
 	require.NoError(b, d.withStager(func(s *stager) error { return d.descArrays(s) }))
 	d.drv = nopDriver{f}
-	exts := blockScatter(rand.New(rand.NewPCG(1, 1)), x, 0, y, 0, 1000, 8192)
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := gpu.CopyBatch(exts); err != nil {
-			b.Fatal(err)
-		}
-	}
-	d.drv = f
-	x.Free()
-	y.Free()
-	require.NoError(b, d.Close())
+	b.Cleanup(func() {
+		d.drv = f
+		x.Free()
+		y.Free()
+		require.NoError(b, d.Close())
+	})
+	return blockScatter(rand.New(rand.NewPCG(1, 1)), x, 0, y, 0, 1000, 8192)
 }
 
 // rangesOf is exts (all of one Dst and Src) as one range list.
@@ -487,19 +497,8 @@ func TestCopyRanges(t *testing.T) {
 // one range list (gpu.CopyRanges, as an IPC copy's receiver runs it), and
 // as the extents built from the same list first (how it ran before).
 func BenchmarkCopyRangesGoSide(b *testing.B) {
-	f := newFake(1, fakeGPU)
-	gd, err := open(f, 0)
-	require.NoError(b, err)
-	d := gd[0].(*Device)
-	x, err := d.Alloc(16<<20, 0)
-	require.NoError(b, err)
-	y, err := d.Alloc(16<<20, 0)
-	require.NoError(b, err)
-	_, ok := d.scatterKernel()
-	require.True(b, ok)
-	require.NoError(b, d.withStager(func(s *stager) error { return d.descArrays(s) }))
-	d.drv = nopDriver{f}
-	exts := blockScatter(rand.New(rand.NewPCG(1, 1)), x, 0, y, 0, 1000, 8192)
+	exts := goSide(b)
+	x, y := exts[0].Dst, exts[0].Src
 	type span struct{ src, dst, n int64 }
 	spans := make([]span, len(exts))
 	for i, e := range exts {
@@ -532,8 +531,4 @@ func BenchmarkCopyRangesGoSide(b *testing.B) {
 			}
 		}
 	})
-	d.drv = f
-	x.Free()
-	y.Free()
-	require.NoError(b, d.Close())
 }

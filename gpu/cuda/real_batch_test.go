@@ -135,8 +135,7 @@ func TestRealCopyBatch(t *testing.T) {
 // planOf is exts' plan (planBatch: every extent of d's buffers).
 func planOf(tb testing.TB, d *Device, exts []gpu.Extent) *batchPlan {
 	var pl batchPlan
-	var set bufSet
-	_, ok, err := d.planBatch(exts, true, &pl, &set)
+	_, ok, err := d.planBatch(exts, true, &pl)
 	require.True(tb, ok)
 	require.NoError(tb, err)
 	return &pl
@@ -240,9 +239,8 @@ func BenchmarkRealCopyBatch(b *testing.B) {
 			require.True(b, kernel)
 			var pl batchPlan
 			for b.Loop() {
-				pl.descs, pl.engine = pl.descs[:0], pl.engine[:0]
-				var set bufSet
-				if _, ok, err := d.planBatch(exts, true, &pl, &set); !ok || err != nil {
+				pl.descs, pl.engine, pl.set = pl.descs[:0], pl.engine[:0], bufSet{}
+				if _, ok, err := d.planBatch(exts, true, &pl); !ok || err != nil {
 					b.Fatal(ok, err)
 				}
 			}
