@@ -143,24 +143,13 @@ func (b *buffer) CopyRanges(lists []gpu.RangeList) (done bool, err error) {
 // planRanges is planBatch for range lists: the buffers of each list are
 // checked once, then each range (inside both buffers and before DstLen).
 func (d *Device) planRanges(lists []gpu.RangeList, kernel bool, pl *batchPlan) (peers []*Device, ok bool, err error) {
-	set := &pl.set
 	for i := range lists {
 		l := &lists[i]
 		dst, ok := l.Dst.(*buffer)
 		src, ok2 := l.Src.(*buffer)
-		if !ok || !ok2 || dst.dev != d || src.dev.drv != d.drv {
+		if !ok || !ok2 || !d.pair(pl, &peers, dst, src) {
 			return nil, false, nil
 		}
-		if src.dev != d {
-			if src.a.imp != nil {
-				return nil, false, nil // mapped in src.dev's context, not this one's
-			}
-			if !slices.Contains(peers, src.dev) {
-				peers = append(peers, src.dev)
-			}
-		}
-		set.add(dst)
-		set.add(src)
 		dstLen := min(dst.size, l.DstLen)
 		for k := range l.N {
 			srcOff, dstOff, n := l.At(k)
@@ -174,13 +163,33 @@ func (d *Device) planRanges(lists []gpu.RangeList, kernel bool, pl *batchPlan) (
 	return peers, true, nil
 }
 
+// pair checks a batch's copy from src into dst: dst of this device, src
+// addressable from its context (this device's, or another GPU's own
+// buffer, whose device joins peers); both join pl's buffer set. false:
+// not this device's batch.
+func (d *Device) pair(pl *batchPlan, peers *[]*Device, dst, src *buffer) bool {
+	if dst.dev != d || src.dev.drv != d.drv {
+		return false
+	}
+	if src.dev != d {
+		if src.a.imp != nil {
+			return false // mapped in src.dev's context, not this one's
+		}
+		if !slices.Contains(*peers, src.dev) {
+			*peers = append(*peers, src.dev)
+		}
+	}
+	pl.set.add(dst)
+	pl.set.add(src)
+	return true
+}
+
 // planBatch is CopyBatch's pass over the extents: it checks each one and
-// adds its work to pl, and every buffer to set; peers are the other GPUs
+// adds its work and every buffer to pl; peers are the other GPUs
 // that sources live on. ok is false (nothing planned worth keeping) when
 // an extent is not this device's to copy; err is gpu.ErrInvalidSize for a
 // range outside its buffers.
 func (d *Device) planBatch(exts []gpu.Extent, kernel bool, pl *batchPlan) (peers []*Device, ok bool, err error) {
-	set := &pl.set
 	var lastDst, lastSrc *buffer
 	for i := range exts {
 		e := &exts[i]
@@ -193,19 +202,9 @@ func (d *Device) planBatch(exts []gpu.Extent, kernel bool, pl *batchPlan) (peers
 			return nil, false, nil
 		}
 		if dst != lastDst || src != lastSrc { // most extents repeat the pair before
-			if dst.dev != d || src.dev.drv != d.drv {
+			if !d.pair(pl, &peers, dst, src) {
 				return nil, false, nil
 			}
-			if src.dev != d {
-				if src.a.imp != nil {
-					return nil, false, nil // mapped in src.dev's context, not this one's
-				}
-				if !slices.Contains(peers, src.dev) {
-					peers = append(peers, src.dev)
-				}
-			}
-			set.add(dst)
-			set.add(src)
 			lastDst, lastSrc = dst, src
 		}
 		if !inRange(dst.size, e.DstOff, e.N) || !inRange(src.size, e.SrcOff, e.N) {
