@@ -232,19 +232,25 @@ type conn struct {
 	iovAhead [][]byte
 	peer     string
 	hostID   string
-	// name is the name the peer gave in its handshake; local and pid, for
-	// a dialled one, the unix socket and process it offered (learnLocal).
+	// name is the name the peer gave in its handshake; local, pid and ns,
+	// for a dialled one, the unix socket, process and namespaces it
+	// offered (learnLocal).
 	name  string
 	local string
 	pid   int
+	ns    string
 	max   uint32 // largest frame accepted now
 	// instance, imports and noChecksum: the peer's, from the handshake.
 	instance   string
 	imports    []string
 	noChecksum bool
 	// ownerPID is the peer's process, once a memfd handle naming it was
-	// checked against the connection (checkOwner).
+	// checked against the connection (checkOwner), and owner a pidfd of
+	// that process: the answer holds only while it lives (its pid may name
+	// another process after). Closed when replaced, else by the file's
+	// own cleanup.
 	ownerPID int
+	owner    *os.File
 	// iov holds writeFrames' frames for a writev (one writer at a time).
 	iov [][]byte
 	// progress, when set, gets the bytes_done of keepalives that carry a

@@ -19,7 +19,7 @@ import (
 func (s *Service) authenticate(c *conn, addr string) error {
 	by := handshakeBy(s.cfg.Timeout)
 	cn := nonce()
-	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.NoChecksum, Local: s.localName, PID: s.localPID()}); err != nil {
+	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.NoChecksum, Local: s.localName, PID: s.localPID(), NS: s.localNS()}); err != nil {
 		return netErr(err)
 	}
 	var ch challenge
@@ -47,7 +47,7 @@ func (s *Service) authenticate(c *conn, addr string) error {
 	c.instance, c.imports, c.noChecksum = ch.Instance, ch.Imports, ch.NoChecksum
 	c.max = MaxFrame
 	s.notePeer(ch.Name, ch.HostID, ch.Instance, ch.NoChecksum)
-	c.name, c.local, c.pid = ch.Name, ch.Local, ch.PID
+	c.name, c.local, c.pid, c.ns = ch.Name, ch.Local, ch.PID, ch.NS
 	s.noteRMA(ch.Name, ch.Instance, ch.UCX)
 	return nil
 }
@@ -70,6 +70,26 @@ func (s *Service) localPID() int {
 	return os.Getpid()
 }
 
+// localNS is this process's namespaces when it offers a unix socket
+// (hello.NS).
+func (s *Service) localNS() string {
+	if s.localName == "" {
+		return ""
+	}
+	return s.ns
+}
+
+// namespaces names this process's network and PID namespaces ("" when
+// /proc does not say).
+func namespaces() string {
+	netNS, err1 := os.Readlink("/proc/self/ns/net")
+	pidNS, err2 := os.Readlink("/proc/self/ns/pid")
+	if err1 != nil || err2 != nil {
+		return ""
+	}
+	return netNS + " " + pidNS
+}
+
 // handshake authenticates an accepted connection.
 func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	c := newConn(nc, s.cfg.Timeout, remoteLabel(nc))
@@ -90,7 +110,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	}
 	c.peer = h.Name
 	sn := nonce()
-	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name), Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.NoChecksum, Local: s.localName, PID: s.localPID()}); err != nil {
+	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name), Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.NoChecksum, Local: s.localName, PID: s.localPID(), NS: s.localNS()}); err != nil {
 		return nil, err
 	}
 	var a authMsg

@@ -168,17 +168,20 @@ func checkOwner(c *conn, handle string) error {
 	if pid == 0 {
 		return fmt.Errorf("handle %q names no process: %w", handle, errNoIPC)
 	}
-	if pid == c.ownerPID {
+	if pid == c.ownerPID && pidfdAlive(c.owner) {
 		return nil
 	}
-	ok, err := holdsPeerSocket(c.c, pid)
+	f, err := peerProcess(c.c, pid)
 	if err != nil {
 		return fmt.Errorf("handle %q: who is the peer: %v: %w", handle, err, errNoIPC)
 	}
-	if !ok {
+	if f == nil {
 		return fmt.Errorf("handle %q names process %d, which is not the peer %s: %w", handle, pid, c.peer, errNoIPC)
 	}
-	c.ownerPID = pid
+	if c.owner != nil {
+		c.owner.Close()
+	}
+	c.ownerPID, c.owner = pid, f
 	return nil
 }
 

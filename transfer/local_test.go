@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // pooledKind is the network of the idle connections cli keeps to peer
@@ -150,10 +152,9 @@ while True:
 	require.NoError(t, err)
 	require.NoError(t, sq.Start())
 	t.Cleanup(func() { sq.Process.Kill(); sq.Wait() })
-	line := make([]byte, 3)
-	_, err = out.Read(line)
+	line, err := bufio.NewReader(out).ReadString('\n') // print may write "up" and "\n" apart (PYTHONUNBUFFERED)
 	require.NoError(t, err)
-	require.Equal(t, "up\n", string(line))
+	require.Equal(t, "up\n", line)
 	srv2 := startServer(t, "b", b, testSecret, func(c *Config) { same(c); c.Listen = addr })
 	cli.mu.Lock()
 	for _, ic := range cli.idle["b"] {
@@ -223,17 +224,156 @@ sys.stdin.read()
 	require.NoError(t, err)
 	defer nc.Close()
 	uc := nc.(*net.UnixConn)
-	ok, err := peerCredPID(uc, live.Process.Pid)
+	f, err := peerCredPID(uc, live.Process.Pid)
 	require.NoError(t, err)
-	require.True(t, ok, "the live process that connected")
-	ok, err = peerCredPID(uc, os.Getpid())
+	require.NotNil(t, f, "the live process that connected")
+	f.Close()
+	f, err = peerCredPID(uc, os.Getpid())
 	require.NoError(t, err)
-	require.False(t, ok, "another process")
+	require.Nil(t, f, "another process")
 	in.Close()
 	require.NoError(t, live.Wait())
-	ok, err = peerCredPID(uc, live.Process.Pid)
+	f, err = peerCredPID(uc, live.Process.Pid)
 	require.NoError(t, err)
-	require.False(t, ok, "the process that connected has exited: its pid may be another's now")
+	require.Nil(t, f, "the process that connected has exited: its pid may be another's now")
 	label := remoteLabel(uc)
 	require.True(t, strings.HasPrefix(label, "unix socket (pid "), label)
+}
+
+// TestOwnerCheckEndsWithThePeer: a connection whose peer process passed it
+// on and exited cannot go on naming that process's memfds: the first put,
+// while it lives, passes the owner check; the same handle after it exited
+// (its pid free for another process) is EXDEV, not the check's earlier
+// answer. Over the unix socket and over TCP.
+func TestOwnerCheckEndsWithThePeer(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	require.NoError(t, err)
+	for _, network := range []string{"unix", "tcp"} {
+		t.Run(network, func(t *testing.T) {
+			local := newMemLocal()
+			srv := startServer(t, "srv", local, testSecret, func(c *Config) { c.HostID = "raw" })
+			addr := addrOf(srv)
+			if network == "unix" {
+				if srv.localName == "" {
+					t.Skip("no unix socket on this kernel (SO_PEERPIDFD)")
+				}
+				addr = srv.localName
+			}
+			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			require.NoError(t, err)
+			ours, theirs := os.NewFile(uintptr(fds[0]), "ours"), os.NewFile(uintptr(fds[1]), "theirs")
+			defer ours.Close()
+			// The child makes a tensorfs memfd, connects, hands the
+			// connection and the memfd's number to us, and exits when told.
+			child := exec.Command(py, "-c", `
+import os, socket, sys
+m = os.memfd_create("tensorfs-owner-test"); os.ftruncate(m, 4096); os.pwrite(m, b"x" * 4096, 0)
+a = sys.argv[1]
+s = socket.socket(socket.AF_UNIX if a.startswith("@") else socket.AF_INET, socket.SOCK_STREAM)
+if a.startswith("@"):
+    s.connect("\0" + a[1:])
+else:
+    h, p = a.rsplit(":", 1); s.connect((h, int(p)))
+ch = socket.socket(fileno=3)
+socket.send_fds(ch, [str(m).encode()], [s.fileno()])
+sys.stdin.read()
+`, addr)
+			child.ExtraFiles = []*os.File{theirs}
+			in, err := child.StdinPipe()
+			require.NoError(t, err)
+			require.NoError(t, child.Start())
+			theirs.Close()
+			defer func() { in.Close(); child.Wait() }()
+			buf, oob := make([]byte, 64), make([]byte, unix.CmsgSpace(4))
+			n, oobn, _, _, err := unix.Recvmsg(int(ours.Fd()), buf, oob, 0)
+			require.NoError(t, err)
+			msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+			require.NoError(t, err)
+			got, err := unix.ParseUnixRights(&msgs[0])
+			require.NoError(t, err)
+			nc, err := net.FileConn(os.NewFile(uintptr(got[0]), "passed"))
+			require.NoError(t, err)
+			defer nc.Close()
+			c := wrapConn(nc, "srv")
+			require.NoError(t, clientHandshake(c, "raw", testSecret))
+			handle := fmt.Sprintf("memfd:/proc/%d/fd/%s", child.Process.Pid, buf[:n])
+			m := Meta{DType: "U8", Shape: "4096", NBytes: 4096}
+			require.NoError(t, c.sendJSON(frameRequest, request{Op: "put", Path: "/x", Tensors: []Meta{m}, IPC: []IPCDesc{{Handle: handle, Alloc: 1}}}))
+			var r reply
+			require.NoError(t, c.recvJSON(frameOK, &r), "the peer names its own memfd")
+			require.Equal(t, 1, r.Copied)
+
+			in.Close()
+			require.NoError(t, child.Wait())
+			require.NoError(t, c.sendJSON(frameRequest, request{Op: "put", Path: "/y", Tensors: []Meta{m}, IPC: []IPCDesc{{Handle: handle, Alloc: 2}}}))
+			we := expectError(t, c)
+			require.Equal(t, "EXDEV", we.Errno, "%+v", we)
+			require.Contains(t, we.Message, "not the peer")
+			_, _, ok := local.get("/y")
+			require.False(t, ok, "nothing written")
+		})
+	}
+}
+
+// TestLocalSocketSurvivesACancelledDial: a dial on the unix socket that
+// fails for a reason that says nothing of the socket (the copy's context
+// ended) leaves it to be learned again at the next TCP handshake.
+func TestLocalSocketSurvivesACancelledDial(t *testing.T) {
+	same := func(c *Config) { c.HostID = "one-host" }
+	b := newMemLocal()
+	srv := startServer(t, "b", b, testSecret, same)
+	a := newMemLocal()
+	a.put("/x", []byte("payload"))
+	cli := newClient(t, "a", a, testSecret, map[string]string{"b": addrOf(srv)}, same)
+	_, err := push(context.Background(), cli, a, "/x", "b", "/y0")
+	require.NoError(t, err)
+	require.Equal(t, "unix", pooledKind(cli, "b"))
+	cli.mu.Lock()
+	for _, ic := range cli.idle["b"] {
+		ic.c.c.Close()
+	}
+	cli.idle["b"] = nil
+	cli.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = cli.dial(ctx, "b")
+	require.Error(t, err)
+	_, err = push(context.Background(), cli, a, "/x", "b", "/y1")
+	require.NoError(t, err)
+	require.Equal(t, "unix", pooledKind(cli, "b"), "back on the socket")
+	require.Equal(t, srv.localName, cli.Stats().Peers["b"].Local)
+}
+
+// TestLearnLocalSameNamespaces: a socket is learned only from a peer of
+// this process's network and PID namespaces (elsewhere its name may be
+// anyone's here, and its pid another process's), from this host id, under
+// the name dialled.
+func TestLearnLocalSameNamespaces(t *testing.T) {
+	s, err := New(Config{Name: "a", HostID: "h"}, newMemLocal())
+	require.NoError(t, err)
+	require.NotEmpty(t, s.ns)
+	good := func() *conn {
+		return &conn{hostID: "h", name: "b", local: localPrefix + "0123", pid: 42, instance: "i1", ns: s.ns}
+	}
+	for _, tc := range []struct {
+		name string
+		mod  func(c *conn)
+		want bool
+	}{
+		{"same", func(*conn) {}, true},
+		{"another network namespace", func(c *conn) { c.ns = "net:[1] " + strings.Fields(s.ns)[1] }, false},
+		{"another PID namespace", func(c *conn) { c.ns = strings.Fields(s.ns)[0] + " pid:[1]" }, false},
+		{"none said", func(c *conn) { c.ns = "" }, false},
+		{"another host id", func(c *conn) { c.hostID = "h2" }, false},
+		{"another name", func(c *conn) { c.name = "c" }, false},
+		{"no pid", func(c *conn) { c.pid = 0 }, false},
+		{"not a tensorfs socket", func(c *conn) { c.local = "@other" }, false},
+	} {
+		s.locals = nil
+		c := good()
+		tc.mod(c)
+		s.learnLocal("b", c)
+		_, ok := s.localFor("b")
+		require.Equal(t, tc.want, ok, tc.name)
+	}
 }

@@ -20,23 +20,52 @@ import (
 // cluster's daemon on the same host (another secret) into a destination the
 // peer then reads. A unix socket carries the peer's credentials
 // (SO_PEERCRED and a pidfd: the process that connected); TCP on loopback
-// carries none,
-// so the check finds the socket at the other end of the connection in
-// /proc/net/tcp{,6} and requires the named process to hold it.
+// carries none, so the check finds the socket at the other end of the
+// connection in /proc/net/tcp{,6} and requires the named process to hold
+// it. Either way the answer is kept as a pidfd of that process, so that a
+// connection whose peer exited (having handed its socket on, say) cannot
+// name whatever process gets its pid next (checkOwner).
 
-// holdsPeerSocket reports whether process pid is the peer of the unix
-// socket connection c, or holds the socket at the other end of the local
-// TCP connection c. Errors: c is neither, or /proc or the credentials
-// cannot be read.
-func holdsPeerSocket(c net.Conn, pid int) (bool, error) {
+// peerProcess returns a pidfd of process pid when pid is the peer of the
+// unix socket connection c, or holds the socket at the other end of the
+// local TCP connection c, and lives; nil when not. Errors: c is neither, or
+// /proc, the credentials or a pidfd cannot be had.
+func peerProcess(c net.Conn, pid int) (*os.File, error) {
+	if cc, ok := c.(*closingConn); ok {
+		c = cc.Conn
+	}
 	if uc, ok := c.(*net.UnixConn); ok {
 		return peerCredPID(uc, pid)
 	}
-	if cc, ok := c.(*closingConn); ok {
-		if uc, ok := cc.Conn.(*net.UnixConn); ok {
-			return peerCredPID(uc, pid)
+	// The pidfd first: the process it names is the one checked below, and
+	// a pid reused after this cannot pass for it.
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		if err == unix.ESRCH {
+			return nil, nil
 		}
+		return nil, fmt.Errorf("pidfd_open %d: %w", pid, err)
 	}
+	f := os.NewFile(uintptr(pidfd), "pidfd")
+	ok, err := holdsPeerSocket(c, pid)
+	if err != nil || !ok || !pidfdAlive(f) {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// pidfdAlive reports whether the process of pidfd f has not exited
+// (signal 0 checks without sending: ESRCH once it exited, whatever its pid
+// names now).
+func pidfdAlive(f *os.File) bool {
+	return f != nil && unix.PidfdSendSignal(int(f.Fd()), 0, nil, 0) == nil
+}
+
+// holdsPeerSocket reports whether process pid holds the socket at the other
+// end of the local TCP connection c. Errors: c is not a TCP connection, or
+// /proc cannot be read.
+func holdsPeerSocket(c net.Conn, pid int) (bool, error) {
 	local, lok := c.LocalAddr().(*net.TCPAddr)
 	remote, rok := c.RemoteAddr().(*net.TCPAddr)
 	if !lok || !rok {
@@ -61,26 +90,25 @@ func holdsPeerSocket(c net.Conn, pid int) (bool, error) {
 	return false, nil
 }
 
-// peerCredPID reports whether pid is the process at the other end of the
-// unix socket c and still alive: SO_PEERCRED says which process connected
-// (or listened), and its pidfd (SO_PEERPIDFD) whether that very process
-// lives; a process that connected, handed its socket on and exited could
-// otherwise leave its pid to another process, whose memory the check
-// would then let a peer name. Errors: the credentials cannot be read, or
-// the kernel gives no pidfd (before Linux 6.5: Start then offers no unix
-// socket, localSupported).
-func peerCredPID(c *net.UnixConn, pid int) (bool, error) {
+// peerCredPID returns a pidfd of the process at the other end of the unix
+// socket c when that is pid and it lives (nil when not): SO_PEERCRED says
+// which process connected (or listened), and its pidfd (SO_PEERPIDFD)
+// whether that very process lives; one that connected, handed its socket
+// on and exited would otherwise leave its pid to another process, whose
+// memory the check would then let a peer name. Errors: the credentials
+// cannot be read, or the kernel gives no pidfd (before Linux 6.5: Start
+// then offers no unix socket, localSupported).
+func peerCredPID(c *net.UnixConn, pid int) (*os.File, error) {
 	cred, pidfd, err := peerIdentity(c)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	defer unix.Close(pidfd)
-	if int(cred.Pid) != pid {
-		return false, nil
+	f := os.NewFile(uintptr(pidfd), "pidfd")
+	if int(cred.Pid) != pid || !pidfdAlive(f) {
+		f.Close()
+		return nil, nil
 	}
-	// Signal 0 checks without sending: ESRCH once the process exited,
-	// whatever its pid names now.
-	return unix.PidfdSendSignal(pidfd, 0, nil, 0) == nil, nil
+	return f, nil
 }
 
 // peerIdentity is SO_PEERCRED and SO_PEERPIDFD of the unix socket c; the

@@ -224,12 +224,23 @@ func (s *Service) dialLocal(ctx context.Context, peer string) *conn {
 	}
 	c, err := s.dialUnix(ctx, peer, lp)
 	if err != nil {
-		slog.Info("not using the peer's unix socket; connecting over TCP", "peer", peer, "socket", lp.sock, "err", err)
-		s.forgetLocal(peer, lp)
+		// A socket that is not there, or not the peer's, is never tried
+		// again; a timeout or a cancelled copy says nothing of the socket,
+		// so the next TCP handshake may offer it again.
+		var wrong *wrongListener
+		lasting := errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) || errors.As(err, &wrong) || Errno(err) == syscall.EACCES
+		slog.Info("not using the peer's unix socket; connecting over TCP", "peer", peer, "socket", lp.sock, "err", err, "again", !lasting)
+		s.forgetLocal(peer, lp, lasting)
 		return nil
 	}
 	return c
 }
+
+// wrongListener: the process or node at a unix socket is not the peer
+// that offered it.
+type wrongListener struct{ msg string }
+
+func (e *wrongListener) Error() string { return e.msg }
 
 // dialUnix connects to lp and authenticates, checking who listens there
 // (dialLocal).
@@ -244,7 +255,7 @@ func (s *Service) dialUnix(ctx context.Context, peer string, lp localPeer) (*con
 		if err != nil {
 			return nil, err
 		}
-		return nil, fmt.Errorf("process %d listens there, not the peer's %d", cred.Pid, lp.pid)
+		return nil, &wrongListener{fmt.Sprintf("process %d listens there, not the peer's %d", cred.Pid, lp.pid)}
 	}
 	c := newConn(nc, s.cfg.Timeout, peer)
 	c.c.spin = s.cfg.Spin
@@ -254,7 +265,7 @@ func (s *Service) dialUnix(ctx context.Context, peer string, lp localPeer) (*con
 	}
 	if c.instance != lp.instance || c.name != peer {
 		nc.Close()
-		return nil, fmt.Errorf("the node there is %s (instance %s), not %s (instance %s)", c.name, c.instance, peer, lp.instance)
+		return nil, &wrongListener{fmt.Sprintf("the node there is %s (instance %s), not %s (instance %s)", c.name, c.instance, peer, lp.instance)}
 	}
 	return c, nil
 }

@@ -154,14 +154,19 @@ type localPeer struct {
 
 // learnLocal records the unix socket c's peer offered, when c is a TCP
 // connection this node dialled to peer's address and the peer answered
-// as peer, from this host id, with a socket, its process id and an
-// instance. Only such a handshake may say where peer is: a connection
+// as peer, from this host id and this process's network and PID
+// namespaces, with a socket, its process id and an instance. Only such a handshake may say where peer is: a connection
 // that came in under a name proves only that its node holds the secret
 // (a second daemon of the same --name, say), and what it offered would
 // send this node's copies for that name elsewhere. A socket that failed
 // here (forgetLocal) is not learned again from the same instance.
 func (s *Service) learnLocal(peer string, c *conn) {
 	if s.cfg.HostID == "" || c.hostID != s.cfg.HostID || c.name != peer || c.pid <= 0 || c.instance == "" || !strings.HasPrefix(c.local, localPrefix) {
+		return
+	}
+	// Another network namespace: the name here may be anyone's; another
+	// PID namespace: its pid means another process here.
+	if s.ns == "" || c.ns != s.ns {
 		return
 	}
 	s.metMu.Lock()
@@ -183,15 +188,19 @@ func (s *Service) localFor(peer string) (localPeer, bool) {
 	return lp, ok
 }
 
-// forgetLocal drops peer's unix socket after a dial there failed (the
-// peer restarted under a new one, lives in another network namespace, or
-// another process holds the name), and keeps the name from being learned
-// again: the next TCP handshake that offers another one says what to use.
-func (s *Service) forgetLocal(peer string, lp localPeer) {
+// forgetLocal drops peer's unix socket after a dial there failed; when
+// the failure lasts (the socket is gone after a restart, unreachable from
+// another network namespace, or held by another process), the socket is
+// not learned again: the next TCP handshake that offers another one says
+// what to use.
+func (s *Service) forgetLocal(peer string, lp localPeer, lasting bool) {
 	s.metMu.Lock()
 	defer s.metMu.Unlock()
 	if s.locals[peer] == lp {
 		delete(s.locals, peer)
+	}
+	if !lasting {
+		return
 	}
 	if s.badLocal == nil {
 		s.badLocal = map[string]string{}

@@ -167,6 +167,7 @@ type Service struct {
 	// host connect to (nil when it could not be made: they use TCP).
 	lnLocal   net.Listener
 	localName string
+	ns        string // this process's namespaces (namespaces)
 	wg        sync.WaitGroup
 
 	mu     sync.Mutex
@@ -266,7 +267,7 @@ func New(cfg Config, local Local) (*Service, error) {
 		peers[k] = v
 	}
 	cfg.Peers = peers
-	return &Service{cfg: cfg, local: local, conns: map[net.Conn]struct{}{}, instance: fmt.Sprintf("%x", nonce()[:16]), imports: newImportCache(), chans: map[string]*leaseChan{}}, nil
+	return &Service{cfg: cfg, local: local, conns: map[net.Conn]struct{}{}, instance: fmt.Sprintf("%x", nonce()[:16]), imports: newImportCache(), chans: map[string]*leaseChan{}, ns: namespaces()}, nil
 }
 
 // Start listens on cfg.Listen (if set) and serves peers until Close. With
@@ -288,9 +289,11 @@ func (s *Service) Start() error {
 		return fmt.Errorf("listen %s: %w", s.cfg.Listen, err)
 	}
 	s.ln = ln
-	s.accept(ln, s.cfg.Listen)
+	// The socket's name is set before any handshake can offer it.
 	name := localPrefix + s.instance
-	if !localSupported() {
+	if s.ns == "" {
+		slog.Info("no unix socket for peers of this host (/proc/self/ns does not name this process's namespaces); they connect over TCP")
+	} else if !localSupported() {
 		slog.Info("no unix socket for peers of this host (the kernel gives no SO_PEERPIDFD, Linux 6.5); they connect over TCP")
 	} else if lu, err := net.Listen("unix", name); err != nil {
 		slog.Warn("no unix socket for peers of this host; they connect over TCP", "socket", name, "err", err)
@@ -298,6 +301,7 @@ func (s *Service) Start() error {
 		s.lnLocal, s.localName = lu, name
 		s.accept(lu, name)
 	}
+	s.accept(ln, s.cfg.Listen)
 	return nil
 }
 

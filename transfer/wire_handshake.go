@@ -30,6 +30,12 @@ type hello struct {
 	// checks that this process is the one listening there (SO_PEERCRED)
 	// before it says anything.
 	PID int `json:"pid,omitempty"`
+	// NS names the node's network and PID namespaces (the links of
+	// /proc/self/ns/net and pid), with Local: the socket is used only
+	// between nodes of the same two, where its name is the node's (an
+	// abstract name is per network namespace) and PID means the same
+	// process on both sides.
+	NS string `json:"ns,omitempty"`
 }
 
 // challenge answers hello (server -> client) and proves the server knows the
@@ -40,8 +46,8 @@ type challenge struct {
 	HostID  string `json:"host_id"`
 	Nonce   []byte `json:"nonce"`
 	Proof   []byte `json:"proof"`
-	// Instance, Imports, NoSecret, UCX, NoChecksum, Local and PID: as in
-	// hello.
+	// Instance, Imports, NoSecret, UCX, NoChecksum, Local, PID and NS: as
+	// in hello.
 	Instance   string   `json:"instance"`
 	Imports    []string `json:"imports,omitempty"`
 	NoSecret   bool     `json:"no_secret,omitempty"`
@@ -49,6 +55,7 @@ type challenge struct {
 	NoChecksum bool     `json:"no_checksum,omitempty"`
 	Local      string   `json:"local,omitempty"`
 	PID        int      `json:"pid,omitempty"`
+	NS         string   `json:"ns,omitempty"`
 }
 
 // authMsg proves the client knows the secret (client -> server).

@@ -69,9 +69,10 @@ accepts peers (the mount appears once the listener is up); --peer NAME=HOST:PORT
 holds the shared secret (at least 16 bytes, one trailing newline stripped, not
 readable by group or others); listening on a non-loopback address needs one.
 --host-id overrides the host identity (default: the kernel's boot id); peers
-of one host id copy by IPC, and after a TCP handshake to the peer's address
-connect over its listener's abstract unix socket (@tensorfs-INSTANCE; Linux
-6.5 and later), checking that the peer's process listens there.
+of one host id copy by IPC, and, in one network and PID namespace, after a
+TCP handshake to the peer's address connect over its listener's abstract unix
+socket (@tensorfs-INSTANCE; Linux 6.5 and later), checking that the peer's
+process listens there.
 --timeout bounds how long a copy waits on a silent peer. --idle-timeout
 (default 30s) is how long a connection to a peer stays open after a copy, for
 the next one (kept alive by keepalives, at most 16 per peer): a copy then pays
