@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -376,4 +378,38 @@ func TestLearnLocalSameNamespaces(t *testing.T) {
 		_, ok := s.localFor("b")
 		require.Equal(t, tc.want, ok, tc.name)
 	}
+}
+
+// TestLocalSocketSilentPeer: when the peer's own process (its pid
+// checked) lets the handshake on its unix socket time out, the dial fails
+// with ETIMEDOUT there, without trying TCP too: a silent peer costs one
+// --timeout, not two.
+func TestLocalSocketSilentPeer(t *testing.T) {
+	name := fmt.Sprintf("@tensorfs-test-silent-%d", os.Getpid())
+	ln, err := net.Listen("unix", name)
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // silent until the test ends
+		}
+	}()
+	var tcpDials atomic.Int64
+	addr := rawServer(t, func(nc net.Conn) { tcpDials.Add(1) })
+	cli := newClient(t, "a", newMemLocal(), testSecret, map[string]string{"b": addr}, func(c *Config) { c.Timeout = 300 * time.Millisecond })
+	cli.metMu.Lock()
+	cli.locals = map[string]localPeer{"b": {sock: name, instance: "i", pid: os.Getpid()}} // as a TCP handshake would have taught it
+	cli.metMu.Unlock()
+	_, err = cli.dial(context.Background(), "b")
+	requireErrno(t, err, syscall.ETIMEDOUT)
+	require.Zero(t, tcpDials.Load(), "TCP was tried after the socket's timeout")
+	_, ok := cli.localFor("b")
+	require.False(t, ok, "forgotten until a TCP handshake offers it again")
+	cli.metMu.Lock()
+	require.Empty(t, cli.badLocal["b"], "not for good")
+	cli.metMu.Unlock()
 }

@@ -190,8 +190,8 @@ func (s *Service) done(peer string, c *conn, open bool, err error) {
 // errno (ECONNREFUSED, EHOSTUNREACH, ETIMEDOUT), EACCES for a refused
 // authentication, EPROTO for a version mismatch: TCP's.
 func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
-	if c := s.dialLocal(ctx, peer); c != nil {
-		return c, nil
+	if c, err := s.dialLocal(ctx, peer); c != nil || err != nil {
+		return c, err
 	}
 	addr, err := s.resolve(peer)
 	if err != nil {
@@ -202,7 +202,7 @@ func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
 		return nil, err
 	}
 	s.learnLocal(peer, c)
-	if uc := s.dialLocal(ctx, peer); uc != nil {
+	if uc, _ := s.dialLocal(ctx, peer); uc != nil {
 		c.c.Close()
 		return uc, nil
 	}
@@ -210,19 +210,26 @@ func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
 }
 
 // dialLocal is dial on peer's unix socket (localFor): nil when it has
-// none or the dial there failed (then forgotten, and logged). The process
+// none or the dial there failed (then forgotten, and logged), with an
+// error only when the peer's own process (its pid checked) let the
+// handshake time out: TCP to a silent peer would wait as long again. The process
 // listening there must be the one the TCP handshake named
 // (SO_PEERCRED), checked before a byte is sent: any local user can bind
 // an abstract name that is free (a restarted peer's old one, or every
 // name of a peer in another network namespace), and one that accepts
 // and stays silent would hold the dial to the timeout. The handshake must
 // then come from the instance that offered the socket, under peer's name.
-func (s *Service) dialLocal(ctx context.Context, peer string) *conn {
+func (s *Service) dialLocal(ctx context.Context, peer string) (*conn, error) {
 	lp, ok := s.localFor(peer)
 	if !ok {
-		return nil
+		return nil, nil
 	}
 	c, err := s.dialUnix(ctx, peer, lp)
+	if err != nil && Errno(err) == syscall.ETIMEDOUT {
+		slog.Info("the peer's unix socket answered nothing within the timeout", "peer", peer, "socket", lp.sock, "err", err)
+		s.forgetLocal(peer, lp, false)
+		return nil, err
+	}
 	if err != nil {
 		// A socket that is not there, or not the peer's, is never tried
 		// again; a timeout or a cancelled copy says nothing of the socket,
@@ -231,9 +238,9 @@ func (s *Service) dialLocal(ctx context.Context, peer string) *conn {
 		lasting := errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) || errors.As(err, &wrong) || Errno(err) == syscall.EACCES
 		slog.Info("not using the peer's unix socket; connecting over TCP", "peer", peer, "socket", lp.sock, "err", err, "again", !lasting)
 		s.forgetLocal(peer, lp, lasting)
-		return nil
+		return nil, nil
 	}
-	return c
+	return c, nil
 }
 
 // wrongListener: the process or node at a unix socket is not the peer
