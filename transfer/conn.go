@@ -47,6 +47,13 @@ type closingConn struct {
 	kickMu       sync.Mutex
 	kick         bool
 	kickDeadline time.Time
+	// ownerPID is the peer's process, once a memfd handle naming it was
+	// checked against a TCP connection (checkOwner), and ownerStart its
+	// start time: the answer holds only while that process lives (its pid
+	// may name another process after, whose start time differs).
+	ownerMu    sync.Mutex
+	ownerPID   int
+	ownerStart string
 }
 
 // readAhead is the most bytes a data stream's readv takes past a chunk's
@@ -189,6 +196,21 @@ func (c *closingConn) Close() error {
 	return c.Conn.Close()
 }
 
+// isOwner reports whether pid is the owner checkOwner found and the same
+// process still runs under it.
+func (c *closingConn) isOwner(pid int) bool {
+	c.ownerMu.Lock()
+	defer c.ownerMu.Unlock()
+	return pid != 0 && pid == c.ownerPID && processStart(pid) == c.ownerStart
+}
+
+// setOwner keeps pid, whose process started at start, as the owner.
+func (c *closingConn) setOwner(pid int, start string) {
+	c.ownerMu.Lock()
+	defer c.ownerMu.Unlock()
+	c.ownerPID, c.ownerStart = pid, start
+}
+
 // SyscallConn exposes the socket for alive's non-blocking peek and the
 // reads straight from it. Errors: errors.ErrUnsupported for a connection
 // that is not a socket.
@@ -244,13 +266,6 @@ type conn struct {
 	instance   string
 	imports    []string
 	noChecksum bool
-	// ownerPID is the peer's process, once a memfd handle naming it was
-	// checked against the connection (checkOwner), and owner a pidfd of
-	// that process: the answer holds only while it lives (its pid may name
-	// another process after). Closed when replaced, else by the file's
-	// own cleanup.
-	ownerPID int
-	owner    *os.File
 	// iov holds writeFrames' frames for a writev (one writer at a time).
 	iov [][]byte
 	// progress, when set, gets the bytes_done of keepalives that carry a

@@ -168,20 +168,19 @@ func checkOwner(c *conn, handle string) error {
 	if pid == 0 {
 		return fmt.Errorf("handle %q names no process: %w", handle, errNoIPC)
 	}
-	if pid == c.ownerPID && pidfdAlive(c.owner) {
+	if c.c.isOwner(pid) {
 		return nil
 	}
-	f, err := peerProcess(c.c, pid)
+	ok, start, err := peerProcess(c.c, pid)
 	if err != nil {
 		return fmt.Errorf("handle %q: who is the peer: %v: %w", handle, err, errNoIPC)
 	}
-	if f == nil {
+	if !ok {
 		return fmt.Errorf("handle %q names process %d, which is not the peer %s: %w", handle, pid, c.peer, errNoIPC)
 	}
-	if c.owner != nil {
-		c.owner.Close()
+	if start != "" {
+		c.c.setOwner(pid, start)
 	}
-	c.ownerPID, c.owner = pid, f
 	return nil
 }
 

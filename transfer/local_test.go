@@ -226,18 +226,17 @@ sys.stdin.read()
 	require.NoError(t, err)
 	defer nc.Close()
 	uc := nc.(*net.UnixConn)
-	f, err := peerCredPID(uc, live.Process.Pid)
+	ok, err := peerCredPID(uc, live.Process.Pid)
 	require.NoError(t, err)
-	require.NotNil(t, f, "the live process that connected")
-	f.Close()
-	f, err = peerCredPID(uc, os.Getpid())
+	require.True(t, ok, "the live process that connected")
+	ok, err = peerCredPID(uc, os.Getpid())
 	require.NoError(t, err)
-	require.Nil(t, f, "another process")
+	require.False(t, ok, "another process")
 	in.Close()
 	require.NoError(t, live.Wait())
-	f, err = peerCredPID(uc, live.Process.Pid)
+	ok, err = peerCredPID(uc, live.Process.Pid)
 	require.NoError(t, err)
-	require.Nil(t, f, "the process that connected has exited: its pid may be another's now")
+	require.False(t, ok, "the process that connected has exited: its pid may be another's now")
 	label := remoteLabel(uc)
 	require.True(t, strings.HasPrefix(label, "unix socket (pid "), label)
 }
@@ -412,4 +411,15 @@ func TestLocalSocketSilentPeer(t *testing.T) {
 	cli.metMu.Lock()
 	require.Empty(t, cli.badLocal["b"], "not for good")
 	cli.metMu.Unlock()
+}
+
+// TestProcessStart: a process's start time, read twice, is the same; a
+// process that has exited has none.
+func TestProcessStart(t *testing.T) {
+	me := processStart(os.Getpid())
+	require.NotEmpty(t, me)
+	require.Equal(t, me, processStart(os.Getpid()))
+	cmd := exec.Command("true")
+	require.NoError(t, cmd.Run())
+	require.Empty(t, processStart(cmd.Process.Pid), "exited and reaped")
 }

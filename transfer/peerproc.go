@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
@@ -22,37 +23,55 @@ import (
 // (SO_PEERCRED and a pidfd: the process that connected); TCP on loopback
 // carries none, so the check finds the socket at the other end of the
 // connection in /proc/net/tcp{,6} and requires the named process to hold
-// it. Either way the answer is kept as a pidfd of that process, so that a
-// connection whose peer exited (having handed its socket on, say) cannot
-// name whatever process gets its pid next (checkOwner).
+// it. Over a unix socket the check is a few syscalls and runs at every
+// handle; over TCP it reads /proc and its answer is kept with the process's
+// start time, so that a connection whose peer exited (having handed its
+// socket on, say) cannot name whatever process gets its pid next
+// (checkOwner).
 
-// peerProcess returns a pidfd of process pid when pid is the peer of the
-// unix socket connection c, or holds the socket at the other end of the
-// local TCP connection c, and lives; nil when not. Errors: c is neither, or
-// /proc, the credentials or a pidfd cannot be had.
-func peerProcess(c net.Conn, pid int) (*os.File, error) {
+// peerProcess reports whether process pid is the peer of the unix socket
+// connection c, or holds the socket at the other end of the local TCP
+// connection c, and lives; start is the process's start time for a TCP
+// connection's answer to be kept with ("" over a unix socket: not kept).
+// Errors: c is neither, or /proc or the credentials cannot be read.
+func peerProcess(c net.Conn, pid int) (ok bool, start string, err error) {
 	if cc, ok := c.(*closingConn); ok {
 		c = cc.Conn
 	}
 	if uc, ok := c.(*net.UnixConn); ok {
-		return peerCredPID(uc, pid)
+		ok, err := peerCredPID(uc, pid)
+		return ok, "", err
 	}
-	// The pidfd first: the process it names is the one checked below, and
-	// a pid reused after this cannot pass for it.
-	pidfd, err := unix.PidfdOpen(pid, 0)
+	// The start time first: the process it names is the one checked
+	// below, and a pid reused after this has another.
+	start = processStart(pid)
+	if start == "" {
+		return false, "", nil
+	}
+	held, err := holdsPeerSocket(c, pid)
+	if err != nil || !held || processStart(pid) != start {
+		return false, "", err
+	}
+	return true, start, nil
+}
+
+// processStart is process pid's start time (field 22 of /proc/PID/stat,
+// in clock ticks since boot), "" when there is no such process.
+func processStart(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		if err == unix.ESRCH {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("pidfd_open %d: %w", pid, err)
+		return ""
 	}
-	f := os.NewFile(uintptr(pidfd), "pidfd")
-	ok, err := holdsPeerSocket(c, pid)
-	if err != nil || !ok || !pidfdAlive(f) {
-		f.Close()
-		return nil, err
+	// The command name (field 2) is in parentheses and may hold spaces.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return ""
 	}
-	return f, nil
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return ""
+	}
+	return f[19] // field 22 is the 20th after the command
 }
 
 // pidfdAlive reports whether the process of pidfd f has not exited
@@ -90,25 +109,22 @@ func holdsPeerSocket(c net.Conn, pid int) (bool, error) {
 	return false, nil
 }
 
-// peerCredPID returns a pidfd of the process at the other end of the unix
-// socket c when that is pid and it lives (nil when not): SO_PEERCRED says
-// which process connected (or listened), and its pidfd (SO_PEERPIDFD)
-// whether that very process lives; one that connected, handed its socket
-// on and exited would otherwise leave its pid to another process, whose
-// memory the check would then let a peer name. Errors: the credentials
-// cannot be read, or the kernel gives no pidfd (before Linux 6.5: Start
-// then offers no unix socket, localSupported).
-func peerCredPID(c *net.UnixConn, pid int) (*os.File, error) {
+// peerCredPID reports whether the process at the other end of the unix
+// socket c is pid and lives: SO_PEERCRED says which process connected (or
+// listened), and its pidfd (SO_PEERPIDFD) whether that very process
+// lives; one that connected, handed its socket on and exited would
+// otherwise leave its pid to another process, whose memory the check
+// would then let a peer name. Errors: the credentials cannot be read, or
+// the kernel gives no pidfd (before Linux 6.5: Start then offers no unix
+// socket, localSupported).
+func peerCredPID(c *net.UnixConn, pid int) (bool, error) {
 	cred, pidfd, err := peerIdentity(c)
 	if err != nil {
-		return nil, err
+		return false, err
 	}
 	f := os.NewFile(uintptr(pidfd), "pidfd")
-	if int(cred.Pid) != pid || !pidfdAlive(f) {
-		f.Close()
-		return nil, nil
-	}
-	return f, nil
+	defer f.Close()
+	return int(cred.Pid) == pid && pidfdAlive(f), nil
 }
 
 // peerIdentity is SO_PEERCRED and SO_PEERPIDFD of the unix socket c; the
