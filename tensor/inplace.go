@@ -298,11 +298,7 @@ func CopySpans(lists []SpanList) error {
 			t.mu.RUnlock()
 		}
 	}()
-	var one [1]gpu.RangeList
-	rl := one[:0]
-	if len(lists) > 1 {
-		rl = make([]gpu.RangeList, 0, len(lists))
-	}
+	rl := make([]gpu.RangeList, 0, len(lists))
 	for _, l := range lists {
 		t := l.Dst
 		if t.released {

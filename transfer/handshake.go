@@ -17,13 +17,13 @@ import (
 // Errors as for dial (EACCES, EPROTO, the connection's); the caller closes
 // the connection on one.
 func (s *Service) authenticate(c *conn, addr string) error {
-	by := handshakeBy(s.cfg.Timeout)
+	arm := c.armBy(time.Now().Add(s.cfg.Timeout))
 	cn := nonce()
 	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.NoChecksum, Local: s.localName, PID: s.localPID(), NS: s.localNS()}); err != nil {
 		return netErr(err)
 	}
 	var ch challenge
-	if err := c.recvJSONArmed(frameChallenge, &ch, by(c)); err != nil {
+	if err := c.recvJSONArmed(frameChallenge, &ch, arm); err != nil {
 		return err
 	}
 	if ch.Version != ProtocolVersion {
@@ -40,7 +40,7 @@ func (s *Service) authenticate(c *conn, addr string) error {
 	if err := c.sendJSON(frameAuth, authMsg{Proof: proof(s.cfg.Secret, "client", cn, ch.Nonce, s.cfg.Name, ch.Name)}); err != nil {
 		return netErr(err)
 	}
-	if err := c.recvJSONArmed(frameOK, nil, by(c)); err != nil {
+	if err := c.recvJSONArmed(frameOK, nil, arm); err != nil {
 		return err
 	}
 	c.hostID = ch.HostID
@@ -52,14 +52,13 @@ func (s *Service) authenticate(c *conn, addr string) error {
 	return nil
 }
 
-// handshakeBy returns, for a connection, the arm of every read of a
-// handshake: one deadline, timeout from the start, for the whole exchange.
-// Per frame, a peer that sends keepalives (which reads skip) would hold a
-// dial or an accepted connection for as long as it liked: a local process
-// squatting a peer's unix socket held copies in D state for minutes.
-func handshakeBy(timeout time.Duration) func(c *conn) func() {
-	deadline := time.Now().Add(timeout)
-	return func(c *conn) func() { return func() { c.c.SetReadDeadline(deadline) } }
+// armBy returns the arm of every read of a handshake: one deadline for the
+// whole exchange. Per frame, a peer that sends keepalives (which reads
+// skip) would hold a dial or an accepted connection for as long as it
+// liked: a local process squatting a peer's unix socket held copies in D
+// state for minutes.
+func (c *conn) armBy(deadline time.Time) func() {
+	return func() { c.c.SetReadDeadline(deadline) }
 }
 
 // localPID is this process's id when it offers a unix socket (hello.PID).
@@ -94,8 +93,8 @@ func namespaces() string {
 func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	c := newConn(nc, s.cfg.Timeout, remoteLabel(nc))
 	c.c.spin = s.cfg.Spin
-	by := handshakeBy(s.cfg.Timeout)
-	typ, p, err := c.recvArmed(by(c))
+	arm := c.armBy(time.Now().Add(s.cfg.Timeout))
+	typ, p, err := c.recvArmed(arm)
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +113,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 		return nil, err
 	}
 	var a authMsg
-	if err := c.recvJSONArmed(frameAuth, &a, by(c)); err != nil {
+	if err := c.recvJSONArmed(frameAuth, &a, arm); err != nil {
 		// The client's reason, when it refused our proof (secretMismatch),
 		// is in err: this node's log says it, not a bare EOF.
 		return nil, err

@@ -74,13 +74,6 @@ func processStart(pid int) string {
 	return f[19] // field 22 is the 20th after the command
 }
 
-// pidfdAlive reports whether the process of pidfd f has not exited
-// (signal 0 checks without sending: ESRCH once it exited, whatever its pid
-// names now).
-func pidfdAlive(f *os.File) bool {
-	return f != nil && unix.PidfdSendSignal(int(f.Fd()), 0, nil, 0) == nil
-}
-
 // holdsPeerSocket reports whether process pid holds the socket at the other
 // end of the local TCP connection c. Errors: c is not a TCP connection, or
 // /proc cannot be read.
@@ -118,62 +111,53 @@ func holdsPeerSocket(c net.Conn, pid int) (bool, error) {
 // the kernel gives no pidfd (before Linux 6.5: Start then offers no unix
 // socket, localSupported).
 func peerCredPID(c *net.UnixConn, pid int) (bool, error) {
-	cred, pidfd, err := peerIdentity(c)
+	cred, err := peerCred(c)
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("SO_PEERCRED: %w", err)
 	}
-	f := os.NewFile(uintptr(pidfd), "pidfd")
-	defer f.Close()
-	return int(cred.Pid) == pid && pidfdAlive(f), nil
-}
-
-// peerIdentity is SO_PEERCRED and SO_PEERPIDFD of the unix socket c; the
-// caller closes the pidfd.
-func peerIdentity(c *net.UnixConn) (*unix.Ucred, int, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return nil, -1, err
+	if int(cred.Pid) != pid {
+		return false, nil
 	}
-	var cred *unix.Ucred
-	pidfd := -1
-	var cerr, ferr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-		pidfd, ferr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
+	var pidfd int
+	if err := sockopt(c, func(fd int) (err error) {
+		pidfd, err = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PEERPIDFD)
+		return err
 	}); err != nil {
-		return nil, -1, err
+		return false, fmt.Errorf("SO_PEERPIDFD: %w", err)
 	}
-	if cerr != nil {
-		if ferr == nil {
-			unix.Close(pidfd)
-		}
-		return nil, -1, fmt.Errorf("SO_PEERCRED: %w", cerr)
-	}
-	if ferr != nil {
-		return nil, -1, fmt.Errorf("SO_PEERPIDFD: %w", ferr)
-	}
-	return cred, pidfd, nil
+	defer unix.Close(pidfd)
+	// Signal 0 checks without sending: ESRCH once the process exited,
+	// whatever its pid names now.
+	return unix.PidfdSendSignal(pidfd, 0, nil, 0) == nil, nil
 }
 
 // peerCred is the credentials of the process at the other end of the unix
 // socket nc (SO_PEERCRED). Errors: nc is no unix socket, or getsockopt's.
 func peerCred(nc net.Conn) (*unix.Ucred, error) {
+	var cred *unix.Ucred
+	err := sockopt(nc, func(fd int) (err error) {
+		cred, err = unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+		return err
+	})
+	return cred, err
+}
+
+// sockopt runs get on the fd of the unix socket nc. Errors: nc is no unix
+// socket, or get's.
+func sockopt(nc net.Conn, get func(fd int) error) error {
 	uc, ok := nc.(*net.UnixConn)
 	if !ok {
-		return nil, fmt.Errorf("not a unix socket")
+		return fmt.Errorf("not a unix socket")
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return nil, err
+	var gerr error
+	if err := raw.Control(func(fd uintptr) { gerr = get(int(fd)) }); err != nil {
+		return err
 	}
-	return cred, cerr
+	return gerr
 }
 
 // localSupported reports whether this kernel gives a unix socket's peer

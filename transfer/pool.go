@@ -197,7 +197,7 @@ func (s *Service) dial(ctx context.Context, peer string) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := s.dialOn(ctx, peer, "tcp", addr)
+	c, err := s.dialTCP(ctx, peer, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -264,10 +264,8 @@ func (s *Service) dialUnix(ctx context.Context, peer string, lp localPeer) (*con
 		}
 		return nil, &wrongListener{fmt.Sprintf("process %d listens there, not the peer's %d", cred.Pid, lp.pid)}
 	}
-	c := newConn(nc, s.cfg.Timeout, peer)
-	c.c.spin = s.cfg.Spin
-	if err := s.authenticate(c, lp.sock); err != nil {
-		nc.Close()
+	c, err := s.authConn(nc, peer, lp.sock)
+	if err != nil {
 		return nil, err
 	}
 	if c.instance != lp.instance || c.name != peer {
@@ -277,11 +275,10 @@ func (s *Service) dialUnix(ctx context.Context, peer string, lp localPeer) (*con
 	return c, nil
 }
 
-// dialOn connects to peer at addr on network ("tcp", "unix") and
-// authenticates. Errors as dial's.
-func (s *Service) dialOn(ctx context.Context, peer, network, addr string) (*conn, error) {
+// dialTCP connects to peer at addr and authenticates. Errors as dial's.
+func (s *Service) dialTCP(ctx context.Context, peer, addr string) (*conn, error) {
 	d := net.Dialer{Timeout: s.cfg.Timeout}
-	nc, err := d.DialContext(ctx, network, addr)
+	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		var errno syscall.Errno
 		if errors.As(err, &errno) {
@@ -289,6 +286,12 @@ func (s *Service) dialOn(ctx context.Context, peer, network, addr string) (*conn
 		}
 		return nil, netErr(err)
 	}
+	return s.authConn(nc, peer, addr)
+}
+
+// authConn authenticates the connection nc dialled to peer at addr,
+// closing it on an error (authenticate's).
+func (s *Service) authConn(nc net.Conn, peer, addr string) (*conn, error) {
 	c := newConn(nc, s.cfg.Timeout, peer)
 	c.c.spin = s.cfg.Spin
 	if err := s.authenticate(c, addr); err != nil {

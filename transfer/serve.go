@@ -15,7 +15,6 @@ func (s *Service) serve(nc net.Conn) {
 		slog.Warn("peer refused", "peer", remoteLabel(nc), "err", err)
 		return
 	}
-	defer c.c.Close() // and what it holds (the owner's pidfd)
 	for {
 		var req request
 		s.waiting.Add(1)
