@@ -963,3 +963,48 @@ func TestInPlacePullPeerKilled(t *testing.T) {
 		})
 	}
 }
+
+// TestInPlaceScatter1000: the scatter benchmark's copy as a test, on every
+// path: 1000 blocks of 8 KiB (8 MiB: many blocks of frames and gathered
+// batches over TCP, made and checked by other goroutines on tcp-pipelined)
+// pushed into shuffled blocks of the peer's tensor, then pulled back into
+// shuffled blocks of a local one. Every byte lands where its line says,
+// a mapping made before the copies sees them, nothing else is touched and
+// both tensors keep their registration.
+func TestInPlaceScatter1000(t *testing.T) {
+	onBothPaths(t, func(t *testing.T, a, b *daemon, path string) {
+		const n, blk = 1000, 8 << 10
+		src := fill(n*blk, 21)
+		writeTensor(t, a.path("blocks"), src)
+		zeros(t, b.path("cache"), 2*n*blk)
+		zeros(t, a.path("back"), 2*n*blk)
+		before := [2][3]string{ids(t, b.path("cache")), ids(t, a.path("back"))}
+		m := mapTensor(t, b.path("cache"))
+		r := rand.New(rand.NewSource(5))
+		push, pull := r.Perm(2 * n)[:n], r.Perm(2 * n)[:n]
+		want, wantBack := make([]byte, 2*n*blk), make([]byte, 2*n*blk)
+		var lines, back []string
+		for i, j := range push {
+			lines = append(lines, fmt.Sprintf("@%d+%d b:/cache@%d", i*blk, blk, j*blk))
+			copy(want[j*blk:], src[i*blk:(i+1)*blk])
+		}
+		for i, j := range pull {
+			// Block i of the pull is what the push put at push[i].
+			back = append(back, fmt.Sprintf("b:/cache@%d+%d @%d", push[i]*blk, blk, j*blk))
+			copy(wantBack[j*blk:], src[i*blk:(i+1)*blk])
+		}
+		setx(t, a.path("blocks"), xattrs.CopyTo, strings.Join(lines, "\n"))
+		require.True(t, bytes.Equal(want, m.mem), "the mapping made before the copy sees every block, and nothing else")
+		setx(t, a.path("back"), xattrs.CopyFrom, strings.Join(back, "\n"))
+		requireContent(t, b.path("cache"), want)
+		requireContent(t, a.path("back"), wantBack)
+		require.Equal(t, before, [2][3]string{ids(t, b.path("cache")), ids(t, a.path("back"))})
+		st := a.stats()
+		require.EqualValues(t, 2, ofPath(st.Copies.InPlace, path), "%+v", st.Copies)
+		require.EqualValues(t, 2*n*blk, allPaths(st.Copies.Bytes), "%+v", st.Copies)
+		m.close()
+		for _, d := range []*daemon{a, b} {
+			require.Zero(t, d.stats().Live.Pins)
+		}
+	})
+}
