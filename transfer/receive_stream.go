@@ -225,6 +225,7 @@ type recvStream struct {
 	gmade int
 	// pipeline: full batches go to the checker (pipelined).
 	pipeline bool
+	iov      [1][]byte // readFull's
 
 	free chan []byte // buffers the checker gave back
 	made int         // buffers made, at most cap(free)
@@ -491,8 +492,7 @@ func (rs *recvStream) gather(w work) bool {
 	}
 	g := rs.cur
 	at := len(g.buf)
-	p := g.buf[at : at+int(w.n)]
-	if _, err := io.ReadFull(rs.c.r, p); err != nil {
+	if err := rs.readFull(g.buf[at : at+int(w.n)]); err != nil {
 		rs.ss.fail(netErr(err))
 		return false
 	}
@@ -503,6 +503,31 @@ func (rs *recvStream) gather(w work) bool {
 	g.chunks = append(g.chunks, BatchChunk{I: w.i, Off: w.off, Pos: at, N: int(w.n)})
 	g.sums = append(g.sums, chunkSum{crc: w.crc, none: w.noCRC})
 	return true
+}
+
+// readFull reads len(p) bytes of the stream into p: what the connection
+// holds, then straight from the socket (readSomeV, the next frame's
+// headers read ahead), waiting for the rest. Read through the connection's
+// bufio.Reader, a 256 KiB fill took the chunks' bytes with their headers,
+// to be copied out again on the stream's goroutine: 4 MiB a stream of a
+// 1000 x 8 KiB copy, the CRC32C rows' gap to --checksum none's (1.2 against
+// 0.85 ms of data phase on an H100 host, 2026-12-06).
+func (rs *recvStream) readFull(p []byte) error {
+	iov := rs.iov[:]
+	for len(p) > 0 {
+		iov[0] = p
+		got, err := rs.c.readSomeV(iov, true)
+		p = p[got:]
+		if err != nil {
+			return err
+		}
+		if len(p) > 0 {
+			if err := rs.c.waitReadable(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // newGathered is an empty batch of up to limit bytes: one the checker gave
