@@ -219,7 +219,15 @@ func launchOpt(t testing.TB, mnt string, o launchOpts, flags ...string) *daemon 
 	if syscall.Stat(mnt, &st) == nil {
 		d.conn = unix.Minor(st.Dev) // its /sys/fs/fuse/connections entry
 	}
-	t.Cleanup(func() { d.stop() })
+	t.Cleanup(func() {
+		d.stop()
+		// A failed test shows what its daemons logged: on a device
+		// machine, the run's output is all there is to read.
+		if t.Failed() {
+			log := d.log.String()
+			t.Logf("the log of the daemon on %s (its last 6000 bytes):\n%s", mnt, log[max(0, len(log)-6000):])
+		}
+	})
 	return d
 }
 
