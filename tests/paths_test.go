@@ -31,17 +31,18 @@ type copyPath struct {
 // the copies stay on tensorfs's TCP, path "tcp", beside the UCX
 // endpoints). "tcp-nocrc" is "tcp" with --checksum none on both daemons:
 // chunks without their CRC32C, host memory sent straight from the
-// mapping. "tcp-pipelined" is "tcp" with daemons of 4 Ps (GOMAXPROCS),
-// which pipeline the work on small chunks as on hosts of 4 CPUs or more
-// (transfer's pipelineCPUs): readers make the sender's blocks, checkers
-// check and write the receiver's batches; this machine and CI have 2.
+// mapping. "tcp-pipelined" is "tcp" with daemons of 8 Ps (GOMAXPROCS),
+// which pipeline the work on small chunks as on hosts of 8 CPUs or more
+// (transfer's pipelineCPUs and checkersFor): readers make the sender's
+// blocks, two checkers a stream check and write the receiver's batches;
+// this machine and CI have 2.
 // withIPC false leaves out "ipc".
 func copyPaths(withIPC bool) []copyPath {
 	var ps []copyPath
 	if withIPC {
 		ps = append(ps, copyPath{name: "ipc", path: "ipc"})
 	}
-	ps = append(ps, copyPath{name: "tcp", path: "tcp"}, copyPath{name: "tcp-nocrc", path: "tcp", noCRC: true}, copyPath{name: "tcp-pipelined", path: "tcp", procs: 4})
+	ps = append(ps, copyPath{name: "tcp", path: "tcp"}, copyPath{name: "tcp-nocrc", path: "tcp", noCRC: true}, copyPath{name: "tcp-pipelined", path: "tcp", procs: 8})
 	if ucxBuild {
 		ps = append(ps, copyPath{name: "ucx-tcp", path: "tcp", tls: "tcp"}, copyPath{name: "ucx-sm", path: "ucx", tls: "sm,self"},
 			copyPath{name: "ucx-tcp-emulated", path: "ucx", tls: "tcp"})

@@ -12,13 +12,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// morePs raises GOMAXPROCS to pipelineCPUs for the test (Go runs that many
-// Ps on fewer CPUs), so that small chunks take the pipelined way on this
-// 2-CPU machine too.
+// morePs raises GOMAXPROCS to 2 * pipelineCPUs for the test (Go runs that
+// many Ps on fewer CPUs), so that small chunks take the pipelined way, with
+// two checkers a stream (checkersFor), on this 2-CPU machine too.
 func morePs(t *testing.T) {
-	prev := runtime.GOMAXPROCS(max(pipelineCPUs, runtime.GOMAXPROCS(0)))
+	prev := runtime.GOMAXPROCS(max(2*pipelineCPUs, runtime.GOMAXPROCS(0)))
 	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
 	require.True(t, pipelined())
+	require.Equal(t, 2, checkersFor())
 }
 
 // smallTensors puts n tensors of 3-8 KiB under root on l (KV blocks:

@@ -68,6 +68,16 @@ const pipelineCPUs = 4
 // (pipelineCPUs).
 func pipelined() bool { return runtime.GOMAXPROCS(0) >= pipelineCPUs }
 
+// checkersFor is how many checkers a receiving stream runs: two on 2 *
+// pipelineCPUs or more, where one stream's CRC32C and copy into place
+// took one checker as long as the stream's reads, else one.
+func checkersFor() int {
+	if runtime.GOMAXPROCS(0) >= 2*pipelineCPUs {
+		return 2
+	}
+	return 1
+}
+
 // tracker checks that every byte of every tensor arrives exactly once:
 // in order with one stream (chunk 0), on the chunk grid with several.
 type tracker struct {
@@ -209,10 +219,10 @@ type recvStream struct {
 	tr      *tracker
 	dest    Dest
 	inPlace inPlaceDest // dest, when it takes bytes in place; else nil
-	// batch is dest, when it takes batches of small chunks; else nil, or
-	// once it declined one. Only the goroutine that flushes uses it: the
-	// stream's, until its checker starts, then the checker.
-	batch BatchWriter
+	// batch is dest, when it takes batches of small chunks; else nil.
+	// declined: it declined one, and takes no more.
+	batch    BatchWriter
+	declined atomic.Bool
 	// noCRC: chunks may come without their CRC32C (Config.NoChecksum);
 	// else such a chunk is a protocol error.
 	noCRC bool
@@ -223,16 +233,18 @@ type recvStream struct {
 	cur   *gathered
 	gfree chan *gathered
 	gmade int
-	// pipeline: full batches go to the checker (pipelined).
+	// pipeline: full batches go to the checkers (pipelined), checkers of
+	// them (checkersFor).
 	pipeline bool
+	checkers int
 	iov      [1][]byte // readFull's
 
 	free chan []byte // buffers the checker gave back
 	made int         // buffers made, at most cap(free)
 	todo chan work   // to the checker
-	// checked is closed when the checker has stopped; nil until the first
-	// chunk too large to check inline starts it (a small copy starts no
-	// goroutine).
+	// checked is closed when the checkers have stopped; nil until the
+	// first chunk too large to check inline starts them (a small copy
+	// starts no goroutine).
 	checked chan struct{}
 	chunks  int64 // data frames claimed, for the done frame's count
 	hdr     [dataHeaderLen]byte
@@ -240,7 +252,14 @@ type recvStream struct {
 
 func newRecvStream(c *conn, ss *streamSet, tr *tracker, dest Dest, inPlace inPlaceDest, noCRC bool, rec *Record) *recvStream {
 	batch, _ := dest.(BatchWriter)
-	return &recvStream{c: c, ss: ss, tr: tr, dest: dest, inPlace: inPlace, batch: batch, noCRC: noCRC, rec: rec, free: make(chan []byte, 3), todo: make(chan work, 2), gfree: make(chan *gathered, 3), pipeline: pipelined()}
+	rs := &recvStream{c: c, ss: ss, tr: tr, dest: dest, inPlace: inPlace, batch: batch, noCRC: noCRC, rec: rec, free: make(chan []byte, 3), todo: make(chan work, 2), gfree: make(chan *gathered, 3), pipeline: pipelined()}
+	if rs.pipeline {
+		rs.checkers = checkersFor()
+		rs.free, rs.gfree = make(chan []byte, 2+rs.checkers), make(chan *gathered, 2+rs.checkers)
+	} else {
+		rs.checkers = 1
+	}
+	return rs
 }
 
 // gathered is a batch of small chunks read back to back for one flush:
@@ -405,15 +424,21 @@ func (rs *recvStream) data(dlen int64) bool {
 	return true
 }
 
-// queue hands w to the stream's checker, started at the first.
+// queue hands w to the stream's checkers, started at the first.
 func (rs *recvStream) queue(w work) {
 	if rs.checked == nil {
 		rs.checked = make(chan struct{})
+		var wg sync.WaitGroup
+		for range rs.checkers {
+			wg.Go(func() {
+				for w := range rs.todo {
+					rs.check(w)
+				}
+			})
+		}
 		go func() {
-			defer close(rs.checked)
-			for w := range rs.todo {
-				rs.check(w)
-			}
+			wg.Wait()
+			close(rs.checked)
 		}()
 	}
 	rs.todo <- w
@@ -508,10 +533,12 @@ func (rs *recvStream) gather(w work) bool {
 // readFull reads len(p) bytes of the stream into p: what the connection
 // holds, then straight from the socket (readSomeV, the next frame's
 // headers read ahead), waiting for the rest. Read through the connection's
-// bufio.Reader, a 256 KiB fill took the chunks' bytes with their headers,
-// to be copied out again on the stream's goroutine: 4 MiB a stream of a
-// 1000 x 8 KiB copy, the CRC32C rows' gap to --checksum none's (1.2 against
-// 0.85 ms of data phase on an H100 host, 2026-12-06).
+// bufio.Reader, a chunk took its first read(2) straight into p, and every
+// one after it through the reader's 256 KiB buffer, a fill that also took
+// the chunks behind it, all copied out again on the stream's goroutine:
+// most of a copy's bytes, once more, where --checksum none's chunks go
+// straight into place (1.2 against 0.85 ms of data phase for 1000 x 8 KiB
+// on an H100 host, 2026-12-06).
 func (rs *recvStream) readFull(p []byte) error {
 	iov := rs.iov[:]
 	for len(p) > 0 {
@@ -553,9 +580,9 @@ func (rs *recvStream) newGathered(limit int) *gathered {
 	return g
 }
 
-// handOff ends the batch being gathered: to the checker when the stream
-// pipelines (or its checker runs already, so that one goroutine at a time
-// flushes), else flushed here. A batch handed off comes back on gfree.
+// handOff ends the batch being gathered: to the checkers when the stream
+// pipelines or they run already, else flushed here. A batch handed off
+// comes back on gfree.
 func (rs *recvStream) handOff() {
 	g := rs.cur
 	if g == nil {
@@ -588,10 +615,10 @@ func (rs *recvStream) flush(g *gathered) {
 	var done bool
 	var err error
 	ran := true
-	if rs.batch != nil && len(g.chunks) > 1 { // one chunk is one write, batched or not
+	if rs.batch != nil && !rs.declined.Load() && len(g.chunks) > 1 { // one chunk is one write, batched or not
 		ran = ss.guard(func() { done, err = rs.batch.WriteBatch(g.buf, g.chunks) })
 		if ran && err == nil && !done {
-			rs.batch = nil
+			rs.declined.Store(true)
 		}
 	}
 	if ran && err == nil && !done {
@@ -629,7 +656,7 @@ func (rs *recvStream) readBuffered(w *work) bool {
 		buf = getBuf(int(w.n))
 	}
 	w.buf = buf
-	if _, err := io.ReadFull(rs.c.r, buf[:w.n]); err != nil {
+	if err := rs.readFull(buf[:w.n]); err != nil {
 		rs.free <- buf
 		rs.ss.fail(netErr(err))
 		return false

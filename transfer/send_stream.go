@@ -111,7 +111,7 @@ func newSender(srcs []Source, chunk int64, k int, crc bool, rec *Record, ss *str
 	for _, sc := range srcs {
 		size = max(size, min(sc.Meta().NBytes, chunk))
 	}
-	sd := &sender{srcs: srcs, rec: rec, chunk: chunk, ss: ss, crc: crc, free: make(chan *sendBuf, 2*k+1), stop: make(chan struct{})}
+	sd := &sender{srcs: srcs, rec: rec, chunk: chunk, ss: ss, crc: crc, stop: make(chan struct{})}
 	if !crc {
 		sd.hostMem, sd.hostOff = make([][]byte, len(srcs)), make([]int64, len(srcs))
 		for i, sc := range srcs {
@@ -127,6 +127,13 @@ func newSender(srcs []Source, chunk int64, k int, crc bool, rec *Record, ss *str
 	sd.inline = size <= inlineMax
 	sd.maxChunk = int(size)
 	sd.blockReaders = sd.inline && pipelined() && sd.total() > inlineBlock && sd.costly()
+	// A buffer for each writer, one queued for each, and one being read;
+	// with blockReaders, one for each of their readers.
+	nbuf := 2*k + 1
+	if sd.blockReaders {
+		nbuf = 2*k + sd.readersFor(k)
+	}
+	sd.free = make(chan *sendBuf, nbuf)
 	n := frameOverhead + int(size)
 	if sd.inline {
 		// A block of frames, no larger than the transfer needs (a 4 KiB
@@ -414,6 +421,20 @@ func (sd *sender) chunks(yield func(*sendBuf) bool) {
 	}
 }
 
+// readersFor is how many readers fill the buffers of k streams: one for a
+// single stream, whose chunks go in order; else one per stream, two per
+// stream for blockReaders (a 256 KiB block's copy and CRC32C took a reader
+// as long as its writer took to send it), at most GOMAXPROCS.
+func (sd *sender) readersFor(k int) int {
+	switch {
+	case k == 1:
+		return 1
+	case sd.blockReaders:
+		return min(2*k, runtime.GOMAXPROCS(0))
+	}
+	return min(k, runtime.GOMAXPROCS(0))
+}
+
 // readers reports whether reader goroutines make what the writers send
 // (startReaders): chunks of a buffer each, or inline blocks with
 // blockReaders.
@@ -470,12 +491,8 @@ func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all boo
 	defer first.onBeat.Store(nil)
 	k := 1 + want
 	sd := newSender(srcs, int64(chunk), k, s.checksums(first), rec, ss)
-	readers := 1
-	if k > 1 {
-		readers = min(k, runtime.GOMAXPROCS(0))
-	}
 	if sd.readers() {
-		sd.startReaders(readers)
+		sd.startReaders(sd.readersFor(k))
 	} else {
 		close(sd.full) // no readers: the writers read
 	}
