@@ -61,6 +61,10 @@ func TestPipelinedSmallChunks(t *testing.T) {
 				l.inPlace, l.batch = tc.inPlace, tc.batch
 			}
 			want := smallTensors(p.a, "/kv", 400, 3) // about 2.2 MiB: several blocks
+			// And large chunks among them, which two checkers a stream
+			// check and write (checkersFor).
+			want["big"] = pattern(33, 3<<20+5)
+			p.a.put("/kv/big", want["big"])
 			ctx := context.Background()
 			n, err := push(ctx, p.client, p.a, "/kv", "b", "/kv")
 			require.NoError(t, err)
@@ -96,49 +100,55 @@ func TestPipelinedSmallChunks(t *testing.T) {
 	}
 }
 
-// TestPipelinedCorruptChunk: one corrupted chunk among hundreds that a
-// stream's checker checks a batch at a time is an EIO, the destination is
-// aborted and nothing is committed, whether its batch is the first, one in
-// the middle or the last (flushed at the stream's end), and whatever the
-// destination takes.
+// TestPipelinedCorruptChunk: one corrupted chunk among many that a
+// stream's two checkers check, small ones a batch at a time, is an EIO, the
+// destination is aborted and nothing is committed, whether it is in the
+// first batch or chunk, one in the middle or the last (flushed at the
+// stream's end), and whatever the destination takes.
 func TestPipelinedCorruptChunk(t *testing.T) {
 	morePs(t)
-	const n, size = 300, 4 << 10
-	data := pattern(5, n*size)
-	for _, bad := range []int{0, n / 2, n - 1} {
-		for _, inPlace := range []bool{false, true} {
-			t.Run(fmt.Sprintf("chunk=%d,inPlace=%v", bad, inPlace), func(t *testing.T) {
-				b := newMemLocal()
-				b.inPlace = inPlace
-				b.put("/x", bytes.Repeat([]byte{7}, n*size))
-				srv := startServer(t, "b", b, testSecret, nil)
-				before := b.snapshot()
-				c := authed(t, srv)
-				// Chunks of a few KiB: smaller than the transfer's chunk,
-				// as a range list's blocks are.
-				putRequest(t, c, "/x", Meta{DType: "U8", Shape: fmt.Sprint(n * size), NBytes: n * size})
-				for i := range n {
-					p := data[i*size : (i+1)*size]
-					crc := crcOf(p)
-					if i == bad {
-						crc ^= 1
-					}
-					if err := c.send(frameData, dataFrame(0, int64(i*size), p, crc)); err != nil {
-						break // the server may hang up once it has failed the put
-					}
-				}
-				c.sendJSON(frameDone, doneMsg{Chunks: n})
-				we := expectError(t, c)
-				require.Equal(t, "EIO", we.Errno)
-				require.Contains(t, we.Message, fmt.Sprintf("CRC32C mismatch in \"\" at %d", bad*size))
-				expectClosed(t, c, 2*time.Second)
-				require.Equal(t, before, b.snapshot())
-				requireClean(t, b)
-				require.Zero(t, b.counts().Commits)
-				require.Equal(t, 1, b.counts().Aborts)
-			})
+	for _, tc := range []struct{ n, size int }{{300, 4 << 10}, {12, 256 << 10}} {
+		for _, bad := range []int{0, tc.n / 2, tc.n - 1} {
+			for _, inPlace := range []bool{false, true} {
+				pipelinedCorruptChunk(t, tc.n, tc.size, bad, inPlace)
+			}
 		}
 	}
+}
+
+// pipelinedCorruptChunk is TestPipelinedCorruptChunk's put of n chunks of
+// size bytes, chunk bad corrupted, into a destination written in place or
+// through WriteAt.
+func pipelinedCorruptChunk(t *testing.T, n, size, bad int, inPlace bool) {
+	data := pattern(5, n*size)
+	t.Run(fmt.Sprintf("size=%d,chunk=%d,inPlace=%v", size, bad, inPlace), func(t *testing.T) {
+		b := newMemLocal()
+		b.inPlace = inPlace
+		b.put("/x", bytes.Repeat([]byte{7}, n*size))
+		srv := startServer(t, "b", b, testSecret, nil)
+		before := b.snapshot()
+		c := authed(t, srv)
+		putRequest(t, c, "/x", Meta{DType: "U8", Shape: fmt.Sprint(n * size), NBytes: int64(n * size)})
+		for i := range n {
+			p := data[i*size : (i+1)*size]
+			crc := crcOf(p)
+			if i == bad {
+				crc ^= 1
+			}
+			if err := c.send(frameData, dataFrame(0, int64(i*size), p, crc)); err != nil {
+				break // the server may hang up once it has failed the put
+			}
+		}
+		c.sendJSON(frameDone, doneMsg{Chunks: int64(n)})
+		we := expectError(t, c)
+		require.Equal(t, "EIO", we.Errno)
+		require.Contains(t, we.Message, fmt.Sprintf("CRC32C mismatch in \"\" at %d", bad*size))
+		expectClosed(t, c, 2*time.Second)
+		require.Equal(t, before, b.snapshot())
+		requireClean(t, b)
+		require.Zero(t, b.counts().Commits)
+		require.Equal(t, 1, b.counts().Aborts)
+	})
 }
 
 // TestBlockReaders: a sender makes its inline blocks on reader goroutines
