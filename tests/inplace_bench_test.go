@@ -57,18 +57,8 @@ func inPlaceBenchPair(b *testing.B, sameHost bool) (a, d *daemon) {
 }
 
 // benchPaths are the paths the in-place benchmarks run on: copyPaths
-// (ucx-tcp, ucx-sm and ucx-tcp-emulated in a build with UCX), less those
-// that set the daemons' GOMAXPROCS (a test of the pipelined code on this
-// 2-CPU machine; on a larger host it would hold the daemons to 4 Ps).
-func benchPaths() []copyPath {
-	var ps []copyPath
-	for _, p := range copyPaths(true) {
-		if p.procs == 0 {
-			ps = append(ps, p)
-		}
-	}
-	return ps
-}
+// (ucx-tcp, ucx-sm and ucx-tcp-emulated in a build with UCX).
+func benchPaths() []copyPath { return copyPaths(true) }
 
 // inPlaceBenchPairOn is inPlaceBenchPair on path p (copyPath: its UCX_TLS
 // and --transport).

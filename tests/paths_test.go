@@ -2,7 +2,6 @@ package tests
 
 import (
 	"fmt"
-	"strconv"
 	"testing"
 
 	"github.com/tensorfs/tensorfs/internal/testutil"
@@ -11,12 +10,11 @@ import (
 
 // copyPath is a way the copy suite runs a pair of daemons: its subtest
 // name, the path stats report for its copies between them, for UCX the
-// UCX_TLS its daemons run with, noCRC for daemons run with --checksum
-// none, and procs for daemons run with GOMAXPROCS procs.
+// UCX_TLS its daemons run with, and noCRC for daemons run with
+// --checksum none.
 type copyPath struct {
 	name, path, tls string
 	noCRC           bool
-	procs           int
 }
 
 // copyPaths are the paths of the copy suite: "ipc" (one host id), "tcp"
@@ -31,18 +29,13 @@ type copyPath struct {
 // the copies stay on tensorfs's TCP, path "tcp", beside the UCX
 // endpoints). "tcp-nocrc" is "tcp" with --checksum none on both daemons:
 // chunks without their CRC32C, host memory sent straight from the
-// mapping. "tcp-pipelined" is "tcp" with daemons of 8 Ps (GOMAXPROCS),
-// which pipeline the work on small chunks as on hosts of 8 CPUs or more
-// (transfer's pipelineCPUs and checkersFor): readers make the sender's
-// blocks, two checkers a stream check and write the receiver's batches;
-// this machine and CI have 2.
-// withIPC false leaves out "ipc".
+// mapping. withIPC false leaves out "ipc".
 func copyPaths(withIPC bool) []copyPath {
 	var ps []copyPath
 	if withIPC {
 		ps = append(ps, copyPath{name: "ipc", path: "ipc"})
 	}
-	ps = append(ps, copyPath{name: "tcp", path: "tcp"}, copyPath{name: "tcp-nocrc", path: "tcp", noCRC: true}, copyPath{name: "tcp-pipelined", path: "tcp", procs: 8})
+	ps = append(ps, copyPath{name: "tcp", path: "tcp"}, copyPath{name: "tcp-nocrc", path: "tcp", noCRC: true})
 	if ucxBuild {
 		ps = append(ps, copyPath{name: "ucx-tcp", path: "tcp", tls: "tcp"}, copyPath{name: "ucx-sm", path: "ucx", tls: "sm,self"},
 			copyPath{name: "ucx-tcp-emulated", path: "ucx", tls: "tcp"})
@@ -51,11 +44,8 @@ func copyPaths(withIPC bool) []copyPath {
 }
 
 // flags are the daemon flags of a pair on p between two host ids, set
-// into the environment t gives its daemons (UCX_TLS, GOMAXPROCS).
+// into the environment t gives its daemons (UCX_TLS).
 func (p copyPath) flags(t testing.TB) []string {
-	if p.procs > 0 {
-		t.Setenv("GOMAXPROCS", strconv.Itoa(p.procs))
-	}
 	if p.noCRC {
 		f := []string{"--checksum", "none"}
 		if ucxBuild {

@@ -267,8 +267,7 @@ func (s *Service) pushData(ctx context.Context, peer string, c *conn, ok reply, 
 // chunks and the done frame in one write, then the reply. No goroutine is
 // started and no other wakes up: a KV block's copy is one round trip.
 func (s *Service) sendSmall(c *conn, req request, sd *sender) (int, error) {
-	sd.blockReaders = false // at most eagerMax: the writer makes its blocks
-	close(sd.full)          // no readers: the writer reads
+	close(sd.full) // no readers: the writer reads
 	if err := c.send(frameRequest, c.encode(req)); err != nil {
 		return 0, netErr(err)
 	}

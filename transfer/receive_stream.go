@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -31,9 +30,8 @@ type inPlaceDest interface {
 // where a chunk each cost a staged copy and a stream synchronize (15 µs
 // an 8 KiB chunk on an H200). data holds the chunks back to back, each
 // already checked (CRC32C). done=false: not this batch (nothing written),
-// and no later one; the chunks then go one by one, into place
-// (inPlaceDest) or through WriteAt. Errors as WriteAt's. A transfer's
-// streams call it at once, each from its own goroutine.
+// and no later one; the chunks then go one by one through WriteAt.
+// Errors as WriteAt's.
 type BatchWriter interface {
 	WriteBatch(data []byte, chunks []BatchChunk) (done bool, err error)
 }
@@ -46,37 +44,8 @@ type BatchChunk struct {
 	Pos, N int
 }
 
-// gatherBytes is the most chunk bytes a stream gathers for one flush (one
-// WriteBatch on a GPU): small enough that its checker starts on a batch
-// while the stream reads the next ones (16 batches for a stream's 4 MiB of
-// a 1000 x 8 KiB copy over 2 streams), large enough that a GPU's copy,
-// launch and synchronize per batch (about 25 µs) stay under the stream's
-// time to read it.
-const gatherBytes = 256 << 10
-
-// pipelineCPUs is the fewest CPUs (GOMAXPROCS) on which a stream's small
-// chunks are checked and written by another goroutine while the stream
-// reads on (recvStream.gather), and a sender's blocks are made by readers
-// while its writers send (sender.blockReaders). On fewer, the two daemons,
-// the kernel's socket copies and the client already take every core, and
-// the hand-offs only add switches: 1000 x 8 KiB over TCP with CRC32C on
-// this project's 2-CPU VM went from 0.45-0.51 of raw TCP to 0.39-0.42
-// pipelined (2026-12-06).
-const pipelineCPUs = 4
-
-// pipelined reports whether this process pipelines small chunks' work
-// (pipelineCPUs).
-func pipelined() bool { return runtime.GOMAXPROCS(0) >= pipelineCPUs }
-
-// checkersFor is how many checkers a receiving stream runs: two on 2 *
-// pipelineCPUs or more, where one stream's CRC32C and copy into place
-// took one checker as long as the stream's reads, else one.
-func checkersFor() int {
-	if runtime.GOMAXPROCS(0) >= 2*pipelineCPUs {
-		return 2
-	}
-	return 1
-}
+// batchBytes is the most chunk bytes a stream gathers for one WriteBatch.
+const batchBytes = 1 << 20
 
 // tracker checks that every byte of every tensor arrives exactly once:
 // in order with one stream (chunk 0), on the chunk grid with several.
@@ -206,7 +175,6 @@ type work struct {
 	crc   uint32
 	noCRC bool
 	buf   []byte
-	g     *gathered // a batch of small chunks instead (gather)
 }
 
 // recvStream is one connection's share of a transfer being received (see
@@ -219,70 +187,31 @@ type recvStream struct {
 	tr      *tracker
 	dest    Dest
 	inPlace inPlaceDest // dest, when it takes bytes in place; else nil
-	// batch is dest, when it takes batches of small chunks; else nil.
-	// declined: it declined one, and takes no more.
-	batch    BatchWriter
-	declined atomic.Bool
+	batch   BatchWriter // dest, when it takes batches of small chunks; else nil
 	// noCRC: chunks may come without their CRC32C (Config.NoChecksum);
 	// else such a chunk is a protocol error.
 	noCRC bool
 	rec   *Record
-	// cur gathers the small chunks read for the next flush (gather);
-	// gfree holds the batches the checker gave back, gmade counts those
-	// made (at most cap(gfree)).
-	cur   *gathered
-	gfree chan *gathered
-	gmade int
-	// pipeline: full batches go to the checkers (pipelined), checkers of
-	// them (checkersFor).
-	pipeline bool
-	checkers int
-	iov      [1][]byte // readFull's
+	// The small chunks read for the next WriteBatch: their bytes back to
+	// back in bbuf, their places in bpend.
+	bbuf  []byte
+	bpend []BatchChunk
 
 	free chan []byte // buffers the checker gave back
 	made int         // buffers made, at most cap(free)
 	todo chan work   // to the checker
-	// checked is closed when the checkers have stopped; nil until the
-	// first chunk too large to check inline starts them (a small copy
-	// starts no goroutine).
+	// checked is closed when the checker has stopped; nil until the first
+	// chunk too large to check inline starts it (a small copy starts no
+	// goroutine).
 	checked chan struct{}
 	chunks  int64 // data frames claimed, for the done frame's count
 	hdr     [dataHeaderLen]byte
+	iov     [1][]byte // readFull's
 }
 
 func newRecvStream(c *conn, ss *streamSet, tr *tracker, dest Dest, inPlace inPlaceDest, noCRC bool, rec *Record) *recvStream {
 	batch, _ := dest.(BatchWriter)
-	rs := &recvStream{c: c, ss: ss, tr: tr, dest: dest, inPlace: inPlace, batch: batch, noCRC: noCRC, rec: rec, free: make(chan []byte, 3), todo: make(chan work, 2), gfree: make(chan *gathered, 3), pipeline: pipelined()}
-	if rs.pipeline {
-		rs.checkers = checkersFor()
-		rs.free, rs.gfree = make(chan []byte, 2+rs.checkers), make(chan *gathered, 2+rs.checkers)
-	} else {
-		rs.checkers = 1
-	}
-	return rs
-}
-
-// gathered is a batch of small chunks read back to back for one flush:
-// their bytes in buf, their places in chunks, what to check of each in
-// sums.
-type gathered struct {
-	buf    []byte
-	chunks []BatchChunk
-	sums   []chunkSum
-}
-
-// chunkSum is a gathered chunk's CRC32C, or none to check.
-type chunkSum struct {
-	crc  uint32
-	none bool
-}
-
-// bytes is the chunk bytes g holds.
-func (g *gathered) bytes() int64 { return int64(len(g.buf)) }
-
-// reset empties g for the next batch.
-func (g *gathered) reset() {
-	g.buf, g.chunks, g.sums = g.buf[:0], g.chunks[:0], g.sums[:0]
+	return &recvStream{c: c, ss: ss, tr: tr, dest: dest, inPlace: inPlace, batch: batch, noCRC: noCRC, rec: rec, free: make(chan []byte, 3), todo: make(chan work, 2)}
 }
 
 // chunkOutcome is what became of one data frame.
@@ -302,7 +231,10 @@ func (rs *recvStream) run() (inStep bool) {
 	defer func() {
 		// The gathered chunks land before the stream's end counts: the
 		// transfer completes (and commits) after every stream's run.
-		rs.handOff()
+		rs.flush()
+		if rs.bbuf != nil {
+			putBuf(rs.bbuf[:cap(rs.bbuf)])
+		}
 		if rs.checked != nil {
 			close(rs.todo)
 			<-rs.checked
@@ -310,9 +242,6 @@ func (rs *recvStream) run() (inStep bool) {
 		// The checker has given every buffer back: to the pool with them.
 		for range len(rs.free) {
 			putBuf(<-rs.free)
-		}
-		for range len(rs.gfree) {
-			putBuf((<-rs.gfree).buf)
 		}
 	}()
 	c, ss := rs.c, rs.ss
@@ -406,42 +335,33 @@ func (rs *recvStream) data(dlen int64) bool {
 	case chunkSkipped:
 		return true
 	case chunkBuffer:
-		if w.n <= inlineMax {
-			// A small chunk (a KV block) is gathered with others: handing
-			// each to the checker cost a goroutine wake-up per chunk, more
-			// than its CRC.
-			return rs.gather(w)
+		if rs.batch != nil && w.n <= inlineMax {
+			if ok, taken := rs.readBatched(w); taken {
+				return ok
+			}
 		}
 		if !rs.readBuffered(&w) {
 			return false
 		}
 	}
-	if w.noCRC && w.buf == nil {
-		rs.check(w) // in place without a CRC: nothing to check
+	if w.n <= inlineMax || w.noCRC && w.buf == nil {
+		// A small chunk (a KV block) is checked here: handing it to the
+		// checker cost a goroutine wake-up per chunk, more than its CRC;
+		// and one in place without a CRC has nothing to check.
+		rs.check(w)
 		return true
 	}
-	rs.queue(w)
-	return true
-}
-
-// queue hands w to the stream's checkers, started at the first.
-func (rs *recvStream) queue(w work) {
 	if rs.checked == nil {
 		rs.checked = make(chan struct{})
-		var wg sync.WaitGroup
-		for range rs.checkers {
-			wg.Go(func() {
-				for w := range rs.todo {
-					rs.check(w)
-				}
-			})
-		}
 		go func() {
-			wg.Wait()
-			close(rs.checked)
+			defer close(rs.checked)
+			for w := range rs.todo {
+				rs.check(w)
+			}
 		}()
 	}
 	rs.todo <- w
+	return true
 }
 
 // skip discards a chunk's n bytes.
@@ -505,125 +425,61 @@ func (rs *recvStream) readInPlace(w work) chunkOutcome {
 	}
 }
 
-// gather reads small chunk w's bytes behind the others gathered for the
-// next flush, handing the batch off first when w might not fit. False:
-// the stream failed.
-func (rs *recvStream) gather(w work) bool {
-	if rs.cur != nil && rs.cur.bytes()+w.n > gatherBytes {
-		rs.handOff()
+// readBatched reads small chunk w's bytes behind the others gathered for
+// the next WriteBatch and checks them, flushing the batch first when w
+// might not fit. taken is false, nothing read, when that flush found the
+// destination declining batches: w goes the buffered way. ok false: the
+// stream failed.
+func (rs *recvStream) readBatched(w work) (ok, taken bool) {
+	if rs.bbuf == nil {
+		rs.bbuf = getBuf(batchBytes)[:0]
 	}
-	if rs.cur == nil {
-		rs.cur = rs.newGathered(gatherBytes)
+	if len(rs.bbuf)+int(w.n) > cap(rs.bbuf) {
+		if rs.flush(); rs.batch == nil {
+			return true, false
+		}
 	}
-	g := rs.cur
-	at := len(g.buf)
-	if err := rs.readFull(g.buf[at : at+int(w.n)]); err != nil {
+	at := len(rs.bbuf)
+	p := rs.bbuf[at : at+int(w.n)]
+	if _, err := io.ReadFull(rs.c.r, p); err != nil {
 		rs.ss.fail(netErr(err))
-		return false
+		return false, true
 	}
 	if rs.ss.failed.Load() {
-		return true // read on, in step, until the sender's end
+		return true, true // read on, in step, until the sender's end
 	}
-	g.buf = g.buf[:at+int(w.n)]
-	g.chunks = append(g.chunks, BatchChunk{I: w.i, Off: w.off, Pos: at, N: int(w.n)})
-	g.sums = append(g.sums, chunkSum{crc: w.crc, none: w.noCRC})
-	return true
+	if !w.noCRC && crc32.Checksum(p, crcTable) != w.crc {
+		rs.ss.fail(&Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: CRC32C mismatch in %q at %d", rs.c.peer, rs.tr.metas[w.i].Rel, w.off)})
+		return true, true
+	}
+	rs.bbuf = rs.bbuf[:at+int(w.n)]
+	rs.bpend = append(rs.bpend, BatchChunk{I: w.i, Off: w.off, Pos: at, N: int(w.n)})
+	return true, true
 }
 
-// readFull reads len(p) bytes of the stream into p: what the connection
-// holds, then straight from the socket (readSomeV, the next frame's
-// headers read ahead), waiting for the rest. Read through the connection's
-// bufio.Reader, a chunk took its first read(2) straight into p, and every
-// one after it through the reader's 256 KiB buffer, a fill that also took
-// the chunks behind it, all copied out again on the stream's goroutine:
-// most of a copy's bytes, once more, where --checksum none's chunks go
-// straight into place (1.2 against 0.85 ms of data phase for 1000 x 8 KiB
-// on an H100 host, 2026-12-06).
-func (rs *recvStream) readFull(p []byte) error {
-	iov := rs.iov[:]
-	for len(p) > 0 {
-		iov[0] = p
-		got, err := rs.c.readSomeV(iov, true)
-		p = p[got:]
-		if err != nil {
-			return err
-		}
-		if len(p) > 0 {
-			if err := rs.c.waitReadable(); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// newGathered is an empty batch of up to limit bytes: one the checker gave
-// back, a new one while the stream has fewer than cap(gfree), else the
-// next the checker gives back.
-func (rs *recvStream) newGathered(limit int) *gathered {
-	var g *gathered
-	select {
-	case g = <-rs.gfree:
-	default:
-		if rs.gmade < cap(rs.gfree) {
-			rs.gmade++
-			g = &gathered{}
-		} else {
-			g = <-rs.gfree
-		}
-	}
-	if cap(g.buf) < limit {
-		putBuf(g.buf)
-		g.buf = getBuf(limit)
-	}
-	g.reset()
-	return g
-}
-
-// handOff ends the batch being gathered: to the checkers when the stream
-// pipelines or they run already, else flushed here. A batch handed off
-// comes back on gfree.
-func (rs *recvStream) handOff() {
-	g := rs.cur
-	if g == nil {
+// flush writes the gathered chunks: one WriteBatch, or one WriteAt each
+// when the destination declines (and then for the rest of the stream).
+func (rs *recvStream) flush() {
+	if len(rs.bpend) == 0 {
 		return
 	}
-	rs.cur = nil
-	if len(g.chunks) > 0 && (rs.pipeline || rs.checked != nil) {
-		rs.queue(work{g: g})
-		return
-	}
-	rs.flush(g)
-	rs.gfree <- g
-}
-
-// flush checks the CRC32C of g's chunks, then writes them: one WriteBatch,
-// or each into place (write) when the destination takes no batches or
-// declines (and then for the rest of the stream). Nothing of g is written
-// when a sum is wrong or the transfer has failed.
-func (rs *recvStream) flush(g *gathered) {
 	ss := rs.ss
-	if len(g.chunks) == 0 || ss.failed.Load() {
-		return
-	}
-	for k, c := range g.chunks {
-		if !g.sums[k].none && crc32.Checksum(g.buf[c.Pos:c.Pos+c.N], crcTable) != g.sums[k].crc {
-			ss.fail(&Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: CRC32C mismatch in %q at %d", rs.c.peer, rs.tr.metas[c.I].Rel, c.Off)})
-			return
-		}
+	var n int64
+	for _, c := range rs.bpend {
+		n += int64(c.N)
 	}
 	var done bool
 	var err error
 	ran := true
-	if rs.batch != nil && !rs.declined.Load() && len(g.chunks) > 1 { // one chunk is one write, batched or not
-		ran = ss.guard(func() { done, err = rs.batch.WriteBatch(g.buf, g.chunks) })
-		if ran && err == nil && !done {
-			rs.declined.Store(true)
-		}
+	if len(rs.bpend) > 1 { // one chunk is one WriteAt, batched or not
+		ran = ss.guard(func() { done, err = rs.batch.WriteBatch(rs.bbuf, rs.bpend) })
 	}
 	if ran && err == nil && !done {
-		for _, c := range g.chunks {
-			if err = rs.write(work{i: c.I, off: c.Off, n: int64(c.N), buf: g.buf[c.Pos : c.Pos+c.N]}); err != nil {
+		if len(rs.bpend) > 1 {
+			rs.batch = nil
+		}
+		for _, c := range rs.bpend {
+			if ran = ss.guard(func() { err = rs.dest.WriteAt(c.I, rs.bbuf[c.Pos:c.Pos+c.N], c.Off) }); !ran || err != nil {
 				break
 			}
 		}
@@ -633,8 +489,9 @@ func (rs *recvStream) flush(g *gathered) {
 	case err != nil:
 		ss.fail(err)
 	default:
-		rs.rec.BytesDone.Add(g.bytes())
+		rs.rec.BytesDone.Add(n)
 	}
+	rs.bbuf, rs.bpend = rs.bbuf[:0], rs.bpend[:0]
 }
 
 // readBuffered reads chunk w's bytes into a buffer, w.buf. False: the
@@ -656,7 +513,15 @@ func (rs *recvStream) readBuffered(w *work) bool {
 		buf = getBuf(int(w.n))
 	}
 	w.buf = buf
-	if err := rs.readFull(buf[:w.n]); err != nil {
+	var err error
+	if w.n > inlineMax {
+		err = rs.readFull(buf[:w.n])
+	} else {
+		// A small chunk through the reader's buffer: one read(2) takes
+		// many of them, where one each would cost more than their copy.
+		_, err = io.ReadFull(rs.c.r, buf[:w.n])
+	}
+	if err != nil {
 		rs.free <- buf
 		rs.ss.fail(netErr(err))
 		return false
@@ -664,16 +529,37 @@ func (rs *recvStream) readBuffered(w *work) bool {
 	return true
 }
 
+// readFull reads len(p) bytes of the stream into p, a large chunk's: what
+// the connection holds, then straight from the socket (readSomeV, the next
+// frame's headers read ahead), waiting for the rest, as readInPlace reads
+// a chunk without a CRC32C into place. Read through the connection's
+// bufio.Reader, a chunk took its first read(2) straight into p and every
+// later one through the reader's own 256 KiB buffer (a fill that also took
+// the chunks behind it), all copied out again on the stream's goroutine:
+// most of a copy's bytes once more. On this project's 2-CPU VM, 1000 x 8 KiB
+// over TCP with CRC32C went 0.45-0.49 -> 0.54-0.56 of raw TCP (2026-12-06).
+func (rs *recvStream) readFull(p []byte) error {
+	iov := rs.iov[:]
+	for len(p) > 0 {
+		iov[0] = p
+		got, err := rs.c.readSomeV(iov, true)
+		p = p[got:]
+		if err != nil {
+			return err
+		}
+		if len(p) > 0 {
+			if err := rs.c.waitReadable(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // check is the checker's work on one chunk: its CRC32C, then, for a
-// buffered chunk, its write into the destination; or on a batch of
-// gathered chunks (flush).
+// buffered chunk, its write into the destination.
 func (rs *recvStream) check(w work) {
 	ss := rs.ss
-	if w.g != nil {
-		rs.flush(w.g)
-		rs.gfree <- w.g
-		return
-	}
 	if ss.failed.Load() {
 		if w.buf != nil {
 			rs.free <- w.buf

@@ -44,20 +44,11 @@ type sender struct {
 	curI   int
 	curOff int64
 
-	// inline: small chunks (descriptor lists of KV blocks) go out packed
-	// into blocks of frames (produce), handed over a block at a time:
-	// handing each chunk from a reader to a writer cost a goroutine
+	// inline: each writer reads its own chunks (no reader goroutines),
+	// for transfers of small chunks (descriptor lists of KV blocks),
+	// where handing each chunk from a reader to a writer cost a goroutine
 	// wake-up per chunk, more than reading it.
 	inline bool
-	// blockReaders: reader goroutines make the inline blocks while the
-	// writers send the ones before (readBlocks), where each writer made
-	// its own between its writes. Set when making a block costs as much
-	// as sending it (a copy and a CRC32C of every byte, or a read from
-	// the device) and there is more than one block: a stream's time was
-	// the sum of the two (0.53-0.60 of raw TCP for 1000 x 8 KiB with
-	// CRC32C on an H100 host, 2026-12-06), pipelined it is the larger.
-	// Only on pipelineCPUs or more.
-	blockReaders bool
 	// maxChunk is the largest chunk the sources make, in bytes: an inline
 	// block takes another frame while it has room for one this large.
 	maxChunk int
@@ -111,7 +102,7 @@ func newSender(srcs []Source, chunk int64, k int, crc bool, rec *Record, ss *str
 	for _, sc := range srcs {
 		size = max(size, min(sc.Meta().NBytes, chunk))
 	}
-	sd := &sender{srcs: srcs, rec: rec, chunk: chunk, ss: ss, crc: crc, stop: make(chan struct{})}
+	sd := &sender{srcs: srcs, rec: rec, chunk: chunk, ss: ss, crc: crc, free: make(chan *sendBuf, 2*k+1), stop: make(chan struct{})}
 	if !crc {
 		sd.hostMem, sd.hostOff = make([][]byte, len(srcs)), make([]int64, len(srcs))
 		for i, sc := range srcs {
@@ -126,14 +117,6 @@ func newSender(srcs []Source, chunk int64, k int, crc bool, rec *Record, ss *str
 	}
 	sd.inline = size <= inlineMax
 	sd.maxChunk = int(size)
-	sd.blockReaders = sd.inline && pipelined() && sd.total() > inlineBlock && sd.costly()
-	// A buffer for each writer, one queued for each, and one being read;
-	// with blockReaders, one for each of their readers.
-	nbuf := 2*k + 1
-	if sd.blockReaders {
-		nbuf = 2*k + sd.readersFor(k)
-	}
-	sd.free = make(chan *sendBuf, nbuf)
 	n := frameOverhead + int(size)
 	if sd.inline {
 		// A block of frames, no larger than the transfer needs (a 4 KiB
@@ -146,21 +129,6 @@ func newSender(srcs []Source, chunk int64, k int, crc bool, rec *Record, ss *str
 	}
 	sd.full = make(chan *sendBuf, cap(sd.free))
 	return sd
-}
-
-// costly reports whether a chunk's frame costs a pass over its bytes to
-// make: a copy into the buffer (with the CRC32C, or from a source not in
-// host memory), not just the slices of a mapping (hostChunk).
-func (sd *sender) costly() bool {
-	if sd.crc {
-		return true
-	}
-	for _, m := range sd.hostMem {
-		if m == nil {
-			return true
-		}
-	}
-	return false
 }
 
 // total is the bytes of all the sources.
@@ -204,19 +172,14 @@ func (sd *sender) next() (i int, off, n int64, ok bool) {
 	return i, off, n, true
 }
 
-// startReaders runs n readers (read, or readBlocks for inline blocks),
-// and closes full once they have all stopped.
+// startReaders runs n readers, and closes full once they have all stopped.
 func (sd *sender) startReaders(n int) {
 	var wg sync.WaitGroup
 	for range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if sd.inline {
-				sd.readBlocks()
-			} else {
-				sd.read()
-			}
+			sd.read()
 		}()
 	}
 	go func() {
@@ -242,30 +205,6 @@ func (sd *sender) read() {
 		}
 		sb.out, sb.n, sb.frames = sb.out[:0], n, 1
 		if sb.out, _, ok = sd.readChunk(sb.out, sb.b, i, off, n); !ok {
-			sd.recycle(sb)
-			return
-		}
-		select {
-		case sd.full <- sb:
-		case <-sd.stop:
-			sd.recycle(sb)
-			return
-		}
-	}
-}
-
-// readBlocks is one reader of inline blocks (blockReaders): it packs
-// chunks into free buffers (produce) and queues them on full, until the
-// chunks run out, a read fails (readErr) or the transfer halts.
-func (sd *sender) readBlocks() {
-	for {
-		var sb *sendBuf
-		select {
-		case sb = <-sd.free:
-		case <-sd.stop:
-			return
-		}
-		if !sd.produce(sb) {
 			sd.recycle(sb)
 			return
 		}
@@ -395,11 +334,11 @@ func (sd *sender) produce(sb *sendBuf) bool {
 const frameAlign = 32
 
 // chunks yields what a writer sends, one buffer's frames at a time: from
-// the readers (full), or, inline without blockReaders, the frames read by
-// the writer itself into one buffer of its own. A buffer from full goes
-// back to free after the yield.
+// the readers (full), or, inline, the frames read by the writer itself into
+// one buffer of its own. A buffer from full goes back to free after the
+// yield.
 func (sd *sender) chunks(yield func(*sendBuf) bool) {
-	if sd.readers() {
+	if !sd.inline {
 		for sb := range sd.full {
 			ok := yield(sb)
 			sd.recycle(sb)
@@ -420,25 +359,6 @@ func (sd *sender) chunks(yield func(*sendBuf) bool) {
 		}
 	}
 }
-
-// readersFor is how many readers fill the buffers of k streams: one for a
-// single stream, whose chunks go in order; else one per stream, two per
-// stream for blockReaders (a 256 KiB block's copy and CRC32C took a reader
-// as long as its writer took to send it), at most GOMAXPROCS.
-func (sd *sender) readersFor(k int) int {
-	switch {
-	case k == 1:
-		return 1
-	case sd.blockReaders:
-		return min(2*k, runtime.GOMAXPROCS(0))
-	}
-	return min(k, runtime.GOMAXPROCS(0))
-}
-
-// readers reports whether reader goroutines make what the writers send
-// (startReaders): chunks of a buffer each, or inline blocks with
-// blockReaders.
-func (sd *sender) readers() bool { return !sd.inline || sd.blockReaders }
 
 // write is one stream's writer: it sends chunks on c until they run out,
 // then ends the stream with a done frame (or an error frame for a source
@@ -491,10 +411,14 @@ func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all boo
 	defer first.onBeat.Store(nil)
 	k := 1 + want
 	sd := newSender(srcs, int64(chunk), k, s.checksums(first), rec, ss)
-	if sd.readers() {
-		sd.startReaders(sd.readersFor(k))
-	} else {
+	readers := 1
+	if k > 1 {
+		readers = min(k, runtime.GOMAXPROCS(0))
+	}
+	if sd.inline {
 		close(sd.full) // no readers: the writers read
+	} else {
+		sd.startReaders(readers)
 	}
 	var wg sync.WaitGroup
 	wg.Add(1)
