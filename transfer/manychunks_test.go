@@ -137,3 +137,47 @@ func corruptChunkAmongMany(t *testing.T, n, size, bad int, inPlace bool) {
 		require.Equal(t, 1, b.counts().Aborts)
 	})
 }
+
+// TestLargeChunkStalled: a large chunk with its CRC32C (read straight from
+// the socket, readFull) whose sender stops half-way: when the rest comes,
+// the chunk completes and checks; when it never comes, the put fails with
+// ETIMEDOUT within the receiver's timeout and nothing is committed.
+func TestLargeChunkStalled(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	data := pattern(34, 256<<10+1) // past inlineMax: a buffered chunk
+	for _, rest := range []bool{true, false} {
+		t.Run(fmt.Sprintf("rest=%v", rest), func(t *testing.T) {
+			b := newMemLocal()
+			b.inPlace = true
+			b.put("/x", make([]byte, len(data)))
+			srv := startServer(t, "b", b, testSecret, func(c *Config) { c.Timeout = timeout })
+			before := b.snapshot()
+			c := authed(t, srv)
+			putRequest(t, c, "/x", Meta{DType: "U8", Shape: fmt.Sprint(len(data)), NBytes: int64(len(data))})
+			frame := dataFrame(0, 0, data, crcOf(data))
+			var hdr [frameHeaderLen]byte
+			putFrameHeader(hdr[:], frameData, len(frame))
+			half := dataHeaderLen + len(data)/2
+			_, err := c.c.Write(append(hdr[:], frame[:half]...))
+			require.NoError(t, err)
+			if rest {
+				time.Sleep(timeout / 2)
+				_, err = c.c.Write(frame[half:])
+				require.NoError(t, err)
+				require.NoError(t, c.sendJSON(frameDone, doneMsg{Chunks: 1}))
+				require.NoError(t, c.recvJSON(frameOK, nil))
+				got, _, _ := b.get("/x")
+				require.Equal(t, data, got)
+				requireClean(t, b)
+				return
+			}
+			start := time.Now()
+			we := expectError(t, c)
+			require.Equal(t, "ETIMEDOUT", we.Errno, "%+v", we)
+			require.Less(t, time.Since(start), 4*timeout)
+			require.Equal(t, before, b.snapshot())
+			requireClean(t, b)
+			require.Zero(t, b.counts().Commits)
+		})
+	}
+}
