@@ -34,12 +34,17 @@ type mapped struct {
 	all []byte // the whole mapping (page-aligned)
 }
 
-// mapTensor maps host tensor p read-only through its ipc_handle.
+// mapTensor maps host tensor p read-only through its ipc_handle. A
+// tensor in GPU memory (the suite run with TENSORFS_TEST_DEVICE=cuda:0)
+// skips the test: TestGPUInPlace maps it by its CUDA IPC handle instead.
 func mapTensor(t *testing.T, p string) *mapped {
 	t.Helper()
+	h := getx(t, p, xattrs.IPCHandle)
+	if strings.HasPrefix(h, "cuda:") {
+		t.Skipf("%s is in GPU memory: this test maps a host tensor's memfd; TestGPUInPlace maps GPU tensors by their CUDA IPC handle", p)
+	}
 	f, err := os.Open(p)
 	require.NoError(t, err)
-	h := getx(t, p, xattrs.IPCHandle)
 	fdPath, ok := strings.CutPrefix(h, "memfd:")
 	require.True(t, ok, "a host tensor's handle: %s", h)
 	off, err := strconv.ParseInt(getx(t, p, xattrs.IPCOffset), 10, 64)
