@@ -537,7 +537,8 @@ func (rs *recvStream) readBuffered(w *work) bool {
 // later one through the reader's own 256 KiB buffer (a fill that also took
 // the chunks behind it), all copied out again on the stream's goroutine:
 // most of a copy's bytes once more. On this project's 2-CPU VM, 1000 x 8 KiB
-// over TCP with CRC32C went 0.45-0.49 -> 0.54-0.56 of raw TCP (2026-12-06).
+// over TCP with CRC32C went 0.45-0.49 -> 0.54-0.56 of raw TCP in a 3-round
+// A/B (2026-12-06; docs/performance.md: suggestive, not settled).
 func (rs *recvStream) readFull(p []byte) error {
 	iov := rs.iov[:]
 	for len(p) > 0 {
