@@ -970,10 +970,9 @@ func TestInPlacePullPeerKilled(t *testing.T) {
 }
 
 // TestInPlaceScatter1000: the scatter benchmark's copy as a test, on every
-// path: 1000 blocks of 8 KiB (8 MiB: many blocks of frames and gathered
-// batches over TCP, made and checked by other goroutines on tcp-pipelined)
-// pushed into shuffled blocks of the peer's tensor, then pulled back into
-// shuffled blocks of a local one. Every byte lands where its line says,
+// path: 1000 blocks of 8 KiB (8 MiB: over TCP, 256 KiB chunks of 32 blocks
+// each on two streams) pushed into shuffled blocks of the peer's tensor,
+// then pulled back into shuffled blocks of a local one. Every byte lands where its line says,
 // a mapping made before the copies sees them, nothing else is touched and
 // both tensors keep their registration.
 func TestInPlaceScatter1000(t *testing.T) {

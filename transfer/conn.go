@@ -252,8 +252,10 @@ type conn struct {
 	enc     []byte // encode's buffer
 	// iovAhead is readSomeV's iov with the read-ahead behind it.
 	iovAhead [][]byte
-	peer     string
-	hostID   string
+	// readIOV is readFullV's iov, what is left of the one it was given.
+	readIOV [][]byte
+	peer    string
+	hostID  string
 	// name is the name the peer gave in its handshake; local, pid and ns,
 	// for a dialled one, the unix socket, process and namespaces it
 	// offered (learnLocal).
@@ -368,7 +370,7 @@ func (c *conn) writeFrames(frames [][]byte) error {
 // exactReader reads a connection's bytes without reading ahead: what its
 // bufio.Reader holds first, then straight from the socket, no more than
 // asked for. A data stream reads its frame and chunk headers through it, so
-// that the chunk's bytes are still in the socket for readFullV to put in
+// that the chunk's bytes are still in the socket for readSomeV to put in
 // place (read through the bufio.Reader, a 256 KiB fill took a chunk's bytes
 // with the header, to be copied out again).
 type exactReader struct{ c *conn }
@@ -379,6 +381,47 @@ func (r exactReader) Read(p []byte) (int, error) {
 		return r.c.r.Read(p)
 	}
 	return r.c.c.Read(p)
+}
+
+// readFullV fills the slices of iov, in order, from the stream: readSomeV
+// (with ahead, the next frame's headers read ahead) and, between its
+// turns, waitReadable, as a data stream reads a large buffered chunk.
+// Read through the bufio.Reader, such a chunk took its first read(2)
+// straight into its buffer and every later one through the reader's own
+// 256 KiB buffer (a fill that also took the chunks behind it), all copied
+// out again on the stream's goroutine: most of a copy's bytes once more.
+// On this project's 2-CPU VM, 1000 x 8 KiB over TCP with CRC32C went
+// 0.45-0.49 -> 0.54-0.56 of raw TCP in a 3-round A/B (2026-12-06;
+// docs/performance.md: suggestive, not settled). One reader at a time.
+// Errors: readSomeV's and waitReadable's.
+func (c *conn) readFullV(iov [][]byte, ahead bool) error {
+	var want, done int64
+	for _, p := range iov {
+		want += int64(len(p))
+	}
+	defer func() { clear(c.readIOV) }()
+	for {
+		// What is left of iov, rebuilt each turn: readSomeV may have
+		// advanced the slices it was given.
+		rest := c.readIOV[:0]
+		skip := done
+		for _, p := range iov {
+			if skip >= int64(len(p)) {
+				skip -= int64(len(p))
+				continue
+			}
+			rest = append(rest, p[skip:])
+			skip = 0
+		}
+		c.readIOV = rest
+		n, err := c.readSomeV(rest, ahead)
+		if done += n; err != nil || done == want {
+			return err
+		}
+		if err := c.waitReadable(); err != nil {
+			return err
+		}
+	}
 }
 
 // readSomeV reads into the slices of iov, in order, what the connection

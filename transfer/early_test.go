@@ -106,21 +106,29 @@ func TestStalledChunkHoldsNothing(t *testing.T) {
 	c := authed(t, srv)
 	data := pattern(32, 64<<10)
 	putRequest(t, c, "/x", Meta{DType: "U8", Shape: "65536", NBytes: int64(len(data))})
-	frame := dataFrame(0, 0, data, crcOf(data))
-	var hdr [frameHeaderLen]byte
-	putFrameHeader(hdr[:], frameData, len(frame))
-	half := dataHeaderLen + len(data)/2
-	_, err := c.c.Write(append(hdr[:], frame[:half]...))
-	require.NoError(t, err)
+	rest := sendHalfChunk(t, c, data)
 	time.Sleep(200 * time.Millisecond) // the receiver has half the chunk
 	require.Zero(t, b.inFill.Load(), "the receiver waits for the rest inside the destination's fill")
-	_, err = c.c.Write(frame[half:])
+	_, err := c.c.Write(rest)
 	require.NoError(t, err)
 	require.NoError(t, c.sendJSON(frameDone, doneMsg{Chunks: 1}))
 	require.NoError(t, c.recvJSON(frameOK, nil))
 	got, _, _ := b.get("/x")
 	require.Equal(t, data, got)
 	requireClean(t, b)
+}
+
+// sendHalfChunk writes the data frame of data (chunk 0 of tensor 0, with
+// its CRC32C) on c up to half of data, and returns the rest to write.
+func sendHalfChunk(t testing.TB, c *conn, data []byte) (rest []byte) {
+	t.Helper()
+	frame := dataFrame(0, 0, data, crcOf(data))
+	var hdr [frameHeaderLen]byte
+	putFrameHeader(hdr[:], frameData, len(frame))
+	half := dataHeaderLen + len(data)/2
+	_, err := c.c.Write(append(hdr[:], frame[:half]...))
+	require.NoError(t, err)
+	return frame[half:]
 }
 
 // slowPut is a Local whose Put takes d first (a destination allocating

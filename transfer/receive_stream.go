@@ -206,7 +206,7 @@ type recvStream struct {
 	checked chan struct{}
 	chunks  int64 // data frames claimed, for the done frame's count
 	hdr     [dataHeaderLen]byte
-	iov     [1][]byte // readFull's
+	iov     [1][]byte // a buffered chunk's, for readFullV
 }
 
 func newRecvStream(c *conn, ss *streamSet, tr *tracker, dest Dest, inPlace inPlaceDest, noCRC bool, rec *Record) *recvStream {
@@ -515,7 +515,9 @@ func (rs *recvStream) readBuffered(w *work) bool {
 	w.buf = buf
 	var err error
 	if w.n > inlineMax {
-		err = rs.readFull(buf[:w.n])
+		rs.iov[0] = buf[:w.n]
+		err = rs.c.readFullV(rs.iov[:], true)
+		rs.iov[0] = nil
 	} else {
 		// A small chunk through the reader's buffer: one read(2) takes
 		// many of them, where one each would cost more than their copy.
@@ -527,34 +529,6 @@ func (rs *recvStream) readBuffered(w *work) bool {
 		return false
 	}
 	return true
-}
-
-// readFull reads len(p) bytes of the stream into p, a large chunk's: what
-// the connection holds, then straight from the socket (readSomeV, the next
-// frame's headers read ahead), waiting for the rest, as readInPlace reads
-// a chunk without a CRC32C into place. Read through the connection's
-// bufio.Reader, a chunk took its first read(2) straight into p and every
-// later one through the reader's own 256 KiB buffer (a fill that also took
-// the chunks behind it), all copied out again on the stream's goroutine:
-// most of a copy's bytes once more. On this project's 2-CPU VM, 1000 x 8 KiB
-// over TCP with CRC32C went 0.45-0.49 -> 0.54-0.56 of raw TCP in a 3-round
-// A/B (2026-12-06; docs/performance.md: suggestive, not settled).
-func (rs *recvStream) readFull(p []byte) error {
-	iov := rs.iov[:]
-	for len(p) > 0 {
-		iov[0] = p
-		got, err := rs.c.readSomeV(iov, true)
-		p = p[got:]
-		if err != nil {
-			return err
-		}
-		if len(p) > 0 {
-			if err := rs.c.waitReadable(); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
 }
 
 // check is the checker's work on one chunk: its CRC32C, then, for a

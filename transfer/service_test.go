@@ -285,6 +285,21 @@ func expectError(t testing.TB, c *conn) wireError {
 
 // expectClosed checks that the peer closes the connection (EOF or reset)
 // within d.
+// requirePutRefused checks a put on c that b refused: an error frame of
+// errno, then the connection closed; b as it was (before), clean, the
+// destination aborted once and nothing committed. It returns the frame.
+func requirePutRefused(t testing.TB, c *conn, b *memLocal, before map[string]string, errno string) wireError {
+	t.Helper()
+	we := expectError(t, c)
+	require.Equal(t, errno, we.Errno, we.Message)
+	expectClosed(t, c, 2*time.Second)
+	require.Equal(t, before, b.snapshot())
+	requireClean(t, b)
+	require.Zero(t, b.counts().Commits)
+	require.Equal(t, 1, b.counts().Aborts)
+	return we
+}
+
 func expectClosed(t testing.TB, c *conn, d time.Duration) {
 	t.Helper()
 	c.c.SetReadDeadline(time.Now().Add(d))
@@ -1098,16 +1113,8 @@ func TestCorruptChunk(t *testing.T) {
 		putRequest(t, c, "/x", Meta{DType: "U8", Shape: "8", NBytes: 8})
 		require.NoError(t, c.send(frameData, dataFrame(0, 0, data, crcOf(data)^1)))
 		require.NoError(t, c.sendJSON(frameDone, doneMsg{Chunks: 1}))
-		we := expectError(t, c)
-		require.Equal(t, "EIO", we.Errno, "batch %v", batch)
-		require.Contains(t, we.Message, "CRC32C")
-		expectClosed(t, c, 2*time.Second)
-
-		require.Equal(t, before, b.snapshot())
-		requireClean(t, b)
-		cnt := b.counts()
-		require.Zero(t, cnt.Commits)
-		require.Equal(t, 1, cnt.Aborts)
+		we := requirePutRefused(t, c, b, before, "EIO")
+		require.Contains(t, we.Message, "CRC32C", "batch %v", batch)
 		st := srv.Stats()
 		require.Zero(t, st.Copies.TCP)
 		require.Len(t, st.Transfers.Recent, 1)
@@ -1160,13 +1167,7 @@ func TestChunkOutOfRange(t *testing.T) {
 			putRequest(t, c, "/x", Meta{DType: "U8", Shape: "8", NBytes: 8})
 			require.NoError(t, c.send(frameData, tc.frame))
 			require.NoError(t, c.sendJSON(frameDone, doneMsg{Chunks: 1}))
-			we := expectError(t, c)
-			require.Equal(t, tc.want, we.Errno, we.Message)
-			expectClosed(t, c, 2*time.Second)
-			require.Equal(t, before, b.snapshot())
-			requireClean(t, b)
-			require.Zero(t, b.counts().Commits)
-			require.Equal(t, 1, b.counts().Aborts)
+			requirePutRefused(t, c, b, before, tc.want)
 		})
 	}
 }

@@ -141,7 +141,7 @@ func TestSpinRead(t *testing.T) {
 		}()
 		a, b, c := make([]byte, 2), make([]byte, 6), make([]byte, 2)
 		near.c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		require.NoError(t, readFullV(near, [][]byte{a, b, c}, false))
+		require.NoError(t, near.readFullV([][]byte{a, b, c}, false))
 		require.Equal(t, "abcdefghij", string(a)+string(b)+string(c))
 	})
 }
@@ -167,34 +167,6 @@ func TestSpinSilentPeer(t *testing.T) {
 	requireClean(t, a)
 }
 
-// readFullV fills iov as a data stream does a chunk in place: readSomeV
-// and, between its turns, waitReadable.
-func readFullV(c *conn, iov [][]byte, ahead bool) error {
-	var want, done int64
-	for _, p := range iov {
-		want += int64(len(p))
-	}
-	for {
-		var rest [][]byte
-		skip := done
-		for _, p := range iov {
-			if skip >= int64(len(p)) {
-				skip -= int64(len(p))
-				continue
-			}
-			rest = append(rest, p[skip:])
-			skip = 0
-		}
-		n, err := c.readSomeV(rest, ahead)
-		if done += n; err != nil || done == want {
-			return err
-		}
-		if err := c.waitReadable(); err != nil {
-			return err
-		}
-	}
-}
-
 // TestReadAhead: readSomeV with ahead takes the bytes past iov that came
 // with it (at most readAhead), never waits for more, and every later read
 // of the connection (the frame reader, exactReader, another readSomeV)
@@ -208,7 +180,7 @@ func TestReadAhead(t *testing.T) {
 	far.Write([]byte("chunk" + rest))
 	time.Sleep(20 * time.Millisecond) // all of it in the socket
 	a := make([]byte, 5)
-	require.NoError(t, readFullV(near, [][]byte{a}, true))
+	require.NoError(t, near.readFullV([][]byte{a}, true))
 	require.Equal(t, "chunk", string(a))
 	require.Equal(t, rest[:readAhead], string(near.c.pre), "the bytes behind the chunk, as many as fit")
 	require.False(t, alive(near), "bytes waiting: not idle")
@@ -218,7 +190,7 @@ func TestReadAhead(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, rest[:3], string(b))
 	c, d := make([]byte, 4), make([]byte, len(rest)-7)
-	require.NoError(t, readFullV(near, [][]byte{c, d}, false))
+	require.NoError(t, near.readFullV([][]byte{c, d}, false))
 	require.Equal(t, rest[3:], string(c)+string(d), "pre first, then the socket")
 	require.Empty(t, near.c.pre)
 
@@ -230,7 +202,7 @@ func TestReadAhead(t *testing.T) {
 	// comes later goes through the buffered reader as before.
 	done := make(chan error, 1)
 	e := make([]byte, 4)
-	go func() { done <- readFullV(near, [][]byte{e}, true) }()
+	go func() { done <- near.readFullV([][]byte{e}, true) }()
 	far.Write([]byte("tail"))
 	require.NoError(t, <-done)
 	require.Equal(t, "tail", string(e))
