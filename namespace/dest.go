@@ -592,7 +592,7 @@ func (d *dest) addInPlace(p string, m transfer.Meta, c *Caller) error {
 // findShared sets d.shared: the in-place items of every tensor that two
 // ranges of the copy overlap in (the spans of one range list, or of
 // several descriptors). A chunk received straight into such memory could be
-// overwritten by another chunk before its CRC32C is checked there (a
+// overwritten by another chunk before its checksum is checked there (a
 // spurious EIO), so those items take their chunks through a buffer
 // (WriteInPlace declines). All of a tensor's items, not only the
 // overlapping ones: overlaps are rare, and one pass finds them.

@@ -57,8 +57,12 @@ func inPlaceBenchPair(b *testing.B, sameHost bool) (a, d *daemon) {
 }
 
 // benchPaths are the paths the in-place benchmarks run on: copyPaths
-// (ucx-tcp, ucx-sm and ucx-tcp-emulated in a build with UCX).
-func benchPaths() []copyPath { return copyPaths(true) }
+// (ucx-tcp, ucx-sm and ucx-tcp-emulated in a build with UCX), and
+// "tcp-crc32c", "tcp" with --checksum crc32c on both daemons: the check
+// of releases before XXH3, measured beside it in the same run.
+func benchPaths() []copyPath {
+	return append(copyPaths(true), copyPath{name: "tcp-crc32c", path: "tcp", sum: "crc32c"})
+}
 
 // inPlaceBenchPairOn is inPlaceBenchPair on path p (copyPath: its UCX_TLS
 // and --transport).

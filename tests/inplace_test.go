@@ -607,12 +607,12 @@ func TestInPlaceRefusalsSeveralPeers(t *testing.T) {
 }
 
 // TestInPlaceOverlapsRace: in-place copies into one range at once, from
-// two peers over TCP (with CRC32C), all succeed, and every byte of the
+// two peers over TCP (each chunk with its checksum), all succeed, and every byte of the
 // range is one of theirs: overlapping in-place copies race byte by byte
 // (DESIGN.md), they do not fail. The receiver summed a chunk it had read
 // in place from the destination's memory, which the other copy could
 // already have overwritten: 72 of 600 such copies failed with EIO
-// ("CRC32C mismatch"), found by a breaker helper (2026-12-06).
+// ("checksum mismatch"), found by a breaker helper (2026-12-06).
 func TestInPlaceOverlapsRace(t *testing.T) {
 	ds := cluster(t, []string{"a", "b", "c"})
 	a, b, c := ds["a"], ds["b"], ds["c"]

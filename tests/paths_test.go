@@ -10,11 +10,10 @@ import (
 
 // copyPath is a way the copy suite runs a pair of daemons: its subtest
 // name, the path stats report for its copies between them, for UCX the
-// UCX_TLS its daemons run with, and noCRC for daemons run with
-// --checksum none.
+// UCX_TLS its daemons run with, and sum, the --checksum its daemons run
+// with ("": the default, xxh3).
 type copyPath struct {
-	name, path, tls string
-	noCRC           bool
+	name, path, tls, sum string
 }
 
 // copyPaths are the paths of the copy suite: "ipc" (one host id), "tcp"
@@ -27,15 +26,16 @@ type copyPath struct {
 // active messages, on endpoints that detect a dead peer) and "ucx-tcp"
 // (--transport auto over UCX_TLS=tcp, whose endpoints are not one-sided:
 // the copies stay on tensorfs's TCP, path "tcp", beside the UCX
-// endpoints). "tcp-nocrc" is "tcp" with --checksum none on both daemons:
-// chunks without their CRC32C, host memory sent straight from the
+// endpoints). "tcp" runs the default checksum (XXH3); "tcp-nocrc" is "tcp"
+// with --checksum none on both daemons:
+// chunks without a checksum, host memory sent straight from the
 // mapping. withIPC false leaves out "ipc".
 func copyPaths(withIPC bool) []copyPath {
 	var ps []copyPath
 	if withIPC {
 		ps = append(ps, copyPath{name: "ipc", path: "ipc"})
 	}
-	ps = append(ps, copyPath{name: "tcp", path: "tcp"}, copyPath{name: "tcp-nocrc", path: "tcp", noCRC: true})
+	ps = append(ps, copyPath{name: "tcp", path: "tcp"}, copyPath{name: "tcp-nocrc", path: "tcp", sum: "none"})
 	if ucxBuild {
 		ps = append(ps, copyPath{name: "ucx-tcp", path: "tcp", tls: "tcp"}, copyPath{name: "ucx-sm", path: "ucx", tls: "sm,self"},
 			copyPath{name: "ucx-tcp-emulated", path: "ucx", tls: "tcp"})
@@ -46,8 +46,8 @@ func copyPaths(withIPC bool) []copyPath {
 // flags are the daemon flags of a pair on p between two host ids, set
 // into the environment t gives its daemons (UCX_TLS).
 func (p copyPath) flags(t testing.TB) []string {
-	if p.noCRC {
-		f := []string{"--checksum", "none"}
+	if p.sum != "" {
+		f := []string{"--checksum", p.sum}
 		if ucxBuild {
 			f = append(f, "--transport", "tcp")
 		}

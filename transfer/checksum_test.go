@@ -4,93 +4,168 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
-// TestNoChecksum: a copy goes without CRC32C only when both nodes run with
-// NoChecksum, and then a source in host memory is sent straight from it
-// (no ReadAt: not one byte copied into a send buffer), on every way a
-// sender sends: an eager small put (inline frames), a large put and a
-// large pull over several streams (reader goroutines). With either side
-// checking, the chunks carry their CRC32C and the bytes are read through
-// ReadAt, as before.
-func TestNoChecksum(t *testing.T) {
+// TestChecksumNegotiation: the checksum a copy's chunks carry, for every
+// pair of settings of the two nodes (checksumWith): XXH3 when both take
+// it and neither insists on CRC32C, none only when both say none, else
+// CRC32C; the same both ways, as the stats of each side's transfers and
+// the client's peer report say. Without a sum a source in host memory is
+// sent straight from it (no ReadAt: not one byte copied into a send
+// buffer), on every way a sender sends: an eager small put (inline
+// frames), a large put and a large pull over several streams (reader
+// goroutines). With one, the bytes are read through ReadAt.
+func TestChecksumNegotiation(t *testing.T) {
 	small, large := pattern(21, 4096+3), pattern(22, 3<<20+5)
-	for _, tc := range []struct{ client, server, zeroCopy bool }{
-		{true, true, true},
-		{true, false, false},
-		{false, true, false},
-		{false, false, false},
-	} {
-		t.Run(fmt.Sprintf("client=%v,server=%v", tc.client, tc.server), func(t *testing.T) {
-			p := &pair{a: newMemLocal(), b: newMemLocal()}
-			p.a.hostMem, p.b.hostMem = true, true
-			p.srv = startServer(t, "b", p.b, testSecret, func(c *Config) { c.NoChecksum = tc.server; c.ChunkSize = 256 << 10 })
-			p.client = newClient(t, "a", p.a, testSecret, map[string]string{"b": addrOf(p.srv)}, func(c *Config) { c.NoChecksum = tc.client; c.ChunkSize = 256 << 10 })
-			p.a.put("/small", small)
-			p.a.put("/large", large)
-			ctx := context.Background()
-			for _, name := range []string{"/small", "/large"} {
-				_, err := push(ctx, p.client, p.a, name, "b", name)
-				require.NoError(t, err, name)
-				requireSameTensor(t, p.a, name, p.b, name)
+	kinds := []Checksum{ChecksumXXH3, ChecksumCRC32C, ChecksumNone}
+	for _, client := range kinds {
+		for _, server := range kinds {
+			want := ChecksumCRC32C
+			switch {
+			case client == ChecksumNone && server == ChecksumNone:
+				want = ChecksumNone
+			case client != ChecksumCRC32C && server != ChecksumCRC32C:
+				want = ChecksumXXH3
 			}
-			_, err := pull(ctx, p.client, p.a, "b", "/large", "/back")
-			require.NoError(t, err)
-			requireSameTensor(t, p.a, "/large", p.a, "/back")
-			if tc.zeroCopy {
-				require.Zero(t, p.a.reads.Load(), "the pushes' sources were read into buffers")
-				require.Zero(t, p.b.reads.Load(), "the pull's source was read into buffers")
-			} else {
-				require.Equal(t, int64(len(small)+len(large)), p.a.reads.Load())
-				require.Equal(t, int64(len(large)), p.b.reads.Load())
-			}
-			require.Greater(t, p.client.Stats().Copies.TCP, int64(0))
-			require.Equal(t, tc.zeroCopy, p.client.Stats().Peers["b"].NoChecksum, "stats say whether copies with b go without")
-			requireClean(t, p.a)
-			requireClean(t, p.b)
-		})
+			t.Run(fmt.Sprintf("client=%v,server=%v", client, server), func(t *testing.T) {
+				p := &pair{a: newMemLocal(), b: newMemLocal()}
+				p.a.hostMem, p.b.hostMem = true, true
+				p.srv = startServer(t, "b", p.b, testSecret, func(c *Config) { c.Checksum = server; c.ChunkSize = 256 << 10 })
+				p.client = newClient(t, "a", p.a, testSecret, map[string]string{"b": addrOf(p.srv)}, func(c *Config) { c.Checksum = client; c.ChunkSize = 256 << 10 })
+				p.a.put("/small", small)
+				p.a.put("/large", large)
+				ctx := context.Background()
+				for _, name := range []string{"/small", "/large"} {
+					_, err := push(ctx, p.client, p.a, name, "b", name)
+					require.NoError(t, err, name)
+					requireSameTensor(t, p.a, name, p.b, name)
+				}
+				_, err := pull(ctx, p.client, p.a, "b", "/large", "/back")
+				require.NoError(t, err)
+				requireSameTensor(t, p.a, "/large", p.a, "/back")
+				if want == ChecksumNone {
+					require.Zero(t, p.a.reads.Load(), "the pushes' sources were read into buffers")
+					require.Zero(t, p.b.reads.Load(), "the pull's source was read into buffers")
+				} else {
+					require.Equal(t, int64(len(small)+len(large)), p.a.reads.Load())
+					require.Equal(t, int64(len(large)), p.b.reads.Load())
+				}
+				require.Greater(t, p.client.Stats().Copies.TCP, int64(0))
+				require.Equal(t, want.String(), p.client.Stats().Peers["b"].Checksum, "stats say the check of copies with b")
+				for _, s := range []*Service{p.client, p.srv} {
+					recent := s.Stats().Transfers.Recent
+					require.Len(t, recent, 3)
+					for _, r := range recent {
+						require.Equal(t, want.String(), r.Checksum, "%+v", r)
+					}
+				}
+				requireClean(t, p.a)
+				requireClean(t, p.b)
+			})
+		}
 	}
 }
 
-// TestChunkWithoutChecksum: a receiver that checks refuses a chunk that
-// comes without its CRC32C (EPROTO, nothing committed); one that runs
-// with NoChecksum takes it, whatever its CRC field holds.
-func TestChunkWithoutChecksum(t *testing.T) {
-	data := []byte("newbytes")
-	for _, noCRC := range []bool{false, true} {
-		b := newMemLocal()
-		b.put("/x", []byte("old contents"))
-		srv := startServer(t, "b", b, testSecret, func(c *Config) { c.NoChecksum = noCRC })
-		before := b.snapshot()
-		c := authed(t, srv)
-		putRequest(t, c, "/x", Meta{DType: "U8", Shape: "8", NBytes: 8})
-		frame := make([]byte, dataHeaderLen+len(data))
-		putChunkHeader(frame, chunkHeader{index: 0, offset: 0, crc: 0xdeadbeef, noCRC: true})
-		copy(frame[dataHeaderLen:], data)
-		require.NoError(t, c.send(frameData, frame))
-		require.NoError(t, c.sendJSON(frameDone, doneMsg{Chunks: 1}))
-		if !noCRC {
-			we := expectError(t, c)
-			require.Equal(t, "EPROTO", we.Errno)
-			require.Contains(t, we.Message, "without its CRC32C")
-			expectClosed(t, c, 2*time.Second)
-			require.Equal(t, before, b.snapshot())
-			requireClean(t, b)
-			require.Zero(t, b.counts().Commits)
-			continue
+// TestChecksumOlderPeer: a node of a release before XXH3 says nothing of it
+// in its handshake, and gets CRC32C from a node that runs the default: a
+// raw client of that hello pulls a tensor, and every chunk comes with its
+// CRC32C.
+func TestChecksumOlderPeer(t *testing.T) {
+	b := newMemLocal()
+	data := pattern(23, 3<<20+7)
+	b.put("/x", data)
+	srv := startServer(t, "b", b, testSecret, func(c *Config) { c.ChunkSize = 256 << 10 })
+	c := authed(t, srv) // its hello has no xxh3
+	c.max = MaxFrame    // data frames
+	// In place: the data follows the reply, with no go-ahead to give.
+	require.NoError(t, c.sendJSON(frameRequest, request{Op: "get", Path: "/x", InPlace: true}))
+	var r reply
+	require.NoError(t, c.recvJSON(frameOK, &r))
+	require.False(t, r.WaitGo)
+	got := make([]byte, len(data))
+	chunks := 0
+	for {
+		typ, p, err := c.recv()
+		require.NoError(t, err)
+		if typ == frameDone {
+			break
 		}
-		require.NoError(t, c.recvJSON(frameOK, nil))
-		got, _, _ := b.get("/x")
-		require.Equal(t, data, got)
-		requireClean(t, b)
+		require.Equal(t, frameData, typ)
+		h, body, err := parseChunk(p)
+		require.NoError(t, err)
+		require.Equal(t, ChecksumCRC32C, h.kind, "chunk at %d", h.offset)
+		require.Equal(t, crcOf(body), h.sum, "chunk at %d", h.offset)
+		copy(got[h.offset:], body)
+		chunks++
 	}
-	// The flag is the index's top bit: parsed apart from the index.
+	require.Equal(t, data, got)
+	require.Greater(t, chunks, 1)
+	recent := srv.Stats().Transfers.Recent
+	require.Equal(t, "crc32c", recent[len(recent)-1].Checksum)
+}
+
+// TestChunkSums: what a receiver makes of each kind of chunk, whatever it
+// runs: a chunk without a sum is refused (EPROTO, nothing committed)
+// unless the receiver runs none, which takes it whatever its sum field
+// holds; one with its XXH3 or CRC32C is taken by every receiver (each
+// checks both), and one whose sum is wrong fails (EIO, nothing
+// committed); a header with both sum flags is no frame (EPROTO).
+func TestChunkSums(t *testing.T) {
+	data := []byte("newbytes")
+	for _, recv := range []Checksum{ChecksumXXH3, ChecksumCRC32C, ChecksumNone} {
+		for _, tc := range []struct {
+			name  string
+			h     chunkHeader
+			errno string
+			msg   string
+		}{
+			{"none", chunkHeader{sum: 0xdeadbeef, kind: ChecksumNone}, "EPROTO", "without its checksum"},
+			{"xxh3", chunkHeader{sum: ChecksumXXH3.sum(data), kind: ChecksumXXH3}, "", ""},
+			{"crc32c", chunkHeader{sum: crcOf(data), kind: ChecksumCRC32C}, "", ""},
+			{"bad-xxh3", chunkHeader{sum: ChecksumXXH3.sum(data) ^ 1, kind: ChecksumXXH3}, "EIO", `checksum mismatch (xxh3) in "" at 0`},
+			{"bad-crc32c", chunkHeader{sum: crcOf(data) ^ 1, kind: ChecksumCRC32C}, "EIO", `checksum mismatch (crc32c) in "" at 0`},
+			{"both-flags", chunkHeader{index: xxh3Flag, kind: ChecksumNone}, "EPROTO", "both sum flags"},
+		} {
+			t.Run(fmt.Sprintf("%v/%s", recv, tc.name), func(t *testing.T) {
+				if recv == ChecksumNone && tc.name == "none" {
+					tc.errno = ""
+				}
+				b := newMemLocal()
+				b.put("/x", []byte("old contents"))
+				srv := startServer(t, "b", b, testSecret, func(c *Config) { c.Checksum = recv })
+				before := b.snapshot()
+				c := authed(t, srv)
+				putRequest(t, c, "/x", Meta{DType: "U8", Shape: "8", NBytes: 8})
+				require.NoError(t, c.send(frameData, sumFrame(tc.h, data)))
+				require.NoError(t, c.sendJSON(frameDone, doneMsg{Chunks: 1}))
+				if tc.errno != "" {
+					we := requirePutRefused(t, c, b, before, tc.errno)
+					require.Contains(t, we.Message, tc.msg)
+					return
+				}
+				require.NoError(t, c.recvJSON(frameOK, nil))
+				got, _, _ := b.get("/x")
+				require.Equal(t, data, got)
+				requireClean(t, b)
+				recent := srv.Stats().Transfers.Recent
+				require.Equal(t, tc.h.kind.String(), recent[len(recent)-1].Checksum)
+			})
+		}
+	}
+	// The flags are the index's top two bits: parsed apart from the
+	// index; both at once is no header.
+	for _, k := range []Checksum{ChecksumXXH3, ChecksumCRC32C, ChecksumNone} {
+		var hdr [dataHeaderLen]byte
+		want := chunkHeader{index: 1<<30 - 1, offset: 9, sum: 0xfeedf00d, kind: k}
+		putChunkHeader(hdr[:], want)
+		h, _, err := parseChunk(hdr[:])
+		require.NoError(t, err)
+		require.Equal(t, want, h)
+	}
 	var hdr [dataHeaderLen]byte
-	putChunkHeader(hdr[:], chunkHeader{index: 7, offset: 9, noCRC: true})
-	h, _, err := parseChunk(hdr[:])
-	require.NoError(t, err)
-	require.Equal(t, chunkHeader{index: 7, offset: 9, noCRC: true}, h)
+	putChunkHeader(hdr[:], chunkHeader{index: 7 | xxh3Flag, kind: ChecksumNone})
+	_, _, err := parseChunk(hdr[:])
+	require.ErrorIs(t, err, ErrFrame)
 }

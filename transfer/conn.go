@@ -264,10 +264,12 @@ type conn struct {
 	pid   int
 	ns    string
 	max   uint32 // largest frame accepted now
-	// instance, imports and noChecksum: the peer's, from the handshake.
+	// instance, imports, noChecksum and xxh3: the peer's, from the
+	// handshake.
 	instance   string
 	imports    []string
 	noChecksum bool
+	xxh3       bool
 	// iov holds writeFrames' frames for a writev (one writer at a time).
 	iov [][]byte
 	// progress, when set, gets the bytes_done of keepalives that carry a

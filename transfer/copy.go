@@ -17,7 +17,7 @@ import (
 // Send copies srcs (the tensors at a local path; isDir when that path is a
 // directory) to remotePath on peer, and returns how many tensors were put in
 // place. It returns when the peer has committed them all, or with an error
-// carrying an errno (see dial; EIO for a broken stream or a CRC mismatch).
+// carrying an errno (see dial; EIO for a broken stream or a checksum mismatch).
 // A peer on the same host (same host id) copies from this daemon's exported
 // memory directly (path "ipc"), when every source is exported host memory;
 // anything else goes over TCP.
@@ -188,10 +188,11 @@ func (s *Service) sameHost(c *conn) bool {
 	return rok && lok && (r.IP.IsLoopback() || r.IP.Equal(l.IP))
 }
 
-// checksums reports whether a copy's chunks on c carry their CRC32C: unless
-// both this node and the peer go without (Config.NoChecksum).
-func (s *Service) checksums(c *conn) bool {
-	return !(s.cfg.NoChecksum && c.noChecksum)
+// checksumFor is the checksum a copy's chunks on c carry, both ways
+// (checksumWith: this node's Config.Checksum and what the peer said in the
+// handshake).
+func (s *Service) checksumFor(c *conn) Checksum {
+	return checksumWith(s.cfg.Checksum, c.noChecksum, c.xxh3)
 }
 
 // send runs one put on c over TCP: the request, then the data over c and
@@ -213,7 +214,7 @@ func (s *Service) send(ctx context.Context, peer string, c *conn, remotePath str
 	}
 	eager := eagerPut(total, s.cfg.Streams, chunk)
 	if eager {
-		sd := newSender(srcs, int64(chunk), 1, s.checksums(c), rec, &streamSet{dead: make(chan struct{})})
+		sd := newSender(srcs, int64(chunk), 1, s.checksumFor(c), rec, &streamSet{dead: make(chan struct{})})
 		if sd.inline {
 			defer sd.release()
 			return s.sendSmall(c, req, sd)

@@ -14,7 +14,9 @@ import (
 // with in-place ranges; 4: range-list descriptors (Meta.Spans); 5: chunks
 // without CRC32C (hello.NoChecksum) and early multi-stream puts
 // (request.Early); 6: the checks of a call's lines on several peers
-// (ops "check-put" and "check-get", Service.Check and CheckPull).
+// (ops "check-put" and "check-get", Service.Check and CheckPull), and,
+// within 6, chunks summed with XXH3 where both ends say so (hello.XXH3;
+// a node of 6 that does not gets CRC32C, as before).
 const ProtocolVersion = 6
 
 // Frame types. Control frames carry JSON; data frames carry a binary chunk

@@ -91,24 +91,26 @@ func TestManySmallChunks(t *testing.T) {
 // TestCorruptChunkAmongMany: one corrupted chunk among many, small ones
 // or large ones (read straight from the socket into their buffers), is an
 // EIO, the destination is aborted and nothing is committed, whether it is
-// the first chunk, one in the middle or the last, and whatever the
-// destination takes.
+// the first chunk, one in the middle or the last, whatever the
+// destination takes, and with either sum.
 func TestCorruptChunkAmongMany(t *testing.T) {
 	for _, tc := range []struct{ n, size int }{{300, 4 << 10}, {12, 256 << 10}} {
 		for _, bad := range []int{0, tc.n / 2, tc.n - 1} {
 			for _, inPlace := range []bool{false, true} {
-				corruptChunkAmongMany(t, tc.n, tc.size, bad, inPlace)
+				for _, k := range []Checksum{ChecksumXXH3, ChecksumCRC32C} {
+					corruptChunkAmongMany(t, tc.n, tc.size, bad, inPlace, k)
+				}
 			}
 		}
 	}
 }
 
 // corruptChunkAmongMany is TestCorruptChunkAmongMany's put of n chunks of
-// size bytes, chunk bad corrupted, into a destination written in place or
-// through WriteAt.
-func corruptChunkAmongMany(t *testing.T, n, size, bad int, inPlace bool) {
+// size bytes with sums of kind k, chunk bad corrupted, into a destination
+// written in place or through WriteAt.
+func corruptChunkAmongMany(t *testing.T, n, size, bad int, inPlace bool, k Checksum) {
 	data := pattern(5, n*size)
-	t.Run(fmt.Sprintf("size=%d,chunk=%d,inPlace=%v", size, bad, inPlace), func(t *testing.T) {
+	t.Run(fmt.Sprintf("size=%d,chunk=%d,inPlace=%v,%v", size, bad, inPlace, k), func(t *testing.T) {
 		b := newMemLocal()
 		b.inPlace = inPlace
 		b.put("/x", bytes.Repeat([]byte{7}, n*size))
@@ -118,17 +120,17 @@ func corruptChunkAmongMany(t *testing.T, n, size, bad int, inPlace bool) {
 		putRequest(t, c, "/x", Meta{DType: "U8", Shape: fmt.Sprint(n * size), NBytes: int64(n * size)})
 		for i := range n {
 			p := data[i*size : (i+1)*size]
-			crc := crcOf(p)
+			h := chunkHeader{offset: int64(i * size), sum: k.sum(p), kind: k}
 			if i == bad {
-				crc ^= 1
+				h.sum ^= 1
 			}
-			if err := c.send(frameData, dataFrame(0, int64(i*size), p, crc)); err != nil {
+			if err := c.send(frameData, sumFrame(h, p)); err != nil {
 				break // the server may hang up once it has failed the put
 			}
 		}
 		c.sendJSON(frameDone, doneMsg{Chunks: int64(n)})
 		we := requirePutRefused(t, c, b, before, "EIO")
-		require.Contains(t, we.Message, fmt.Sprintf("CRC32C mismatch in \"\" at %d", bad*size))
+		require.Contains(t, we.Message, fmt.Sprintf("checksum mismatch (%v) in \"\" at %d", k, bad*size))
 	})
 }
 

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -29,7 +28,7 @@ type inPlaceDest interface {
 // one write: GPU memory, one host-to-device copy and one scatter launch,
 // where a chunk each cost a staged copy and a stream synchronize (15 µs
 // an 8 KiB chunk on an H200). data holds the chunks back to back, each
-// already checked (CRC32C). done=false: not this batch (nothing written),
+// already checked (its checksum). done=false: not this batch (nothing written),
 // and no later one; the chunks then go one by one through WriteAt.
 // Errors as WriteAt's.
 type BatchWriter interface {
@@ -117,7 +116,7 @@ func (t *tracker) complete() error {
 // frame (all as for sendChunks), and checks that every byte of every tensor
 // arrived exactly once and intact. Chunks go straight from the socket into
 // the destination's memory when dest allows it (inPlaceDest), else through
-// a buffer and WriteAt; the CRC32C of a chunk is checked by another
+// a buffer and WriteAt; the checksum of a chunk is checked by another
 // goroutine while the stream reads the next one (recvStream). chunk is the sender's chunk size with several streams, 0
 // with one (chunks in order).
 //
@@ -135,7 +134,7 @@ func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all boo
 	var firstDone atomic.Pointer[conn] // first, once it has ended in step
 	if want == 0 {
 		// One stream: received on this goroutine (no hand-off).
-		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, s.cfg.NoChecksum, rec).run()
+		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, s.cfg.Checksum == ChecksumNone, rec).run()
 		if err := tr.complete(); err != nil {
 			ss.fail(err)
 		}
@@ -145,7 +144,7 @@ func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all boo
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, s.cfg.NoChecksum, rec).run()
+		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, s.cfg.Checksum == ChecksumNone, rec).run()
 		if firstInStep {
 			firstDone.Store(first)
 		}
@@ -156,7 +155,7 @@ func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all boo
 	}
 	ss.awaitJoins(joins, want, all, watch, s.cfg.Timeout, &wg, func(st *stream) {
 		rec.Streams.Add(1)
-		st.inStep = newRecvStream(st.c, ss, tr, dest, inPlace, s.cfg.NoChecksum, rec).run()
+		st.inStep = newRecvStream(st.c, ss, tr, dest, inPlace, s.cfg.Checksum == ChecksumNone, rec).run()
 	})
 	wg.Wait()
 	if err := tr.complete(); err != nil {
@@ -167,20 +166,21 @@ func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all boo
 }
 
 // work is one received chunk for a stream's checker: its bytes in place
-// (buf nil) or in buf; noCRC: it carries no CRC32C to check.
+// (buf nil) or in buf; sum, of kind kind: its checksum (none: nothing to
+// check).
 type work struct {
-	i     int
-	off   int64
-	n     int64
-	crc   uint32
-	noCRC bool
-	buf   []byte
+	i    int
+	off  int64
+	n    int64
+	sum  uint32
+	kind Checksum
+	buf  []byte
 }
 
 // recvStream is one connection's share of a transfer being received (see
 // recvChunks): it reads the frames, puts each chunk's bytes in place or in
 // a buffer, and hands the chunk to its checker goroutine, which checks the
-// CRC32C (and writes a buffered chunk) while the stream reads the next one.
+// checksum (and writes a buffered chunk) while the stream reads the next one.
 type recvStream struct {
 	c       *conn
 	ss      *streamSet
@@ -188,9 +188,9 @@ type recvStream struct {
 	dest    Dest
 	inPlace inPlaceDest // dest, when it takes bytes in place; else nil
 	batch   BatchWriter // dest, when it takes batches of small chunks; else nil
-	// noCRC: chunks may come without their CRC32C (Config.NoChecksum);
-	// else such a chunk is a protocol error.
-	noCRC bool
+	// noSum: chunks may come without their checksum (this node runs
+	// ChecksumNone); else such a chunk is a protocol error.
+	noSum bool
 	rec   *Record
 	// The small chunks read for the next WriteBatch: their bytes back to
 	// back in bbuf, their places in bpend.
@@ -209,9 +209,9 @@ type recvStream struct {
 	iov     [1][]byte // a buffered chunk's, for readFullV
 }
 
-func newRecvStream(c *conn, ss *streamSet, tr *tracker, dest Dest, inPlace inPlaceDest, noCRC bool, rec *Record) *recvStream {
+func newRecvStream(c *conn, ss *streamSet, tr *tracker, dest Dest, inPlace inPlaceDest, noSum bool, rec *Record) *recvStream {
 	batch, _ := dest.(BatchWriter)
-	return &recvStream{c: c, ss: ss, tr: tr, dest: dest, inPlace: inPlace, batch: batch, noCRC: noCRC, rec: rec, free: make(chan []byte, 3), todo: make(chan work, 2)}
+	return &recvStream{c: c, ss: ss, tr: tr, dest: dest, inPlace: inPlace, batch: batch, noSum: noSum, rec: rec, free: make(chan []byte, 3), todo: make(chan work, 2)}
 }
 
 // chunkOutcome is what became of one data frame.
@@ -313,8 +313,8 @@ func (rs *recvStream) data(dlen int64) bool {
 		return false
 	}
 	h, _, err := parseChunk(rs.hdr[:])
-	if err == nil && h.noCRC && !rs.noCRC {
-		err = &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: a chunk without its CRC32C, which this node checks (it runs without --checksum none)", c.peer)}
+	if err == nil && h.kind == ChecksumNone && !rs.noSum {
+		err = &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: a chunk without its checksum, which this node checks (it runs without --checksum none)", c.peer)}
 	}
 	if err == nil {
 		err = rs.tr.claim(h.index, h.offset, dlen)
@@ -323,10 +323,12 @@ func (rs *recvStream) data(dlen int64) bool {
 		ss.fail(netErr(err))
 		return rs.skip(dlen) != chunkBroken
 	}
-	rs.chunks++
-	w := work{i: int(h.index), off: h.offset, n: dlen, crc: h.crc, noCRC: h.noCRC}
+	if rs.chunks++; rs.chunks == 1 {
+		rs.rec.noteSum(h.kind)
+	}
+	w := work{i: int(h.index), off: h.offset, n: dlen, sum: h.sum, kind: h.kind}
 	out := chunkBuffer
-	if rs.inPlace != nil && w.noCRC {
+	if rs.inPlace != nil && w.kind == ChecksumNone {
 		out = rs.readInPlace(w)
 	}
 	switch out {
@@ -344,10 +346,10 @@ func (rs *recvStream) data(dlen int64) bool {
 			return false
 		}
 	}
-	if w.n <= inlineMax || w.noCRC && w.buf == nil {
+	if w.n <= inlineMax || w.kind == ChecksumNone && w.buf == nil {
 		// A small chunk (a KV block) is checked here: handing it to the
-		// checker cost a goroutine wake-up per chunk, more than its CRC;
-		// and one in place without a CRC has nothing to check.
+		// checker cost a goroutine wake-up per chunk, more than its sum;
+		// and one in place without a sum has nothing to check.
 		rs.check(w)
 		return true
 	}
@@ -379,7 +381,7 @@ func (rs *recvStream) skip(n int64) chunkOutcome {
 // truncate of it waits for no stalled peer; a sender stopped mid-chunk
 // held an rm of the copy's destination for the whole timeout).
 //
-// Only a chunk without a CRC32C comes this way (data). One with a CRC is
+// Only a chunk without a checksum comes this way (data). One with a sum is
 // read into a buffer, checked, then written (check, write): its sum must
 // be of the bytes that came, and the destination's memory may change under
 // it (overlapping in-place copies race byte by byte, and processes write
@@ -448,8 +450,8 @@ func (rs *recvStream) readBatched(w work) (ok, taken bool) {
 	if rs.ss.failed.Load() {
 		return true, true // read on, in step, until the sender's end
 	}
-	if !w.noCRC && crc32.Checksum(p, crcTable) != w.crc {
-		rs.ss.fail(&Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: CRC32C mismatch in %q at %d", rs.c.peer, rs.tr.metas[w.i].Rel, w.off)})
+	if w.kind != ChecksumNone && w.kind.sum(p) != w.sum {
+		rs.ss.fail(sumMismatch(rs.c.peer, w, rs.tr.metas[w.i].Rel))
 		return true, true
 	}
 	rs.bbuf = rs.bbuf[:at+int(w.n)]
@@ -531,7 +533,7 @@ func (rs *recvStream) readBuffered(w *work) bool {
 	return true
 }
 
-// check is the checker's work on one chunk: its CRC32C, then, for a
+// check is the checker's work on one chunk: its checksum, then, for a
 // buffered chunk, its write into the destination.
 func (rs *recvStream) check(w work) {
 	ss := rs.ss
@@ -542,8 +544,8 @@ func (rs *recvStream) check(w work) {
 		return
 	}
 	switch {
-	case !w.noCRC && crc32.Checksum(w.buf[:w.n], crcTable) != w.crc: // a chunk with a CRC is buffered (readInPlace)
-		ss.fail(&Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: CRC32C mismatch in %q at %d", rs.c.peer, rs.tr.metas[w.i].Rel, w.off)})
+	case w.kind != ChecksumNone && w.kind.sum(w.buf[:w.n]) != w.sum: // a chunk with a sum is buffered (readInPlace)
+		ss.fail(sumMismatch(rs.c.peer, w, rs.tr.metas[w.i].Rel))
 	case w.buf != nil:
 		if err := rs.write(w); err != nil {
 			ss.fail(err)
@@ -579,4 +581,10 @@ func (rs *recvStream) write(w work) (err error) {
 		err = rs.dest.WriteAt(w.i, w.buf[:w.n], w.off)
 	})
 	return err
+}
+
+// sumMismatch is the error of chunk w, of tensor rel, whose bytes do not
+// match their checksum: EIO.
+func sumMismatch(peer string, w work, rel string) error {
+	return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: checksum mismatch (%s) in %q at %d", peer, w.kind, rel, w.off)}
 }

@@ -108,7 +108,7 @@ func (s *Service) peerReports() (map[string]PeerReport, *ClusterReport) {
 		}
 		if m, ok := s.met[name]; ok {
 			p.HostID, p.Instance, p.Reached = m.hostID, m.instance, m.at.UTC().Format(time.RFC3339)
-			p.NoChecksum = s.cfg.NoChecksum && m.noChecksum
+			p.Checksum = m.checksum.String()
 			p.SameHost = s.cfg.HostID != "" && m.hostID == s.cfg.HostID
 		}
 		if lp, ok := s.locals[name]; ok {
@@ -129,19 +129,20 @@ func (s *Service) peerReports() (map[string]PeerReport, *ClusterReport) {
 // peerMet is what a handshake with a peer said of it, and when.
 type peerMet struct {
 	hostID, instance string
-	noChecksum       bool // the peer runs --checksum none
+	checksum         Checksum // of TCP copies with it (checksumWith)
 	at               time.Time
 }
 
 // notePeer records an authenticated handshake with peer name, whose hello
-// or challenge gave its host id and instance (stats: PeerReport.Reached).
-func (s *Service) notePeer(name, hostID, instance string, noChecksum bool) {
+// or challenge gave its host id and instance (stats: PeerReport.Reached),
+// and sum, the checksum of TCP copies with it (PeerReport.Checksum).
+func (s *Service) notePeer(name, hostID, instance string, sum Checksum) {
 	s.metMu.Lock()
 	defer s.metMu.Unlock()
 	if s.met == nil {
 		s.met = map[string]peerMet{}
 	}
-	s.met[name] = peerMet{hostID: hostID, instance: instance, noChecksum: noChecksum, at: time.Now()}
+	s.met[name] = peerMet{hostID: hostID, instance: instance, checksum: sum, at: time.Now()}
 }
 
 // localPeer is a peer's abstract unix socket, as the challenge of a TCP

@@ -3,14 +3,13 @@ package transfer
 import (
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"runtime"
 	"sync"
 	"syscall"
 )
 
 // sender is the sending side of one transfer's data: reader goroutines fill
-// buffers from the sources (device to host for GPU tensors, and the CRC32C)
+// buffers from the sources (device to host for GPU tensors, and the checksum)
 // while each stream's writer sends them (write), pipelined: no per-chunk
 // acknowledgement; TCP's window keeps each pipe full.
 type sender struct {
@@ -19,13 +18,13 @@ type sender struct {
 	chunk int64
 	ss    *streamSet
 
-	// crc: the chunks carry their CRC32C (Service.checksums). Without
-	// it, a source in host memory (hostMem) is sent from there: its
+	// sum: the checksum the chunks carry (Service.checksumFor). With
+	// none, a source in host memory (hostMem) is sent from there: its
 	// frames' bytes are slices of the mapping, written by writev behind
-	// their headers, not copied into a buffer first. (A CRC needs the
+	// their headers, not copied into a buffer first. (A sum needs the
 	// copy: the sum and the bytes sent must be of one snapshot, and a
 	// process that maps the source may write it during the copy.)
-	crc     bool
+	sum     Checksum
 	hostMem [][]byte // per source, its host memory from the tensor's byte 0; nil: read it
 	hostOff []int64  // per source, where its bytes start in hostMem (one range)
 
@@ -94,16 +93,17 @@ func (sd *sender) recycle(sb *sendBuf) {
 const maxPieces = 256
 
 // newSender prepares the buffers for k streams sending srcs in chunks of
-// chunk bytes, with their CRC32C when crc.
-func newSender(srcs []Source, chunk int64, k int, crc bool, rec *Record, ss *streamSet) *sender {
+// chunk bytes, each with its checksum of kind sum.
+func newSender(srcs []Source, chunk int64, k int, sum Checksum, rec *Record, ss *streamSet) *sender {
 	// Buffers no larger than the largest tensor: a 4 KiB copy should not
 	// allocate (and collect) megabytes.
 	size := int64(1)
 	for _, sc := range srcs {
 		size = max(size, min(sc.Meta().NBytes, chunk))
 	}
-	sd := &sender{srcs: srcs, rec: rec, chunk: chunk, ss: ss, crc: crc, free: make(chan *sendBuf, 2*k+1), stop: make(chan struct{})}
-	if !crc {
+	rec.noteSum(sum)
+	sd := &sender{srcs: srcs, rec: rec, chunk: chunk, ss: ss, sum: sum, free: make(chan *sendBuf, 2*k+1), stop: make(chan struct{})}
+	if sum == ChecksumNone {
 		sd.hostMem, sd.hostOff = make([][]byte, len(srcs)), make([]int64, len(srcs))
 		for i, sc := range srcs {
 			// The source holds its tensor's allocation still until it is
@@ -218,14 +218,14 @@ func (sd *sender) read() {
 }
 
 // readChunk reads bytes [off, off+n) of source i into buf behind their
-// frame and chunk headers (with the CRC32C, when the chunks carry it) and
+// frame and chunk headers (with the checksum, when the chunks carry one) and
 // appends the frame to out; a source sent from its host memory (hostMem)
 // has only the headers read into buf, and its bytes appended as slices of
 // that memory. used is how much of buf the frame took. False when the read
 // failed (readErr is set and the transfer halts).
 func (sd *sender) readChunk(out [][]byte, buf []byte, i int, off, n int64) (_ [][]byte, used int, ok bool) {
-	h := chunkHeader{index: uint32(i), offset: off, noCRC: !sd.crc}
-	if !sd.crc && sd.hostMem[i] != nil {
+	h := chunkHeader{index: uint32(i), offset: off, kind: sd.sum}
+	if sd.sum == ChecksumNone && sd.hostMem[i] != nil {
 		if out, ok := sd.hostChunk(out, buf, i, off, n, h); ok {
 			return out, frameOverhead, true
 		}
@@ -243,9 +243,7 @@ func (sd *sender) readChunk(out [][]byte, buf []byte, i int, off, n int64) (_ []
 		sd.halt()
 		return out, 0, false
 	}
-	if sd.crc {
-		h.crc = crc32.Checksum(data, crcTable)
-	}
+	h.sum = sd.sum.sum(data)
 	putDataHeaders(buf, n, h)
 	return append(out, buf[:frameOverhead+n]), frameOverhead + int(n), true
 }
@@ -410,7 +408,7 @@ func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all boo
 	first.onBeat.Store(&beat)
 	defer first.onBeat.Store(nil)
 	k := 1 + want
-	sd := newSender(srcs, int64(chunk), k, s.checksums(first), rec, ss)
+	sd := newSender(srcs, int64(chunk), k, s.checksumFor(first), rec, ss)
 	readers := 1
 	if k > 1 {
 		readers = min(k, runtime.GOMAXPROCS(0))

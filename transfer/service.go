@@ -1,8 +1,8 @@
 // Package transfer is tensorfs's peer service: it authenticates peers with a
 // shared secret, and moves tensors between nodes over TCP streams in
-// pipelined, CRC32C-checked chunks. It knows nothing of FUSE: the node's own
-// tensors are reached through the Local interface, which the fs package
-// implements.
+// pipelined chunks, each checked by its checksum (XXH3 or CRC32C). It knows
+// nothing of FUSE: the node's own tensors are reached through the Local
+// interface, which the fs package implements.
 //
 // Every frame is read through one reader (frame.go), which checks a frame's
 // length and type against the one table of frame types, so that a new
@@ -115,21 +115,22 @@ type Config struct {
 	// least 4 CPUs, 0 on smaller ones, where a spinning reader would take
 	// the core its peer needs.
 	Spin time.Duration
-	// NoChecksum lets this node's TCP copies go without the CRC32C of
-	// every chunk, which the receiver checks (a mismatch fails the copy
-	// with EIO). A copy goes without only when both ends set it (each
-	// tells the other in the handshake): TCP's own checksum then guards
+	// Checksum is the check of every chunk of this node's TCP copies,
+	// which the receiver makes (a mismatch fails the copy with EIO): XXH3
+	// (the zero value) with a peer that takes it, else CRC32C, or none
+	// when both ends say none; each end tells the other in the handshake
+	// and both apply checksumWith. Without one, TCP's own checksum guards
 	// the bytes, as it does for raw TCP and for UCX's and the other
 	// engines' TCP transports, and a source in host memory is sent
-	// straight from its mapping, with no copy into a send buffer (a CRC
+	// straight from its mapping, with no copy into a send buffer (a sum
 	// needs that copy: the sum and the bytes sent must be one snapshot,
-	// and a process that maps the source may write it meanwhile). The two
-	// passes over every byte cost a CPU-starved host most: on 2 cores a
-	// 512 MiB copy went from 0.36-0.52 of raw TCP to 0.69-1.06 without
-	// them, on an H100 host an 8 MiB one from 0.63-0.70 to 0.81-0.96
-	// (2026-12-06, docs/performance.md). The daemon's --checksum crc32c
-	// (the default) or none.
-	NoChecksum bool
+	// and a process that maps the source may write it meanwhile). The
+	// two passes over every byte cost a CPU-starved host most: on 2 cores
+	// a 512 MiB copy went from 0.36-0.52 of raw TCP with CRC32C to
+	// 0.69-1.06 without, on an H100 host an 8 MiB one from 0.63-0.70 to
+	// 0.81-0.96 (2026-12-06, docs/performance.md); XXH3 costs a third of
+	// CRC32C's pass. The daemon's --checksum.
+	Checksum Checksum
 	// CopyDone, when set, is called at the end of every successful copy
 	// this node tracks (Service.Track), with its path ("local", "ipc",
 	// "tcp"), its mode ("whole", "in_place", "mixed"), its bytes and how

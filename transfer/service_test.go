@@ -9,7 +9,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"log"
 	"math"
@@ -258,14 +257,22 @@ func rawPeer(t testing.TB, serve func(nc net.Conn, c *conn, req request)) string
 	})
 }
 
+// dataFrame is the payload of a data frame for data, with crc as its
+// CRC32C: what a release before XXH3 sends (the raw clients here say
+// nothing of XXH3 in their hello).
 func dataFrame(index uint32, off int64, data []byte, crc uint32) []byte {
+	return sumFrame(chunkHeader{index: index, offset: off, sum: crc, kind: ChecksumCRC32C}, data)
+}
+
+// sumFrame is the payload of a data frame of header h and bytes data.
+func sumFrame(h chunkHeader, data []byte) []byte {
 	b := make([]byte, dataHeaderLen+len(data))
-	putChunkHeader(b, chunkHeader{index: index, offset: off, crc: crc})
+	putChunkHeader(b, h)
 	copy(b[dataHeaderLen:], data)
 	return b
 }
 
-func crcOf(b []byte) uint32 { return crc32.Checksum(b, crcTable) }
+func crcOf(b []byte) uint32 { return ChecksumCRC32C.sum(b) }
 
 // expectError reads frames until an error frame and returns it; it fails on
 // a clean OK or on the connection closing without one.
@@ -1114,11 +1121,11 @@ func TestCorruptChunk(t *testing.T) {
 		require.NoError(t, c.send(frameData, dataFrame(0, 0, data, crcOf(data)^1)))
 		require.NoError(t, c.sendJSON(frameDone, doneMsg{Chunks: 1}))
 		we := requirePutRefused(t, c, b, before, "EIO")
-		require.Contains(t, we.Message, "CRC32C", "batch %v", batch)
+		require.Contains(t, we.Message, "checksum mismatch (crc32c)", "batch %v", batch)
 		st := srv.Stats()
 		require.Zero(t, st.Copies.TCP)
 		require.Len(t, st.Transfers.Recent, 1)
-		require.Contains(t, st.Transfers.Recent[0].Error, "CRC32C")
+		require.Contains(t, st.Transfers.Recent[0].Error, "checksum mismatch (crc32c)")
 	}
 
 	// a corrupted chunk on a pull: the client aborts and keeps its tensor
@@ -1440,23 +1447,24 @@ func TestStats(t *testing.T) {
 	require.Equal(t, p.srv.cfg.HostID, pb.HostID)
 	require.Equal(t, p.srv.instance, pb.Instance)
 	require.Equal(t, p.client.cfg.HostID != "" && pb.HostID == p.client.cfg.HostID, pb.SameHost)
-	pb.Reached, pb.HostID, pb.Instance, pb.SameHost = "", "", "", false
+	require.Equal(t, "xxh3", pb.Checksum, "both ends run the default")
+	pb.Reached, pb.HostID, pb.Instance, pb.SameHost, pb.Checksum = "", "", "", false, ""
 	require.Equal(t, map[string]PeerReport{"b": {Addr: addrOf(p.srv)}}, map[string]PeerReport{"b": pb}, "nothing else")
 	require.Len(t, cs.Transfers.Recent, 1)
 	r := timing(t, cs.Transfers.Recent[0], false)
 	// 3 MiB takes 256 KiB chunks (chunkFor), enough for two streams.
-	require.Equal(t, RecordReport{ID: 1, Streams: 2, Src: "/f", Dst: "b:/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1, Mode: "whole"}, r)
+	require.Equal(t, RecordReport{ID: 1, Streams: 2, Src: "/f", Dst: "b:/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1, Mode: "whole", Checksum: "xxh3"}, r)
 	require.Eventually(t, func() bool { return p.srv.Stats().Transfers.Active == 0 }, 5*time.Second, 5*time.Millisecond)
 	ss := p.srv.Stats()
 	require.Equal(t, int64(1), ss.Copies.TCP)
-	require.Equal(t, RecordReport{ID: 1, Streams: 2, Src: "a", Dst: "/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1, Mode: "whole"}, timing(t, ss.Transfers.Recent[0], true))
+	require.Equal(t, RecordReport{ID: 1, Streams: 2, Src: "a", Dst: "/d/f", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1, Mode: "whole", Checksum: "xxh3"}, timing(t, ss.Transfers.Recent[0], true))
 
 	// a pull: total and tensors are known once the server answers
 	_, err := pull(ctx, p.client, p.a, "b", "/d/f", "/g")
 	require.NoError(t, err)
 	cs = p.client.Stats()
 	require.Equal(t, int64(2), cs.Copies.TCP)
-	require.Equal(t, RecordReport{ID: 2, Streams: 2, Src: "b:/d/f", Dst: "/g", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1, Mode: "whole"}, timing(t, cs.Transfers.Recent[1], true))
+	require.Equal(t, RecordReport{ID: 2, Streams: 2, Src: "b:/d/f", Dst: "/g", Path: "tcp", BytesDone: 3 << 20, BytesTotal: 3 << 20, Tensors: 1, Mode: "whole", Checksum: "xxh3"}, timing(t, cs.Transfers.Recent[1], true))
 
 	// failures are recorded with their error and do not count as copies
 	_, err = push(ctx, p.client, p.a, "/f", "b", "/missing/f")

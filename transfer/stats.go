@@ -29,6 +29,9 @@ type Record struct {
 	pid atomic.Int64
 	// Streams is how many TCP streams carry the data.
 	Streams atomic.Int64
+	// sum is 1 + the Checksum of the TCP chunks this node sent or
+	// received (the receiver's from the chunk headers); 0 before any.
+	sum atomic.Uint32
 	// via, on a "ucx" record, is what UCX's lanes to the peer run on
 	// ("tcp/lo", "rc_mlx5/mlx5_0:1"): the path's own transports.
 	via        atomic.Pointer[[]string]
@@ -358,6 +361,10 @@ type RecordReport struct {
 	// Streams is how many TCP streams carry the data (1 for local and IPC
 	// copies).
 	Streams int64 `json:"streams"`
+	// Checksum, on a TCP transfer, is the check its chunks carried, as
+	// this node sent or received them ("xxh3", "crc32c", "none");
+	// absent before the first chunk and on other paths.
+	Checksum string `json:"checksum,omitempty"`
 	// PhaseUS, on the node that received the tensors, is how long the
 	// copy spent preparing the destination (allocating and registering its
 	// temporaries), moving the bytes, and committing (renaming them into
@@ -419,9 +426,11 @@ type PeerReport struct {
 	// side dialling); HostID, SameHost and Instance are then from it.
 	// Absent until one has.
 	Reached string `json:"reached,omitempty"`
-	// NoChecksum, for a peer reached so, says TCP copies with it go
-	// without CRC32C: both nodes run --checksum none (Config.NoChecksum).
-	NoChecksum bool `json:"no_checksum,omitempty"`
+	// Checksum, for a peer reached so, is the check every chunk of a
+	// TCP copy with it carries, both ways: "xxh3", "crc32c" (a peer that
+	// runs --checksum crc32c, or a release before XXH3) or "none" (both
+	// nodes run --checksum none).
+	Checksum string `json:"checksum,omitempty"`
 	// Local, for a peer of this host reached so, is its abstract unix
 	// socket ("@tensorfs-" and its instance), which connections to it
 	// use instead of TCP; absent: they use TCP.
@@ -448,7 +457,7 @@ func (s *Service) Stats() Stats {
 		st.Transfers.Recent = append(st.Transfers.Recent, RecordReport{
 			ID: r.ID, PID: int(r.pid.Load()), Src: r.Src, Dst: r.Dst, Path: r.Path, BytesDone: r.BytesDone.Load(),
 			BytesTotal: r.BytesTotal.Load(), Tensors: r.Tensors.Load(), Mode: r.mode.Load().(string), Error: r.err.Load().(string),
-			Streams: r.Streams.Load(), PhaseUS: r.phaseReport(), TookUS: r.took.Load(), Transports: r.transports(),
+			Streams: r.Streams.Load(), PhaseUS: r.phaseReport(), TookUS: r.took.Load(), Transports: r.transports(), Checksum: r.checksum(),
 		})
 	}
 	s.recentMu.Unlock()
@@ -467,6 +476,17 @@ func (s *Service) Imports() int {
 		return 0
 	}
 	return s.imports.len()
+}
+
+// noteSum records k as the checksum of the record's TCP chunks.
+func (r *Record) noteSum(k Checksum) { r.sum.Store(uint32(k) + 1) }
+
+// checksum is RecordReport.Checksum.
+func (r *Record) checksum() string {
+	if v := r.sum.Load(); v > 0 {
+		return Checksum(v - 1).String()
+	}
+	return ""
 }
 
 // phaseReport is nil until a phase has been timed (a sending side's record).

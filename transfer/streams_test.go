@@ -46,7 +46,13 @@ func parallelStreamsPushPull(t *testing.T, spin time.Duration) {
 		inPlace, noCRC bool
 	}{{"in-place", true, true}, {"in-place-crc", true, false}, {"write-at", false, false}} {
 		t.Run(v.name, func(t *testing.T) {
-			p := newPair(t, func(c *Config) { streamsCfg(c); c.Spin, c.NoChecksum = spin, v.noCRC })
+			p := newPair(t, func(c *Config) {
+				streamsCfg(c)
+				c.Spin = spin
+				if v.noCRC {
+					c.Checksum = ChecksumNone
+				}
+			})
 			p.a.inPlace, p.b.inPlace = v.inPlace, v.inPlace
 			ctx := context.Background()
 			file := pattern(7, 1<<20+17) // 17 chunks, the last short
@@ -169,7 +175,7 @@ func TestParallelStreamFailures(t *testing.T) {
 			y.c.Conn.(*net.TCPConn).SetLinger(0)
 			y.c.Close()
 		}},
-		{"corrupt chunk on an extra stream", "EIO", "CRC32C", func(t *testing.T, first, x, y *conn) {
+		{"corrupt chunk on an extra stream", "EIO", "checksum mismatch (crc32c)", func(t *testing.T, first, x, y *conn) {
 			for j := range 16 {
 				s := []*conn{first, x, y}[j%3]
 				bad := uint32(0)

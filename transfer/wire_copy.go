@@ -3,7 +3,6 @@ package transfer
 import (
 	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 )
 
 // Meta is one descriptor of a transfer: NBytes bytes into the destination
@@ -167,51 +166,64 @@ type progressMsg struct {
 }
 
 // dataHeaderLen is the chunk header of a data frame: tensor index (4 bytes;
-// its top bit, noCRCFlag, set when the chunk carries no CRC32C), byte
-// offset in the tensor (8), CRC32C of the bytes (4; 0 without), all
-// big-endian.
+// its top two bits say which sum the chunk carries: noSumFlag, xxh3Flag, or
+// neither for CRC32C), byte offset in the tensor (8), the sum of the bytes
+// (4; 0 without), all big-endian.
 const dataHeaderLen = 16
 
-// noCRCFlag marks a chunk header whose chunk goes without its CRC32C
-// (Service.checksums); a descriptor table never reaches 2^31 tensors.
-const noCRCFlag = 1 << 31
+// noSumFlag marks a chunk header whose chunk goes without a sum, and
+// xxh3Flag one whose sum is XXH3's (Service.checksumFor); a descriptor
+// table never reaches 2^30 tensors (a request is one frame, at most
+// MaxFrame bytes, and each tensor's meta takes more than one).
+const (
+	noSumFlag = 1 << 31
+	xxh3Flag  = 1 << 30
+)
 
 type chunkHeader struct {
 	index  uint32
 	offset int64
-	crc    uint32
-	noCRC  bool
+	sum    uint32   // of kind kind
+	kind   Checksum // from the flags
 }
 
 func putChunkHeader(b []byte, h chunkHeader) {
 	idx := h.index
-	if h.noCRC {
-		idx |= noCRCFlag
+	switch h.kind {
+	case ChecksumNone:
+		idx |= noSumFlag
+	case ChecksumXXH3:
+		idx |= xxh3Flag
 	}
 	binary.BigEndian.PutUint32(b[0:4], idx)
 	binary.BigEndian.PutUint64(b[4:12], uint64(h.offset))
-	binary.BigEndian.PutUint32(b[12:16], h.crc)
+	binary.BigEndian.PutUint32(b[12:16], h.sum)
 }
 
 // parseChunk splits a data frame's payload. Errors: ErrFrame when it is
-// shorter than its header or its offset is negative.
+// shorter than its header, its offset is negative or it has both sum
+// flags.
 func parseChunk(p []byte) (chunkHeader, []byte, error) {
 	if len(p) < dataHeaderLen {
 		return chunkHeader{}, nil, fmt.Errorf("data frame of %d bytes: %w", len(p), ErrFrame)
 	}
 	idx := binary.BigEndian.Uint32(p[0:4])
 	h := chunkHeader{
-		index:  idx &^ noCRCFlag,
+		index:  idx &^ (noSumFlag | xxh3Flag),
 		offset: int64(binary.BigEndian.Uint64(p[4:12])),
-		crc:    binary.BigEndian.Uint32(p[12:16]),
-		noCRC:  idx&noCRCFlag != 0,
+		sum:    binary.BigEndian.Uint32(p[12:16]),
+		kind:   ChecksumCRC32C,
+	}
+	switch idx & (noSumFlag | xxh3Flag) {
+	case noSumFlag:
+		h.kind = ChecksumNone
+	case xxh3Flag:
+		h.kind = ChecksumXXH3
+	case noSumFlag | xxh3Flag:
+		return chunkHeader{}, nil, fmt.Errorf("chunk header with both sum flags: %w", ErrFrame)
 	}
 	if h.offset < 0 {
 		return chunkHeader{}, nil, fmt.Errorf("chunk offset %d: %w", h.offset, ErrFrame)
 	}
 	return h, p[dataHeaderLen:], nil
 }
-
-// crcTable is CRC32C (Castagnoli), checked per chunk so corruption is an EIO,
-// not bad data (unless both ends go without: Service.checksums).
-var crcTable = crc32.MakeTable(crc32.Castagnoli)

@@ -19,9 +19,14 @@ type hello struct {
 	// UCX is the node's UCX worker address (RMA.Address), absent when it
 	// has none; used only once the handshake has authenticated the peer.
 	UCX []byte `json:"ucx,omitempty"`
-	// NoChecksum says the node goes without CRC32C on its TCP copies
-	// (Config.NoChecksum); a copy does only when both ends do.
+	// NoChecksum says the node goes without a checksum on its TCP copies
+	// (ChecksumNone); a copy does only when both ends do.
 	NoChecksum bool `json:"no_checksum,omitempty"`
+	// XXH3 says the node checks chunks summed with XXH3 and takes them
+	// (it runs ChecksumXXH3 or ChecksumNone): a copy with it carries XXH3
+	// unless the other end runs ChecksumCRC32C (checksumWith). Absent
+	// from releases before XXH3, which get CRC32C.
+	XXH3 bool `json:"xxh3,omitempty"`
 	// Local is the node's abstract unix socket ("@tensorfs-" and its
 	// instance), absent when it has none: a peer of the same host id
 	// connects there instead of over TCP (Service.dial).
@@ -46,13 +51,14 @@ type challenge struct {
 	HostID  string `json:"host_id"`
 	Nonce   []byte `json:"nonce"`
 	Proof   []byte `json:"proof"`
-	// Instance, Imports, NoSecret, UCX, NoChecksum, Local, PID and NS: as
-	// in hello.
+	// Instance, Imports, NoSecret, UCX, NoChecksum, XXH3, Local, PID and
+	// NS: as in hello.
 	Instance   string   `json:"instance"`
 	Imports    []string `json:"imports,omitempty"`
 	NoSecret   bool     `json:"no_secret,omitempty"`
 	UCX        []byte   `json:"ucx,omitempty"`
 	NoChecksum bool     `json:"no_checksum,omitempty"`
+	XXH3       bool     `json:"xxh3,omitempty"`
 	Local      string   `json:"local,omitempty"`
 	PID        int      `json:"pid,omitempty"`
 	NS         string   `json:"ns,omitempty"`

@@ -184,6 +184,10 @@ type Record struct {
 	// Streams is how many TCP streams carry the data (1 for local and IPC
 	// copies).
 	Streams int64 `json:"streams"`
+	// Checksum, on a "tcp" copy, is the check its chunks carried, as this
+	// node sent or received them: "xxh3", "crc32c" or "none"; absent
+	// before the first chunk and on other paths.
+	Checksum string `json:"checksum,omitempty"`
 	// PhaseUS is, on the node that received the tensors, the copy's time
 	// by phase; nil (absent) on the sending side.
 	PhaseUS *Phases `json:"phase_us,omitempty"`
@@ -245,9 +249,11 @@ type Peer struct {
 	// authenticated handshake with it (RFC 3339, UTC); HostID, SameHost
 	// and Instance are then from that handshake. Absent until one has.
 	Reached string `json:"reached,omitempty"`
-	// NoChecksum, for a peer reached so: TCP copies with it go without
-	// CRC32C (both nodes run --checksum none).
-	NoChecksum bool `json:"no_checksum,omitempty"`
+	// Checksum, for a peer reached so, is the check every chunk of a
+	// TCP copy with it carries, both ways: "xxh3", "crc32c" (a peer that
+	// runs --checksum crc32c, or a release before XXH3) or "none" (both
+	// nodes run --checksum none).
+	Checksum string `json:"checksum,omitempty"`
 	// Local, for a peer of this host reached so, is its abstract unix
 	// socket ("@tensorfs-" and its instance), which connections to it use
 	// instead of TCP; absent: they use TCP.

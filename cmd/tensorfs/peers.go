@@ -37,7 +37,7 @@ func (p *peerFlags) register(f *pflag.FlagSet) {
 	f.IntVar(&p.streams, "streams", transfer.DefaultStreams, fmt.Sprintf("parallel TCP streams per large copy (1 to %d)", transfer.MaxStreams))
 	f.StringVar(&p.transport, "transport", "auto", "how copies with peers on other hosts move their bytes: auto (one-sided on UCX with a peer whose endpoint reaches registered memory by itself and detects a dead peer: RDMA verbs; else tensorfs's TCP streams), tcp (no UCX) or ucx (UCX only: a peer without it, or without such an endpoint, is an error, EPROTONOSUPPORT); with UCX every host-memory region is mapped and its rkey is user.tensorfs.rkey; GPU memory stages through host memory")
 	f.BoolVar(&p.anyEndpoint, "ucx-any-endpoint", false, "move copies' bytes on any UCX endpoint to a peer of another host, also one that is not one-sided (UCX's tcp, and its shared memory in UCX 1.13: puts and gets emulated with messages the peer serves) or cannot detect a dead peer (shared memory): for trying and testing the UCX path without RDMA; a peer killed mid-copy can then stall this daemon's UCX worker or abort this daemon or the peer")
-	f.StringVar(&p.checksum, "checksum", "crc32c", "the check of a TCP copy's bytes: crc32c (each chunk's CRC32C, checked by the receiver) or none (TCP's own checksum only; a host-memory source's chunks are then written from its memory, not copied into send buffers first); a copy goes without only when both nodes say none")
+	f.StringVar(&p.checksum, "checksum", "xxh3", "the check of a TCP copy's bytes, each chunk's sum checked by the receiver: xxh3 (XXH3's low 32 bits; CRC32C with a peer that runs crc32c or predates xxh3), crc32c, or none (TCP's own checksum only; a host-memory source's chunks are then written from its memory, not copied into send buffers first; a copy goes without only when both nodes say none)")
 	f.DurationVar(&p.spin, "spin", transfer.DefaultSpin, "how long a peer connection polls for its next frame before it sleeps (0: never; hosts of fewer than 4 CPUs default to 0)")
 	p.flags = f
 }
@@ -96,13 +96,11 @@ func (p *peerFlags) config() (transfer.Config, error) {
 	default:
 		return cfg, fmt.Errorf("--transport %q: want auto, tcp or ucx", p.transport)
 	}
-	switch p.checksum {
-	case "crc32c":
-	case "none":
-		cfg.NoChecksum = true
-	default:
-		return cfg, fmt.Errorf("--checksum %q: want crc32c or none", p.checksum)
+	sum, err := transfer.ParseChecksum(p.checksum)
+	if err != nil {
+		return cfg, fmt.Errorf("--checksum %v", err)
 	}
+	cfg.Checksum = sum
 	if cfg.HostID == "" {
 		b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 		if err != nil {

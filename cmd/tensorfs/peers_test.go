@@ -37,8 +37,8 @@ func TestSpinFlag(t *testing.T) {
 	require.Equal(t, 500*time.Microsecond, cfg.Spin)
 }
 
-// TestChecksumFlag: --checksum is crc32c by default, none sets
-// NoChecksum, anything else is refused with its name.
+// TestChecksumFlag: --checksum is xxh3 by default, crc32c and none set
+// theirs, anything else is refused with its name and the choices.
 func TestChecksumFlag(t *testing.T) {
 	config := func(args ...string) (transfer.Config, error) {
 		var p peerFlags
@@ -49,13 +49,12 @@ func TestChecksumFlag(t *testing.T) {
 	}
 	cfg, err := config()
 	require.NoError(t, err)
-	require.False(t, cfg.NoChecksum)
-	cfg, err = config("--checksum", "crc32c")
-	require.NoError(t, err)
-	require.False(t, cfg.NoChecksum)
-	cfg, err = config("--checksum", "none")
-	require.NoError(t, err)
-	require.True(t, cfg.NoChecksum)
+	require.Equal(t, transfer.ChecksumXXH3, cfg.Checksum)
+	for _, k := range []transfer.Checksum{transfer.ChecksumXXH3, transfer.ChecksumCRC32C, transfer.ChecksumNone} {
+		cfg, err = config("--checksum", k.String())
+		require.NoError(t, err)
+		require.Equal(t, k, cfg.Checksum)
+	}
 	_, err = config("--checksum", "md5")
-	require.ErrorContains(t, err, `--checksum "md5": want crc32c or none`)
+	require.ErrorContains(t, err, `--checksum "md5": want xxh3, crc32c or none`)
 }
