@@ -169,3 +169,31 @@ func TestChunkSums(t *testing.T) {
 	_, _, err := parseChunk(hdr[:])
 	require.ErrorIs(t, err, ErrFrame)
 }
+
+// TestChecksumRecordNeedsAChunk: a TCP transfer's record names a checksum
+// only once a chunk has gone: a push of an empty tensor (no chunk) has
+// none on either side, a push of bytes has the same on both.
+func TestChecksumRecordNeedsAChunk(t *testing.T) {
+	p := newPair(t, nil)
+	p.a.put("/empty", nil)
+	p.a.put("/x", []byte("12345678"))
+	ctx := context.Background()
+	_, err := push(ctx, p.client, p.a, "/empty", "b", "/empty")
+	require.NoError(t, err)
+	_, err = push(ctx, p.client, p.a, "/x", "b", "/x")
+	require.NoError(t, err)
+	for _, s := range []*Service{p.client, p.srv} {
+		recent := s.Stats().Transfers.Recent
+		require.Len(t, recent, 2)
+		require.Empty(t, recent[0].Checksum, "%s: %+v", s.cfg.Name, recent[0])
+		require.Equal(t, "xxh3", recent[1].Checksum, "%s: %+v", s.cfg.Name, recent[1])
+	}
+}
+
+// TestChecksumConfigRefused: New refuses a Checksum that is none of the
+// three (a library caller's mistake; the daemon parses --checksum).
+func TestChecksumConfigRefused(t *testing.T) {
+	_, err := New(Config{Name: "a", Checksum: ChecksumNone + 1}, newMemLocal())
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorContains(t, err, "Checksum(3)")
+}

@@ -81,7 +81,7 @@ type RMADesc struct {
 
 // RMAMemory is a tensor's host memory as a one-sided transport sees it
 // (a source's, which the peer reads; a destination's, which the gets land
-// in), and as the TCP sender sends a source from it (Config.NoChecksum):
+// in), and as the TCP sender sends a source from it (ChecksumNone):
 // Mem, the tensor's bytes in this process, its region's packed rkey (nil:
 // not mapped for the transport, so a peer cannot reach it), and Off, where
 // a descriptor without spans has its byte 0 in the tensor (a source's

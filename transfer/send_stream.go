@@ -101,7 +101,6 @@ func newSender(srcs []Source, chunk int64, k int, sum Checksum, rec *Record, ss 
 	for _, sc := range srcs {
 		size = max(size, min(sc.Meta().NBytes, chunk))
 	}
-	rec.noteSum(sum)
 	sd := &sender{srcs: srcs, rec: rec, chunk: chunk, ss: ss, sum: sum, free: make(chan *sendBuf, 2*k+1), stop: make(chan struct{})}
 	if sum == ChecksumNone {
 		sd.hostMem, sd.hostOff = make([][]byte, len(srcs)), make([]int64, len(srcs))
@@ -372,6 +371,9 @@ func (sd *sender) write(c *conn) bool {
 			sd.ss.fail(netErr(err))
 			sd.halt()
 			continue
+		}
+		if chunks == 0 && sb.frames > 0 {
+			sd.rec.noteSum(sd.sum)
 		}
 		chunks += int64(sb.frames)
 		sd.rec.BytesDone.Add(sb.n)

@@ -235,7 +235,8 @@ type Service struct {
 var ErrConfig = errors.New("invalid peer configuration")
 
 // New returns a service; call Start to listen. Errors: ErrConfig for a
-// non-loopback Listen without a secret, or a secret under 16 bytes.
+// non-loopback Listen without a secret, a secret under 16 bytes, or a
+// Checksum that is none of the three.
 func New(cfg Config, local Local) (*Service, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Second
@@ -251,6 +252,9 @@ func New(cfg Config, local Local) (*Service, error) {
 		cfg.Streams = DefaultStreams
 	}
 	cfg.Streams = min(cfg.Streams, MaxStreams)
+	if cfg.Checksum > ChecksumNone {
+		return nil, fmt.Errorf("checksum %v: want ChecksumXXH3, ChecksumCRC32C or ChecksumNone: %w", cfg.Checksum, ErrConfig)
+	}
 	if cfg.Secret != nil && len(cfg.Secret) < 16 {
 		return nil, fmt.Errorf("secret of %d bytes, want at least 16: %w", len(cfg.Secret), ErrConfig)
 	}

@@ -361,9 +361,11 @@ type RecordReport struct {
 	// Streams is how many TCP streams carry the data (1 for local and IPC
 	// copies).
 	Streams int64 `json:"streams"`
-	// Checksum, on a TCP transfer, is the check its chunks carried, as
-	// this node sent or received them ("xxh3", "crc32c", "none");
-	// absent before the first chunk and on other paths.
+	// Checksum, on a TCP transfer, is the check its chunks carried
+	// ("xxh3", "crc32c", "none"): as this node sent them, or as the
+	// first chunk of each stream it received said (a receiver checks
+	// whichever sum a chunk carries); absent before the first chunk and
+	// on other paths.
 	Checksum string `json:"checksum,omitempty"`
 	// PhaseUS, on the node that received the tensors, is how long the
 	// copy spent preparing the destination (allocating and registering its

@@ -184,9 +184,10 @@ type Record struct {
 	// Streams is how many TCP streams carry the data (1 for local and IPC
 	// copies).
 	Streams int64 `json:"streams"`
-	// Checksum, on a "tcp" copy, is the check its chunks carried, as this
-	// node sent or received them: "xxh3", "crc32c" or "none"; absent
-	// before the first chunk and on other paths.
+	// Checksum, on a "tcp" copy, is the check its chunks carried: "xxh3",
+	// "crc32c" or "none", as this node sent them, or as the first chunk of
+	// each stream it received said; absent before the first chunk and on
+	// other paths.
 	Checksum string `json:"checksum,omitempty"`
 	// PhaseUS is, on the node that received the tensors, the copy's time
 	// by phase; nil (absent) on the sending side.
