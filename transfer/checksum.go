@@ -68,11 +68,15 @@ func checksumWith(local Checksum, peerNone, peerXXH3 bool) Checksum {
 	switch {
 	case local == ChecksumNone && peerNone:
 		return ChecksumNone
-	case local != ChecksumCRC32C && peerXXH3:
+	case local.takesXXH3() && peerXXH3:
 		return ChecksumXXH3
 	}
 	return ChecksumCRC32C
 }
+
+// takesXXH3 reports whether a node that runs k checks XXH3 chunks and asks
+// for them (hello.XXH3): every setting but CRC32C.
+func (k Checksum) takesXXH3() bool { return k != ChecksumCRC32C }
 
 // sum is chunk p's sum of kind k (0 for none).
 func (k Checksum) sum(p []byte) uint32 {

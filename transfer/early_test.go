@@ -109,13 +109,7 @@ func TestStalledChunkHoldsNothing(t *testing.T) {
 	rest := sendHalfChunk(t, c, data)
 	time.Sleep(200 * time.Millisecond) // the receiver has half the chunk
 	require.Zero(t, b.inFill.Load(), "the receiver waits for the rest inside the destination's fill")
-	_, err := c.c.Write(rest)
-	require.NoError(t, err)
-	require.NoError(t, c.sendJSON(frameDone, doneMsg{Chunks: 1}))
-	require.NoError(t, c.recvJSON(frameOK, nil))
-	got, _, _ := b.get("/x")
-	require.Equal(t, data, got)
-	requireClean(t, b)
+	finishHalfChunk(t, c, rest, b, data)
 }
 
 // sendHalfChunk writes the data frame of data (chunk 0 of tensor 0, with
@@ -129,6 +123,19 @@ func sendHalfChunk(t testing.TB, c *conn, data []byte) (rest []byte) {
 	_, err := c.c.Write(append(hdr[:], frame[:half]...))
 	require.NoError(t, err)
 	return frame[half:]
+}
+
+// finishHalfChunk writes the rest of sendHalfChunk's chunk and ends the
+// put, which must then succeed with b's /x holding data and b clean.
+func finishHalfChunk(t testing.TB, c *conn, rest []byte, b *memLocal, data []byte) {
+	t.Helper()
+	_, err := c.c.Write(rest)
+	require.NoError(t, err)
+	require.NoError(t, c.sendJSON(frameDone, doneMsg{Chunks: 1}))
+	require.NoError(t, c.recvJSON(frameOK, nil))
+	got, _, _ := b.get("/x")
+	require.Equal(t, data, got)
+	requireClean(t, b)
 }
 
 // slowPut is a Local whose Put takes d first (a destination allocating

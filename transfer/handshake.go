@@ -19,7 +19,7 @@ import (
 func (s *Service) authenticate(c *conn, addr string) error {
 	arm := c.armBy(time.Now().Add(s.cfg.Timeout))
 	cn := nonce()
-	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.Checksum == ChecksumNone, XXH3: s.cfg.Checksum != ChecksumCRC32C, Local: s.localName, PID: s.localPID(), NS: s.localNS()}); err != nil {
+	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.Checksum == ChecksumNone, XXH3: s.cfg.Checksum.takesXXH3(), Local: s.localName, PID: s.localPID(), NS: s.localNS()}); err != nil {
 		return netErr(err)
 	}
 	var ch challenge
@@ -46,7 +46,7 @@ func (s *Service) authenticate(c *conn, addr string) error {
 	c.hostID = ch.HostID
 	c.instance, c.imports, c.noChecksum, c.xxh3 = ch.Instance, ch.Imports, ch.NoChecksum, ch.XXH3
 	c.max = MaxFrame
-	s.notePeer(ch.Name, ch.HostID, ch.Instance, checksumWith(s.cfg.Checksum, ch.NoChecksum, ch.XXH3))
+	s.notePeer(ch.Name, ch.HostID, ch.Instance, s.checksumFor(c))
 	c.name, c.local, c.pid, c.ns = ch.Name, ch.Local, ch.PID, ch.NS
 	s.noteRMA(ch.Name, ch.Instance, ch.UCX)
 	return nil
@@ -109,7 +109,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	}
 	c.peer = h.Name
 	sn := nonce()
-	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name), Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.Checksum == ChecksumNone, XXH3: s.cfg.Checksum != ChecksumCRC32C, Local: s.localName, PID: s.localPID(), NS: s.localNS()}); err != nil {
+	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name), Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.Checksum == ChecksumNone, XXH3: s.cfg.Checksum.takesXXH3(), Local: s.localName, PID: s.localPID(), NS: s.localNS()}); err != nil {
 		return nil, err
 	}
 	var a authMsg
@@ -130,7 +130,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	c.hostID = h.HostID
 	c.instance, c.imports, c.noChecksum, c.xxh3 = h.Instance, h.Imports, h.NoChecksum, h.XXH3
 	c.max = MaxFrame
-	s.notePeer(h.Name, h.HostID, h.Instance, checksumWith(s.cfg.Checksum, h.NoChecksum, h.XXH3))
+	s.notePeer(h.Name, h.HostID, h.Instance, s.checksumFor(c))
 	c.name = h.Name
 	s.noteRMA(h.Name, h.Instance, h.UCX)
 	return c, nil

@@ -155,13 +155,7 @@ func TestLargeChunkStalled(t *testing.T) {
 			more := sendHalfChunk(t, c, data)
 			if rest {
 				time.Sleep(timeout / 10)
-				_, err := c.c.Write(more)
-				require.NoError(t, err)
-				require.NoError(t, c.sendJSON(frameDone, doneMsg{Chunks: 1}))
-				require.NoError(t, c.recvJSON(frameOK, nil))
-				got, _, _ := b.get("/x")
-				require.Equal(t, data, got)
-				requireClean(t, b)
+				finishHalfChunk(t, c, more, b, data)
 				return
 			}
 			start := time.Now()

@@ -130,11 +130,12 @@ func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all boo
 	ss := &streamSet{dead: make(chan struct{}), onFail: onFail, abort: abort}
 	tr := newTracker(first.peer, metas, chunk)
 	inPlace, _ := dest.(inPlaceDest)
+	noSum := s.cfg.Checksum == ChecksumNone
 	var wg sync.WaitGroup
 	var firstDone atomic.Pointer[conn] // first, once it has ended in step
 	if want == 0 {
 		// One stream: received on this goroutine (no hand-off).
-		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, s.cfg.Checksum == ChecksumNone, rec).run()
+		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, noSum, rec).run()
 		if err := tr.complete(); err != nil {
 			ss.fail(err)
 		}
@@ -144,7 +145,7 @@ func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all boo
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, s.cfg.Checksum == ChecksumNone, rec).run()
+		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, noSum, rec).run()
 		if firstInStep {
 			firstDone.Store(first)
 		}
@@ -155,7 +156,7 @@ func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all boo
 	}
 	ss.awaitJoins(joins, want, all, watch, s.cfg.Timeout, &wg, func(st *stream) {
 		rec.Streams.Add(1)
-		st.inStep = newRecvStream(st.c, ss, tr, dest, inPlace, s.cfg.Checksum == ChecksumNone, rec).run()
+		st.inStep = newRecvStream(st.c, ss, tr, dest, inPlace, noSum, rec).run()
 	})
 	wg.Wait()
 	if err := tr.complete(); err != nil {
