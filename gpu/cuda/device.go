@@ -344,27 +344,12 @@ func (d *Device) newAllocation(size int64, owner uint32, arena bool) (*allocatio
 		}
 		h, r := d.drv.ipcGetMemHandle(p)
 		if r != success {
-			// Seen on an H100 host (2026-12-06): CUDA_ERROR_INVALID_VALUE
-			// for a fresh 2 MiB arena in a daemon whose TCP peer had
-			// been killed mid-copy into it, not reproduced otherwise.
-			// Say what the driver thinks p is, and try once more with
-			// a new allocation made while p is still held (so that the
-			// driver cannot hand the same range back).
+			// Say what the driver thinks p is: how the out parameter
+			// that call lost (a pointer of 0 from a cuMemAlloc_v2 that
+			// succeeded; lib.go, call) was found.
 			base, rsize, rr := d.drv.memGetAddressRange(p)
-			first := fmt.Errorf("%w (pointer %#x: allocation %#x of %d bytes, cuMemGetAddressRange result %d)", check(d.drv, "cuIpcGetMemHandle", r), p, base, rsize, rr)
-			p2, r2 := d.drv.memAlloc(uint64(size))
-			if r2 != success {
-				d.drv.memFree(p)
-				return first
-			}
-			h2, r3 := d.drv.ipcGetMemHandle(p2)
 			d.drv.memFree(p)
-			if r3 != success {
-				d.drv.memFree(p2)
-				return fmt.Errorf("%w; again with a new allocation: %w", first, check(d.drv, "cuIpcGetMemHandle", r3))
-			}
-			slog.Warn("IPC export of a new allocation failed, a second allocation exported", "device", d.name, "bytes", size, "err", first)
-			p, h = p2, h2
+			return fmt.Errorf("%w (pointer %#x: allocation %#x of %d bytes, cuMemGetAddressRange result %d)", check(d.drv, "cuIpcGetMemHandle", r), p, base, rsize, rr)
 		}
 		a.base, a.handle = p, "cuda:"+hex.EncodeToString(h[:])
 		return nil

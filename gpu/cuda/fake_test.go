@@ -39,7 +39,6 @@ type fakeDriver struct {
 	launches []int // descriptors of each scatter launch, in launch order
 
 	fail       map[string]result // op -> result every call returns until cleared
-	failOnce   map[string]result // op -> result the next call returns, once
 	calls      map[string]int
 	violations []string
 }
@@ -66,7 +65,7 @@ func newFake(ndev int, total uint64) *fakeDriver {
 		allocs: map[devptr]*fakeAlloc{}, nextPtr: 0x7f0000000000,
 		host: map[unsafe.Pointer][]byte{}, streams: map[cuStrm]*fakeStream{}, nextStrm: 1,
 		current: map[int]cuCtx{}, retained: map[cuDev]int{}, peerOn: map[[2]cuCtx]int{},
-		fail: map[string]result{}, failOnce: map[string]result{}, calls: map[string]int{},
+		fail: map[string]result{}, calls: map[string]int{},
 		modules: map[cuMod]cuCtx{}, funcs: map[cuFunc]cuMod{}, nextMod: 0x5000,
 	}
 }
@@ -78,10 +77,6 @@ func ctxDev(c cuCtx) cuDev { return cuDev(int(c) - 0x1000) }
 // enter counts the call and returns an injected failure, if any. f.mu is held.
 func (f *fakeDriver) enter(op string) result {
 	f.calls[op]++
-	if r, ok := f.failOnce[op]; ok {
-		delete(f.failOnce, op)
-		return r
-	}
 	return f.fail[op]
 }
 

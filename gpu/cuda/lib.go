@@ -178,8 +178,9 @@ func bind(lib library, name string) (*libDriver, error) {
 }
 
 // libDriver is the real driver: each method is one purego call of the C
-// function resolved at load. purego.SyscallN is go:uintptrescapes, so a Go
-// pointer converted in its argument list stays valid for the call.
+// function resolved at load, through call, which is go:uintptrescapes
+// (as purego.SyscallN is): a Go pointer converted in its argument list
+// stays valid for the call.
 type libDriver struct {
 	sym symbols
 	// ipcOpen is cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle
@@ -201,6 +202,18 @@ type cuIpcMemHandle struct{ Reserved [64]byte }
 
 // call invokes fn and returns its CUresult; a C enum comes back in the low 32
 // bits of the return register, the upper ones are undefined.
+//
+// go:uintptrescapes: a Go pointer converted to uintptr in call's argument
+// list (an out parameter, &p) is moved to the heap and kept alive for the
+// call, as for purego.SyscallN's own. Without it the conversion sat in
+// the list of this wrapper, not of SyscallN: p stayed on the goroutine's
+// stack, and when that stack grew on the way into the C call it moved,
+// and the driver wrote its result into the old stack. cuMemAlloc_v2 then
+// "succeeded" with pointer 0 (the daemon's next cuIpcGetMemHandle failed
+// with CUDA_ERROR_INVALID_VALUE on an H100 host, 2026-12-06/07), and the
+// write landed in freed stack memory.
+//
+//go:uintptrescapes
 func call(fn uintptr, args ...uintptr) result {
 	r, _, _ := purego.SyscallN(fn, args...)
 	return result(int32(uint32(r)))
@@ -336,8 +349,8 @@ func (d *libDriver) ctxEnablePeerAccess(peer cuCtx) result {
 // moduleLoadData passes image as it is: the caller NUL-terminates PTX text
 // (cuModuleLoadData reads a PTX image up to its NUL). The image is heap
 // memory, which the runtime does not move, kept alive across the call
-// (call's uintptr arguments do not keep it alive themselves); the driver
-// keeps no pointer to it after it returns.
+// (call is go:uintptrescapes; the KeepAlive says so where it matters);
+// the driver keeps no pointer to it after it returns.
 func (d *libDriver) moduleLoadData(image []byte) (cuMod, result) {
 	var m uintptr
 	r := call(d.sym.moduleLoadData, uintptr(unsafe.Pointer(&m)), uintptr(unsafe.Pointer(&image[0])))
