@@ -87,7 +87,7 @@ func (s *Service) ask(ctx context.Context, peer string, build func(c *conn) (req
 	if err != nil {
 		return err
 	}
-	stop := context.AfterFunc(ctx, func() { c.c.Close() })
+	stop := closeOnDone(ctx, c)
 	req, err := build(c)
 	if err != nil {
 		s.done(peer, c, stop(), nil) // nothing sent: the connection is fine

@@ -91,3 +91,40 @@ func (k Checksum) sum(p []byte) uint32 {
 
 // crcTable is CRC32C (Castagnoli).
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// summer takes a chunk's sum piece by piece, as its bytes lie (a range
+// list's spans in a tensor's memory, a socket's reads into them): kind k's
+// sum of the pieces back to back, what sum gives for them as one slice.
+// The zero value, after reset, is ready; it allocates nothing.
+type summer struct {
+	k   Checksum
+	x   xxh3.Hasher
+	crc uint32
+}
+
+// reset starts a sum of kind k.
+func (s *summer) reset(k Checksum) {
+	s.k, s.crc = k, 0
+	if k == ChecksumXXH3 {
+		s.x.Reset()
+	}
+}
+
+// write adds p's bytes to the sum.
+func (s *summer) write(p []byte) {
+	switch s.k {
+	case ChecksumXXH3:
+		s.x.Write(p)
+	case ChecksumCRC32C:
+		s.crc = crc32.Update(s.crc, crcTable, p)
+	}
+}
+
+// sum is the sum of the bytes written since reset, as Checksum.sum gives it
+// (0 for none).
+func (s *summer) sum() uint32 {
+	if s.k == ChecksumXXH3 {
+		return uint32(s.x.Sum64())
+	}
+	return s.crc
+}

@@ -264,12 +264,13 @@ type conn struct {
 	pid   int
 	ns    string
 	max   uint32 // largest frame accepted now
-	// instance, imports, noChecksum and xxh3: the peer's, from the
-	// handshake.
+	// instance, imports, noChecksum, xxh3 and recheck: the peer's, from
+	// the handshake.
 	instance   string
 	imports    []string
 	noChecksum bool
 	xxh3       bool
+	recheck    bool
 	// iov holds writeFrames' frames for a writev (one writer at a time).
 	iov [][]byte
 	// progress, when set, gets the bytes_done of keepalives that carry a
@@ -615,7 +616,7 @@ func (c *conn) sendError(err error) {
 	we := wireError{Errno: errnoName(Errno(err)), Message: err.Error()}
 	var te *Error
 	if errors.As(err, &te) {
-		we.Copied = te.Copied
+		we.Copied, we.Recheck = te.Copied, te.recheck
 	}
 	c.sendJSON(frameError, we)
 }

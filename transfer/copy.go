@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net"
 	"path"
@@ -44,7 +45,7 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 		end(err)
 		return 0, err
 	}
-	stop := context.AfterFunc(ctx, func() { c.c.Close() })
+	stop := closeOnDone(ctx, c)
 	defer func() { s.done(peer, c, stop(), err) }()
 	if s.sameHost(c) {
 		lc := s.leaseChannel(ctx, peer, c)
@@ -88,14 +89,38 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 		}
 		end(err) // a peer that read nothing one-sided: its go-ahead stands
 		rec, end = s.TrackCtx(ctx, src, dst, "tcp", metas)
-		n, err = s.pushData(ctx, peer, c, *ok, false, srcs, chunk, rec)
+		n, err = s.pushData(ctx, peer, c, *ok, false, srcs, chunk, false, rec)
 		end(err)
 		return n, err
 	}
-	rec, end := s.TrackCtx(ctx, src, dst, "tcp", metas)
-	n, err = s.send(ctx, peer, c, remotePath, srcs, metas, isDir, rec)
-	end(err)
-	return n, err
+	for recheck := s.recheckFor(c); ; recheck = false {
+		rec, end := s.TrackCtx(ctx, src, dst, "tcp", metas)
+		n, err = s.send(ctx, peer, c, remotePath, srcs, metas, isDir, recheck, rec)
+		end(err)
+		if !recheck || !isRecheck(err) {
+			return n, err
+		}
+		// Again from snapshots, on another connection: this one failed.
+		slog.Warn(recheckLog, "src", src, "dst", dst, "err", err)
+		stop()
+		c.c.Close()
+		if c, err = s.conn(ctx, peer); err != nil {
+			_, end := s.TrackCtx(ctx, src, dst, "tcp", metas)
+			end(err)
+			return 0, err
+		}
+		stop = closeOnDone(ctx, c)
+	}
+}
+
+// recheckLog is the log line of a copy that runs again from snapshots
+// (request.Recheck).
+const recheckLog = "a chunk failed its sum where its bytes lie (a process writing the source or the destination, or another copy into them, can do that): the copy runs again from snapshots"
+
+// closeOnDone closes c when ctx is done, until the returned stop (whose
+// result says whether ctx was still live) runs: a cancelled copy stops.
+func closeOnDone(ctx context.Context, c *conn) (stop func() bool) {
+	return context.AfterFunc(ctx, func() { c.c.Close() })
 }
 
 // goAheadMin is the bytes above which a TCP get of whole tensors waits for
@@ -195,26 +220,33 @@ func (s *Service) checksumFor(c *conn) Checksum {
 	return checksumWith(s.cfg.Checksum, c.noChecksum, c.xxh3)
 }
 
+// recheckFor says whether a TCP copy with the peer on c may be summed
+// where its bytes lie (request.Recheck): when its chunks carry a sum and
+// the peer said it takes such copies (hello.Recheck).
+func (s *Service) recheckFor(c *conn) bool {
+	return c.recheck && s.checksumFor(c) != ChecksumNone
+}
+
 // send runs one put on c over TCP: the request, then the data over c and
 // the extra streams the peer takes (their connections go back to the idle
 // pool after a success), then the peer's reply once it has committed. A
 // put of one stream up to eagerMax, and every put of several (Early,
 // joining with a token of its own), sends its data without waiting for a
 // go-ahead.
-func (s *Service) send(ctx context.Context, peer string, c *conn, remotePath string, srcs []Source, metas []Meta, isDir bool, rec *Record) (int, error) {
+func (s *Service) send(ctx context.Context, peer string, c *conn, remotePath string, srcs []Source, metas []Meta, isDir, recheck bool, rec *Record) (int, error) {
 	total := rec.BytesTotal.Load()
 	chunk := s.chunkFor(total)
-	req := request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, Streams: s.cfg.Streams, Chunk: chunk}
+	req := request{Op: "put", Path: remotePath, Dir: isDir, Tensors: metas, Streams: s.cfg.Streams, Chunk: chunk, Recheck: recheck}
 	if k := streamsFor(total, s.cfg.Streams, chunk); k > 1 {
 		req.Early, req.Token = true, nonce()
 		if err := c.sendJSON(frameRequest, req); err != nil {
 			return 0, netErr(err)
 		}
-		return s.pushData(ctx, peer, c, reply{Streams: k, Token: req.Token}, true, srcs, chunk, rec)
+		return s.pushData(ctx, peer, c, reply{Streams: k, Token: req.Token}, true, srcs, chunk, recheck, rec)
 	}
 	eager := eagerPut(total, s.cfg.Streams, chunk)
 	if eager {
-		sd := newSender(srcs, int64(chunk), 1, s.checksumFor(c), rec, &streamSet{dead: make(chan struct{})})
+		sd := newSender(srcs, int64(chunk), 1, s.checksumFor(c), req.Recheck, rec, &streamSet{dead: make(chan struct{})})
 		if sd.inline {
 			defer sd.release()
 			return s.sendSmall(c, req, sd)
@@ -230,14 +262,15 @@ func (s *Service) send(ctx context.Context, peer string, c *conn, remotePath str
 			return 0, err
 		}
 	}
-	return s.pushData(ctx, peer, c, ok, false, srcs, chunk, rec)
+	return s.pushData(ctx, peer, c, ok, false, srcs, chunk, recheck, rec)
 }
 
 // pushData sends a put's data, after its request and the destination's
 // answer ok (zero for an eager put; the streams and token of its own for
 // an early one), over c and the extra streams ok takes, then reads the
-// reply the destination sends once it committed.
-func (s *Service) pushData(ctx context.Context, peer string, c *conn, ok reply, early bool, srcs []Source, chunk int, rec *Record) (int, error) {
+// reply the destination sends once it committed. recheck: the request's
+// Recheck.
+func (s *Service) pushData(ctx context.Context, peer string, c *conn, ok reply, early bool, srcs []Source, chunk int, recheck bool, rec *Record) (int, error) {
 	want := 0
 	var joins <-chan joined
 	if ok.Streams > 1 {
@@ -252,7 +285,7 @@ func (s *Service) pushData(ctx context.Context, peer string, c *conn, ok reply, 
 	res := c.awaitReply(&sent)
 	sendErr := make(chan sendResult, 1)
 	go func() {
-		extras, err := s.sendChunks(c, joins, want, true, srcs, chunk, rec, nil)
+		extras, err := s.sendChunks(c, joins, want, true, srcs, chunk, recheck, rec, nil)
 		sendErr <- sendResult{extras, err}
 	}()
 	select {
@@ -493,7 +526,7 @@ func (s *Service) Receive(ctx context.Context, p Pull, prepare func(isDir bool, 
 		end(err)
 		return 0, err
 	}
-	stop := context.AfterFunc(ctx, func() { c.c.Close() })
+	stop := closeOnDone(ctx, c)
 	defer func() { s.done(peer, c, stop(), err) }()
 	ipcOK := s.sameHost(c)
 	if ipcOK {
@@ -501,11 +534,26 @@ func (s *Service) Receive(ctx context.Context, p Pull, prepare func(isDir bool, 
 		// can keep the imports open for the next copy.
 		s.leaseChannel(ctx, peer, c)
 	}
+	recheck := s.recheckFor(c)
 	for {
 		var retry bool
-		n, retry, err = s.receive(ctx, c, p, prepare, ipcOK)
-		if retry { // err is the IPC attempt's, in its record
+		n, retry, err = s.receive(ctx, c, p, prepare, ipcOK, recheck)
+		switch {
+		case retry: // err is the IPC attempt's, in its record
 			ipcOK = false // the peer's memory is out of reach: ask again over TCP
+			continue
+		case recheck && isRecheck(err):
+			// Again from snapshots, on another connection: this one failed.
+			slog.Warn(recheckLog, "src", p.SrcText(), "dst", p.DstText(), "err", err)
+			recheck, ipcOK = false, false
+			stop()
+			c.c.Close()
+			if c, err = s.conn(ctx, peer); err != nil {
+				_, end := s.TrackCtx(ctx, p.SrcText(), p.DstText(), "tcp", nil)
+				end(err)
+				return 0, err
+			}
+			stop = closeOnDone(ctx, c)
 			continue
 		}
 		return n, err
@@ -513,8 +561,9 @@ func (s *Service) Receive(ctx context.Context, p Pull, prepare func(isDir bool, 
 }
 
 // receive runs one get on c; retry says the IPC copy could not start (err
-// says why) and the request should be made again without it.
-func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(bool, []Meta) (Dest, error), ipcOK bool) (n int, retry bool, err error) {
+// says why) and the request should be made again without it. recheck: a
+// TCP copy may be summed where its bytes lie (request.Recheck).
+func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(bool, []Meta) (Dest, error), ipcOK, recheck bool) (n int, retry bool, err error) {
 	rp, err := s.rmaFor(p.Peer, c)
 	if err != nil && !ipcOK {
 		_, end := s.TrackCtx(ctx, p.SrcText(), p.DstText(), "ucx", nil)
@@ -523,7 +572,7 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 	}
 	err = nil // same host: the IPC copy needs no endpoint
 	req := p.request("get")
-	req.IPCOK, req.Streams, req.RMA = ipcOK, s.cfg.Streams, rp != nil
+	req.IPCOK, req.Streams, req.RMA, req.Recheck = ipcOK, s.cfg.Streams, rp != nil, recheck
 	if err := c.sendJSON(frameRequest, req); err != nil {
 		return 0, false, netErr(err)
 	}
@@ -609,7 +658,7 @@ func (s *Service) receive(ctx context.Context, c *conn, p Pull, prepare func(boo
 					return netErr(err)
 				}
 			}
-			return s.receiveTCP(c, peer, r, dest, rec)
+			return s.receiveTCP(c, peer, r, dest, recheck, rec)
 		case "ucx":
 			return s.rmaPullData(c, rp, r, descs, dest, rec)
 		}
@@ -669,6 +718,11 @@ func spanDescs(r reply, lists []SpanPull) ([]Meta, error) {
 
 // servePut receives a copy into this node.
 func (s *Service) servePut(c *conn, req request) error {
+	if req.Early {
+		// However the put ends, its streams that join after are
+		// refused at once (Service.ended).
+		defer s.endToken(string(req.Token))
+	}
 	if err := checkMetas(req.Tensors, req.Dir); err != nil {
 		c.sendError(err)
 		return err
@@ -796,7 +850,7 @@ func (s *Service) recvPut(c *conn, req request, total int64, eager bool, early *
 			return netErr(err)
 		}
 	}
-	extras, _, err := s.recvChunks(c, joins, k-1, false, dest, req.Tensors, chunk, rec, abort, func(err error) { c.sendError(err) })
+	extras, _, err := s.recvChunks(c, joins, k-1, false, dest, req.Tensors, chunk, req.Recheck, rec, abort, func(err error) { c.sendError(err) })
 	pend.close(extras)
 	return err
 }
@@ -932,7 +986,7 @@ func (s *Service) serveGet(c *conn, req request) error {
 			return err
 		}
 	}
-	extras, err := s.sendChunks(c, joins, k-1, false, srcs, chunk, rec, func(error) { c.c.Close() })
+	extras, err := s.sendChunks(c, joins, k-1, false, srcs, chunk, req.Recheck, rec, func(error) { c.c.Close() })
 	pend.close(extras)
 	end(err)
 	return err
@@ -1017,7 +1071,7 @@ func (s *Service) listSources(req request) (srcs []Source, label string, err err
 // receiveTCP receives the data of a get that the peer answered with r into
 // dest, over c and the extra streams r asks for (back to the idle pool
 // after a success).
-func (s *Service) receiveTCP(c *conn, peer string, r reply, dest Dest, rec *Record) error {
+func (s *Service) receiveTCP(c *conn, peer string, r reply, dest Dest, recheck bool, rec *Record) error {
 	want := 0
 	var chunk int64
 	var joins <-chan joined
@@ -1030,7 +1084,7 @@ func (s *Service) receiveTCP(c *conn, peer string, r reply, dest Dest, rec *Reco
 		defer cancel()
 		joins = s.joinStreams(ctx, peer, r.Token, want, false)
 	}
-	extras, _, err := s.recvChunks(c, joins, want, true, dest, r.Tensors, chunk, rec, nil, func(error) { c.c.Close() })
+	extras, _, err := s.recvChunks(c, joins, want, true, dest, r.Tensors, chunk, recheck, rec, nil, func(error) { c.c.Close() })
 	s.releaseStreams(peer, extras, err)
 	return err
 }

@@ -94,6 +94,53 @@ func TestEarlyPutRefusals(t *testing.T) {
 	requireClean(t, b)
 }
 
+// TestEarlyJoinAfterItsPutEnded: an early join that comes after its put
+// ended, refused before it registered (a bad descriptor list) or failed after
+// (a chunk that fails its sum), is refused at once (ENOENT), where it
+// waited out the timeout (an hour here) for a put that would never
+// register, and the server's Close waited for it.
+func TestEarlyJoinAfterItsPutEnded(t *testing.T) {
+	const chunk = 1 << 10
+	data := pattern(33, 8*chunk)
+	m := Meta{DType: "U8", Shape: "8192", NBytes: int64(len(data))}
+	for _, tc := range []struct {
+		name string
+		meta Meta
+		bad  bool // a chunk that fails its sum, after the put registered
+	}{
+		{"refused", Meta{Rel: "a", DType: "U8", Shape: "8192", NBytes: int64(len(data))}, false}, // a file copy names no tensor
+		{"failed", m, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newMemLocal()
+			b.put("/x", make([]byte, len(data)))
+			srv := startServer(t, "b", b, testSecret, func(c *Config) { c.Timeout = time.Hour })
+			ctl := authed(t, srv)
+			token := nonce()
+			require.NoError(t, ctl.sendJSON(frameRequest, request{Op: "put", Path: "/x", Tensors: []Meta{tc.meta}, Streams: 2, Chunk: chunk, Early: true, Token: token}))
+			if tc.bad {
+				require.NoError(t, ctl.send(frameData, dataFrame(0, 0, data[:chunk], crcOf(data[:chunk])^1)))
+				require.NoError(t, ctl.flush())
+			}
+			expectError(t, ctl)
+			ctl.c.Close() // as a sender does that hears of the failure
+			require.Eventually(t, func() bool {
+				srv.mu.Lock()
+				defer srv.mu.Unlock()
+				_, ended := srv.ended[string(token)]
+				return ended
+			}, 10*time.Second, time.Millisecond, "the put ends")
+			extra := authed(t, srv)
+			require.NoError(t, extra.sendJSON(frameRequest, request{Op: "join", Path: "/", Token: token, Early: true}))
+			// An hour's wait would end the test's run, not this deadline.
+			extra.c.SetReadDeadline(time.Now().Add(time.Minute))
+			we := expectError(t, extra)
+			require.Equal(t, "ENOENT", we.Errno)
+			requireClean(t, b)
+		})
+	}
+}
+
 // TestStalledChunkHoldsNothing: a sender that stops in the middle of a
 // chunk does not keep the receiver inside the destination's fill (which
 // holds a real tensor's lock: an rm of the copy's destination waited for

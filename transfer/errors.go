@@ -17,6 +17,10 @@ type Error struct {
 	Copied int
 	// broken: the connection itself failed (nothing more can be said on it).
 	broken bool
+	// recheck: a chunk of a copy summed where its bytes lie
+	// (request.Recheck) failed its sum; the copy runs again from
+	// snapshots before it is called corrupt.
+	recheck bool
 }
 
 // Error says what failed, and how many tensors a directory copy had placed
@@ -67,6 +71,9 @@ type wireError struct {
 	Errno   string `json:"errno"`
 	Message string `json:"message"`
 	Copied  int    `json:"copied,omitempty"`
+	// Recheck: Error.recheck (a release before request.Recheck sends
+	// none, and is never asked for such a copy).
+	Recheck bool `json:"recheck,omitempty"`
 }
 
 // wireToError decodes an error frame; an errno name this node does not know
@@ -80,7 +87,14 @@ func wireToError(peer string, p []byte) error {
 	if !ok {
 		errno = syscall.EIO
 	}
-	return &Error{Errno: errno, Msg: fmt.Sprintf("%s: %s", peer, we.Message), Copied: we.Copied}
+	return &Error{Errno: errno, Msg: fmt.Sprintf("%s: %s", peer, we.Message), Copied: we.Copied, recheck: we.Recheck}
+}
+
+// isRecheck reports whether err is a failed sum of a copy summed where its
+// bytes lie (Error.recheck), which runs again from snapshots.
+func isRecheck(err error) bool {
+	var te *Error
+	return errors.As(err, &te) && te.recheck
 }
 
 // netErr turns network failures into errnos a copy can report: a deadline

@@ -115,9 +115,11 @@ func (t *tracker) complete() error {
 // extra streams that arrive on joins, until each has ended with its done
 // frame (all as for sendChunks), and checks that every byte of every tensor
 // arrived exactly once and intact. Chunks go straight from the socket into
-// the destination's memory when dest allows it (inPlaceDest), else through
-// a buffer and WriteAt; the checksum of a chunk is checked by another
-// goroutine while the stream reads the next one (recvStream). chunk is the sender's chunk size with several streams, 0
+// the destination's memory when dest allows it (inPlaceDest) and the chunk
+// needs no snapshot (it carries no sum, or recheck: request.Recheck, and
+// it is summed there as it lands), else through a buffer, checked by
+// another goroutine while the stream reads the next one, and WriteAt
+// (recvStream). chunk is the sender's chunk size with several streams, 0
 // with one (chunks in order).
 //
 // At the first failure the extra streams are closed, abort runs if set
@@ -126,16 +128,16 @@ func (t *tracker) complete() error {
 // reads on, discarding, until the sender's end, so it stays in step. With
 // abort nil the caller aborts dest on error. The caller releases the extras
 // whatever the outcome.
-func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all bool, dest Dest, metas []Meta, chunk int64, rec *Record, abort func(), onFail func(error)) (extras []*stream, firstInStep bool, err error) {
+func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all bool, dest Dest, metas []Meta, chunk int64, recheck bool, rec *Record, abort func(), onFail func(error)) (extras []*stream, firstInStep bool, err error) {
 	ss := &streamSet{dead: make(chan struct{}), onFail: onFail, abort: abort}
 	tr := newTracker(first.peer, metas, chunk)
 	inPlace, _ := dest.(inPlaceDest)
-	noSum := s.cfg.Checksum == ChecksumNone
+	mode := recvMode{noSum: s.cfg.Checksum == ChecksumNone, recheck: recheck}
 	var wg sync.WaitGroup
 	var firstDone atomic.Pointer[conn] // first, once it has ended in step
 	if want == 0 {
 		// One stream: received on this goroutine (no hand-off).
-		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, noSum, rec).run()
+		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, mode, rec).run()
 		if err := tr.complete(); err != nil {
 			ss.fail(err)
 		}
@@ -145,7 +147,7 @@ func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all boo
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, noSum, rec).run()
+		firstInStep = newRecvStream(first, ss, tr, dest, inPlace, mode, rec).run()
 		if firstInStep {
 			firstDone.Store(first)
 		}
@@ -156,7 +158,7 @@ func (s *Service) recvChunks(first *conn, joins <-chan joined, want int, all boo
 	}
 	ss.awaitJoins(joins, want, all, watch, s.cfg.Timeout, &wg, func(st *stream) {
 		rec.Streams.Add(1)
-		st.inStep = newRecvStream(st.c, ss, tr, dest, inPlace, noSum, rec).run()
+		st.inStep = newRecvStream(st.c, ss, tr, dest, inPlace, mode, rec).run()
 	})
 	wg.Wait()
 	if err := tr.complete(); err != nil {
@@ -189,10 +191,8 @@ type recvStream struct {
 	dest    Dest
 	inPlace inPlaceDest // dest, when it takes bytes in place; else nil
 	batch   BatchWriter // dest, when it takes batches of small chunks; else nil
-	// noSum: chunks may come without their checksum (this node runs
-	// ChecksumNone); else such a chunk is a protocol error.
-	noSum bool
-	rec   *Record
+	mode    recvMode
+	rec     *Record
 	// The small chunks read for the next WriteBatch: their bytes back to
 	// back in bbuf, their places in bpend.
 	bbuf  []byte
@@ -208,11 +208,26 @@ type recvStream struct {
 	chunks  int64 // data frames claimed, for the done frame's count
 	hdr     [dataHeaderLen]byte
 	iov     [1][]byte // a buffered chunk's, for readFullV
+	// A chunk summed as it lands in place (recvMode.recheck): its sum so
+	// far, and the pieces of each read, kept to sum them after it.
+	sm     summer
+	landed [][]byte
 }
 
-func newRecvStream(c *conn, ss *streamSet, tr *tracker, dest Dest, inPlace inPlaceDest, noSum bool, rec *Record) *recvStream {
+// recvMode is how a transfer's chunks are taken.
+type recvMode struct {
+	// noSum: chunks may come without their checksum (this node runs
+	// ChecksumNone); else such a chunk is a protocol error.
+	noSum bool
+	// recheck: the transfer may be summed where its bytes lie
+	// (request.Recheck): chunks with a sum land in place too, summed
+	// there, and a mismatch is reported as such (Error.recheck).
+	recheck bool
+}
+
+func newRecvStream(c *conn, ss *streamSet, tr *tracker, dest Dest, inPlace inPlaceDest, mode recvMode, rec *Record) *recvStream {
 	batch, _ := dest.(BatchWriter)
-	return &recvStream{c: c, ss: ss, tr: tr, dest: dest, inPlace: inPlace, batch: batch, noSum: noSum, rec: rec, free: make(chan []byte, 3), todo: make(chan work, 2)}
+	return &recvStream{c: c, ss: ss, tr: tr, dest: dest, inPlace: inPlace, batch: batch, mode: mode, rec: rec, free: make(chan []byte, 3), todo: make(chan work, 2)}
 }
 
 // chunkOutcome is what became of one data frame.
@@ -314,7 +329,7 @@ func (rs *recvStream) data(dlen int64) bool {
 		return false
 	}
 	h, _, err := parseChunk(rs.hdr[:])
-	if err == nil && h.kind == ChecksumNone && !rs.noSum {
+	if err == nil && h.kind == ChecksumNone && !rs.mode.noSum {
 		err = &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: a chunk without its checksum, which this node checks (it runs without --checksum none)", c.peer)}
 	}
 	if err == nil {
@@ -329,7 +344,7 @@ func (rs *recvStream) data(dlen int64) bool {
 	}
 	w := work{i: int(h.index), off: h.offset, n: dlen, sum: h.sum, kind: h.kind}
 	out := chunkBuffer
-	if rs.inPlace != nil && w.kind == ChecksumNone {
+	if rs.inPlace != nil && (w.kind == ChecksumNone || rs.mode.recheck) {
 		out = rs.readInPlace(w)
 	}
 	switch out {
@@ -337,6 +352,16 @@ func (rs *recvStream) data(dlen int64) bool {
 		return false
 	case chunkSkipped:
 		return true
+	case chunkPlaced:
+		if w.kind != ChecksumNone {
+			// Summed as it landed (readInPlace): nothing left to check.
+			if rs.sm.sum() != w.sum {
+				ss.fail(rs.mismatch(w))
+			} else if !ss.failed.Load() {
+				rs.rec.BytesDone.Add(w.n)
+			}
+			return true
+		}
 	case chunkBuffer:
 		if rs.batch != nil && w.n <= inlineMax {
 			if ok, taken := rs.readBatched(w); taken {
@@ -382,21 +407,36 @@ func (rs *recvStream) skip(n int64) chunkOutcome {
 // truncate of it waits for no stalled peer; a sender stopped mid-chunk
 // held an rm of the copy's destination for the whole timeout).
 //
-// Only a chunk without a checksum comes this way (data). One with a sum is
-// read into a buffer, checked, then written (check, write): its sum must
-// be of the bytes that came, and the destination's memory may change under
-// it (overlapping in-place copies race byte by byte, and processes write
-// it through their mappings); summed from there, such copies failed with
-// EIO (72 of 600 concurrent 1 MiB copies into one range, 2026-12-06).
+// A chunk with a sum comes this way only on a transfer that may be summed
+// where its bytes lie (recvMode.recheck), summed (rs.sm) from each read's
+// bytes while they are hot, before the next read: the destination's
+// memory may change under it (overlapping in-place copies race byte by
+// byte, and processes write it through their mappings), so a mismatch
+// here may be no corruption, and the copy runs again from snapshots
+// (Error.recheck). Otherwise such a chunk is read into a buffer, checked,
+// then written (check, write): summed from the destination without a
+// second chance, such copies failed with EIO (72 of 600 concurrent 1 MiB
+// copies into one range, 2026-12-06).
 func (rs *recvStream) readInPlace(w work) chunkOutcome {
 	var done int64
+	summed := w.kind != ChecksumNone
+	if summed {
+		rs.sm.reset(w.kind)
+	}
 	for {
 		var placed bool
 		var got int64
 		var err, rerr error
 		if !rs.ss.guard(func() {
 			placed, err = rs.inPlace.WriteInPlace(w.i, w.off+done, w.n-done, func(iov [][]byte) (int64, error) {
+				if summed {
+					rs.landed = append(rs.landed[:0], iov...) // readSomeV moves iov's slices on
+				}
 				got, rerr = rs.c.readSomeV(iov, true)
+				if summed {
+					testHookLanded(rs.landed, got)
+					rs.sumLanded(got)
+				}
 				return got, rerr
 			})
 		}) {
@@ -428,6 +468,38 @@ func (rs *recvStream) readInPlace(w work) chunkOutcome {
 	}
 }
 
+// testHookLanded, in tests, runs on the pieces of the destination's
+// memory a read of a chunk summed in place filled (the first n bytes of
+// them), before they are summed: a test writes them there, as a process
+// that maps the destination, or another copy into it, may.
+var testHookLanded = func(pieces [][]byte, n int64) {}
+
+// sumLanded adds the first n bytes of the pieces a read went into
+// (rs.landed) to the chunk's sum.
+func (rs *recvStream) sumLanded(n int64) {
+	for _, p := range rs.landed {
+		if n <= 0 {
+			break
+		}
+		k := min(int64(len(p)), n)
+		rs.sm.write(p[:k])
+		n -= k
+	}
+	clear(rs.landed)
+}
+
+// mismatch is the error of chunk w, whose bytes do not match their
+// checksum: EIO, to be rechecked from snapshots on a transfer that may be
+// summed where its bytes lie (recvMode.recheck).
+func (rs *recvStream) mismatch(w work) error {
+	err := sumMismatch(rs.c.peer, w, rs.tr.metas[w.i].Rel)
+	if rs.mode.recheck {
+		err.recheck = true
+		err.Msg += " (summed where the bytes lie: the copy runs again from snapshots)"
+	}
+	return err
+}
+
 // readBatched reads small chunk w's bytes behind the others gathered for
 // the next WriteBatch and checks them, flushing the batch first when w
 // might not fit. taken is false, nothing read, when that flush found the
@@ -452,7 +524,7 @@ func (rs *recvStream) readBatched(w work) (ok, taken bool) {
 		return true, true // read on, in step, until the sender's end
 	}
 	if w.kind != ChecksumNone && w.kind.sum(p) != w.sum {
-		rs.ss.fail(sumMismatch(rs.c.peer, w, rs.tr.metas[w.i].Rel))
+		rs.ss.fail(rs.mismatch(w))
 		return true, true
 	}
 	rs.bbuf = rs.bbuf[:at+int(w.n)]
@@ -545,8 +617,8 @@ func (rs *recvStream) check(w work) {
 		return
 	}
 	switch {
-	case w.kind != ChecksumNone && w.kind.sum(w.buf[:w.n]) != w.sum: // a chunk with a sum is buffered (readInPlace)
-		ss.fail(sumMismatch(rs.c.peer, w, rs.tr.metas[w.i].Rel))
+	case w.kind != ChecksumNone && w.kind.sum(w.buf[:w.n]) != w.sum: // a chunk summed in place was checked there (data)
+		ss.fail(rs.mismatch(w))
 	case w.buf != nil:
 		if err := rs.write(w); err != nil {
 			ss.fail(err)
@@ -586,6 +658,6 @@ func (rs *recvStream) write(w work) (err error) {
 
 // sumMismatch is the error of chunk w, of tensor rel, whose bytes do not
 // match their checksum: EIO.
-func sumMismatch(peer string, w work, rel string) error {
+func sumMismatch(peer string, w work, rel string) *Error {
 	return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: checksum mismatch (%s) in %q at %d", peer, w.kind, rel, w.off)}
 }

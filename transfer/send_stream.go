@@ -19,11 +19,13 @@ type sender struct {
 	ss    *streamSet
 
 	// sum: the checksum the chunks carry (Service.checksumFor). With
-	// none, a source in host memory (hostMem) is sent from there: its
-	// frames' bytes are slices of the mapping, written by writev behind
-	// their headers, not copied into a buffer first. (A sum needs the
-	// copy: the sum and the bytes sent must be of one snapshot, and a
-	// process that maps the source may write it during the copy.)
+	// none, or on a copy that may be summed where its bytes lie
+	// (request.Recheck), a source in host memory (hostMem) is sent from
+	// there: its frames' bytes are slices of the mapping, written by
+	// writev behind their headers, not copied into a buffer first, and
+	// summed there. Else a chunk is copied into a buffer and summed in
+	// it, one snapshot: a process that maps the source may write it during
+	// the copy, and the sum must be of the bytes sent.
 	sum     Checksum
 	hostMem [][]byte // per source, its host memory from the tensor's byte 0; nil: read it
 	hostOff []int64  // per source, where its bytes start in hostMem (one range)
@@ -93,8 +95,9 @@ func (sd *sender) recycle(sb *sendBuf) {
 const maxPieces = 256
 
 // newSender prepares the buffers for k streams sending srcs in chunks of
-// chunk bytes, each with its checksum of kind sum.
-func newSender(srcs []Source, chunk int64, k int, sum Checksum, rec *Record, ss *streamSet) *sender {
+// chunk bytes, each with its checksum of kind sum; recheck: the copy may
+// be summed where its bytes lie (request.Recheck).
+func newSender(srcs []Source, chunk int64, k int, sum Checksum, recheck bool, rec *Record, ss *streamSet) *sender {
 	// Buffers no larger than the largest tensor: a 4 KiB copy should not
 	// allocate (and collect) megabytes.
 	size := int64(1)
@@ -102,7 +105,7 @@ func newSender(srcs []Source, chunk int64, k int, sum Checksum, rec *Record, ss 
 		size = max(size, min(sc.Meta().NBytes, chunk))
 	}
 	sd := &sender{srcs: srcs, rec: rec, chunk: chunk, ss: ss, sum: sum, free: make(chan *sendBuf, 2*k+1), stop: make(chan struct{})}
-	if sum == ChecksumNone {
+	if sum == ChecksumNone || recheck {
 		sd.hostMem, sd.hostOff = make([][]byte, len(srcs)), make([]int64, len(srcs))
 		for i, sc := range srcs {
 			// The source holds its tensor's allocation still until it is
@@ -224,7 +227,7 @@ func (sd *sender) read() {
 // failed (readErr is set and the transfer halts).
 func (sd *sender) readChunk(out [][]byte, buf []byte, i int, off, n int64) (_ [][]byte, used int, ok bool) {
 	h := chunkHeader{index: uint32(i), offset: off, kind: sd.sum}
-	if sd.sum == ChecksumNone && sd.hostMem[i] != nil {
+	if sd.hostMem != nil && sd.hostMem[i] != nil {
 		if out, ok := sd.hostChunk(out, buf, i, off, n, h); ok {
 			return out, frameOverhead, true
 		}
@@ -248,10 +251,11 @@ func (sd *sender) readChunk(out [][]byte, buf []byte, i int, off, n int64) (_ []
 }
 
 // hostChunk appends the frame of bytes [off, off+n) of source i sent from
-// its host memory: the headers, in buf, then the bytes, one slice per
-// piece. False, nothing appended, when the chunk is more than maxPieces
-// pieces or does not lie inside the memory (a source that is not what it
-// said: read the usual way, whose errors tell).
+// its host memory: the headers, in buf, with the sum of kind h.kind taken
+// there, then the bytes, one slice per piece. False, nothing appended,
+// when the chunk is more than maxPieces pieces or does not lie inside the
+// memory (a source that is not what it said: read the usual way, whose
+// errors tell).
 func (sd *sender) hostChunk(out [][]byte, buf []byte, i int, off, n int64, h chunkHeader) ([][]byte, bool) {
 	mem, m := sd.hostMem[i], sd.srcs[i].Meta()
 	if off < 0 || n < 0 || off > m.NBytes-n {
@@ -279,9 +283,27 @@ func (sd *sender) hostChunk(out [][]byte, buf []byte, i int, off, n int64, h chu
 			return out[:start], false
 		}
 	}
+	if h.kind != ChecksumNone {
+		defer testHookSentFrom(out[start+1:])
+		if len(out) == start+2 {
+			h.sum = h.kind.sum(out[start+1])
+		} else {
+			var sm summer
+			sm.reset(h.kind)
+			for _, p := range out[start+1:] {
+				sm.write(p)
+			}
+			h.sum = sm.sum()
+		}
+	}
 	putDataHeaders(buf, n, h)
 	return out, true
 }
+
+// testHookSentFrom, in tests, runs on the pieces of host memory a chunk is
+// sent from once their sum is taken, before they are written: a test
+// writes them there, as a process that maps the source may.
+var testHookSentFrom = func(pieces [][]byte) {}
 
 // putDataHeaders writes the frame and chunk headers of an n-byte chunk
 // into buf's first frameOverhead bytes.
@@ -397,9 +419,10 @@ func (sd *sender) write(c *conn) bool {
 // done frame, or with an error frame when a source cannot be read. At the
 // first failure the extra streams are closed and onFail runs (the server
 // closes first; the client keeps it to read the receiver's reason). all
-// says joins always delivers want items (the client's own joins). It
+// says joins always delivers want items (the client's own joins); recheck
+// that the chunks may be summed where they lie (request.Recheck). It
 // returns the extra streams, to be released whatever the outcome.
-func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all bool, srcs []Source, chunk int, rec *Record, onFail func(error)) ([]*stream, error) {
+func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all bool, srcs []Source, chunk int, recheck bool, rec *Record, onFail func(error)) ([]*stream, error) {
 	ss := &streamSet{dead: make(chan struct{}), onFail: onFail}
 	// A destination still preparing (allocating gigabytes, its pages
 	// committed) reads nothing while its keepalives say it is alive: each
@@ -410,7 +433,7 @@ func (s *Service) sendChunks(first *conn, joins <-chan joined, want int, all boo
 	first.onBeat.Store(&beat)
 	defer first.onBeat.Store(nil)
 	k := 1 + want
-	sd := newSender(srcs, int64(chunk), k, s.checksumFor(first), rec, ss)
+	sd := newSender(srcs, int64(chunk), k, s.checksumFor(first), recheck, rec, ss)
 	readers := 1
 	if k > 1 {
 		readers = min(k, runtime.GOMAXPROCS(0))

@@ -198,10 +198,17 @@ type Service struct {
 	idle    map[string][]idleConn
 	reaping bool
 	// pending holds the transfers that wait for extra streams to join, by
-	// token; pendingAdded is closed (and replaced) at each registration,
-	// for the early joins that came before their put (serveJoin).
+	// token; pendingAdded is closed (and replaced) at each registration
+	// and at each end, for the early joins that came before their put
+	// (serveJoin). ended holds the tokens of the transfers that ended
+	// within the last timeout, oldest first in endedOrder: an early join
+	// that comes after its put ended (a put that failed before its
+	// streams joined) is refused at once, where it waited out the timeout
+	// for a put that would never register (and Close waited for it).
 	pending      map[string]*pending
 	pendingAdded chan struct{}
+	ended        map[string]struct{}
+	endedOrder   []endedToken
 
 	// instance identifies this run of the node (random, fresh at New).
 	instance string

@@ -181,12 +181,19 @@ func clientHandshake(c *conn, name string, secret []byte) error {
 
 // serverHandshake authenticates an accepted raw connection as server name.
 func serverHandshake(c *conn, name string, secret []byte, version int) error {
+	return serverHandshakeAs(c, name, secret, challenge{Version: version})
+}
+
+// serverHandshakeAs is serverHandshake with ch's version and what it says
+// of the node (its name, host id, nonce and proof are filled in).
+func serverHandshakeAs(c *conn, name string, secret []byte, ch challenge) error {
 	var h hello
 	if err := c.recvJSON(frameHello, &h); err != nil {
 		return err
 	}
 	sn := nonce()
-	if err := c.sendJSON(frameChallenge, challenge{Version: version, Name: name, HostID: "raw", Nonce: sn, Proof: proof(secret, "server", h.Nonce, sn, h.Name, name)}); err != nil {
+	ch.Name, ch.HostID, ch.Nonce, ch.Proof = name, "raw", sn, proof(secret, "server", h.Nonce, sn, h.Name, name)
+	if err := c.sendJSON(frameChallenge, ch); err != nil {
 		return err
 	}
 	var a authMsg

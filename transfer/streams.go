@@ -125,11 +125,45 @@ func (s *Service) expectToken(peer string, token []byte, n int) (*pending, error
 		return nil, &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("%s: a transfer token already in use", peer)}
 	}
 	s.pending[p.token] = p
+	s.wakeJoinsLocked()
+	return p, nil
+}
+
+// wakeJoinsLocked wakes the early joins waiting for their put
+// (findPending) to look again. Called with s.mu held.
+func (s *Service) wakeJoinsLocked() {
 	if s.pendingAdded != nil {
 		close(s.pendingAdded)
 		s.pendingAdded = nil
 	}
-	return p, nil
+}
+
+// endedToken is a transfer's token and when it ended (Service.ended).
+type endedToken struct {
+	token string
+	at    time.Time
+}
+
+// endToken notes that the early put of token ended (Service.ended), and
+// wakes its joins still waiting for it; it forgets the puts that ended
+// more than a timeout ago.
+func (s *Service) endToken(token string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	k := 0
+	for k < len(s.endedOrder) && now.Sub(s.endedOrder[k].at) > s.cfg.Timeout {
+		delete(s.ended, s.endedOrder[k].token)
+		k++
+	}
+	// Amortized: the array is let go when append grows it.
+	s.endedOrder = s.endedOrder[k:]
+	if s.ended == nil {
+		s.ended = map[string]struct{}{}
+	}
+	s.ended[token] = struct{}{}
+	s.endedOrder = append(s.endedOrder, endedToken{token, now})
+	s.wakeJoinsLocked()
 }
 
 // findPending is the transfer of token, registered or, for an early join
@@ -140,7 +174,8 @@ func (s *Service) findPending(token string, wait bool, timeout time.Duration) *p
 	for {
 		s.mu.Lock()
 		p := s.pending[token]
-		if p != nil || !wait {
+		_, ended := s.ended[token]
+		if p != nil || !wait || ended {
 			s.mu.Unlock()
 			return p
 		}

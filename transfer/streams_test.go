@@ -352,7 +352,7 @@ func TestRecvStreamFrameTypes(t *testing.T) {
 			c := newConn(near, 5*time.Second, "p")
 			c.max = MaxFrame
 			ss := &streamSet{dead: make(chan struct{})}
-			rs := newRecvStream(c, ss, newTracker("p", []Meta{{}}, 0), nil, nil, false, &Record{})
+			rs := newRecvStream(c, ss, newTracker("p", []Meta{{}}, 0), nil, nil, recvMode{}, &Record{})
 			require.Equal(t, tc.inStep, rs.run())
 			_, err := ss.result()
 			if tc.errno == 0 {

@@ -82,6 +82,17 @@ type request struct {
 	// join's: 150-280 µs were spent around an 8 MiB copy's data phase on
 	// an H100 host before it (2026-12-06).
 	Early bool `json:"early,omitempty"`
+	// Recheck, on a TCP put or get with a checksum (both nodes said
+	// hello.Recheck), lets each side sum the chunks where their bytes lie:
+	// the sender from a host-memory source's own memory, sent from there
+	// (no copy into a buffer), the receiver in the destination's memory,
+	// read straight into it. A process writing either through its mapping,
+	// or another copy into the same bytes, can then make a chunk's sum
+	// disagree with its bytes, which a snapshot cannot: a mismatch fails
+	// the copy with wireError.Recheck set, and the client runs it again
+	// without Recheck, summed from snapshots (buffers), where a mismatch is
+	// corruption (EIO).
+	Recheck bool `json:"recheck,omitempty"`
 	// Range, on a get, names bytes of the tensor at Path (not of a
 	// directory): the reply's one descriptor is that range. InPlace says
 	// the puller writes what it gets in place (for the sender's records).

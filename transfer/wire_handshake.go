@@ -27,6 +27,11 @@ type hello struct {
 	// unless the other end runs ChecksumCRC32C (checksumWith). Absent
 	// from releases before XXH3, which get CRC32C.
 	XXH3 bool `json:"xxh3,omitempty"`
+	// Recheck says the node takes copies whose chunks are summed where
+	// their bytes lie (request.Recheck), and reports a mismatch in one as
+	// such (wireError.Recheck). Absent from releases before it: their
+	// copies are summed from snapshots, as before.
+	Recheck bool `json:"recheck,omitempty"`
 	// Local is the node's abstract unix socket ("@tensorfs-" and its
 	// instance), absent when it has none: a peer of the same host id
 	// connects there instead of over TCP (Service.dial).
@@ -51,14 +56,15 @@ type challenge struct {
 	HostID  string `json:"host_id"`
 	Nonce   []byte `json:"nonce"`
 	Proof   []byte `json:"proof"`
-	// Instance, Imports, NoSecret, UCX, NoChecksum, XXH3, Local, PID and
-	// NS: as in hello.
+	// Instance, Imports, NoSecret, UCX, NoChecksum, XXH3, Recheck, Local,
+	// PID and NS: as in hello.
 	Instance   string   `json:"instance"`
 	Imports    []string `json:"imports,omitempty"`
 	NoSecret   bool     `json:"no_secret,omitempty"`
 	UCX        []byte   `json:"ucx,omitempty"`
 	NoChecksum bool     `json:"no_checksum,omitempty"`
 	XXH3       bool     `json:"xxh3,omitempty"`
+	Recheck    bool     `json:"recheck,omitempty"`
 	Local      string   `json:"local,omitempty"`
 	PID        int      `json:"pid,omitempty"`
 	NS         string   `json:"ns,omitempty"`
