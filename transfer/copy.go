@@ -102,15 +102,27 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 		}
 		// Again from snapshots, on another connection: this one failed.
 		slog.Warn(recheckLog, "src", src, "dst", dst, "err", err)
-		stop()
-		c.c.Close()
-		if c, err = s.conn(ctx, peer); err != nil {
+		if err = s.redial(ctx, peer, &c, &stop); err != nil {
 			_, end := s.TrackCtx(ctx, src, dst, "tcp", metas)
 			end(err)
 			return 0, err
 		}
-		stop = closeOnDone(ctx, c)
 	}
+}
+
+// redial gives a copy that runs again (request.Recheck) a new connection
+// to peer: it closes *c, whose copy failed, and puts the new one and its
+// closeOnDone in *c and *stop. On failure (the dial's error) *c is left,
+// closed, for the copy's deferred release.
+func (s *Service) redial(ctx context.Context, peer string, c **conn, stop *func() bool) error {
+	(*stop)()
+	(*c).c.Close()
+	nc, err := s.conn(ctx, peer)
+	if err != nil {
+		return err
+	}
+	*c, *stop = nc, closeOnDone(ctx, nc)
+	return nil
 }
 
 // recheckLog is the log line of a copy that runs again from snapshots
@@ -403,12 +415,22 @@ func (s *Service) sentFirst(peer string, c *conn, sr sendResult, res <-chan push
 	if sr.err != nil {
 		s.releaseStreams(peer, sr.extras, sr.err)
 		c.c.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
+		wait := 100 * time.Millisecond
+		var te *Error
+		if errors.As(sr.err, &te) && te.broken {
+			// The streams broke: the destination failed and closed them
+			// at once, and sends its reason on c after its abort (a
+			// checksum that asks for the copy to run again, ENOSPC),
+			// which may take longer; a dead one's c ends at once. Its
+			// reason is the copy's error, not the broken pipe.
+			wait = s.cfg.Timeout
+		}
 		select {
 		case rr := <-res:
 			if rr.err != nil {
 				return 0, rr.err
 			}
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(wait):
 		}
 		c.c.Close()
 		return 0, sr.err
@@ -546,14 +568,11 @@ func (s *Service) Receive(ctx context.Context, p Pull, prepare func(isDir bool, 
 			// Again from snapshots, on another connection: this one failed.
 			slog.Warn(recheckLog, "src", p.SrcText(), "dst", p.DstText(), "err", err)
 			recheck, ipcOK = false, false
-			stop()
-			c.c.Close()
-			if c, err = s.conn(ctx, peer); err != nil {
+			if err = s.redial(ctx, peer, &c, &stop); err != nil {
 				_, end := s.TrackCtx(ctx, p.SrcText(), p.DstText(), "tcp", nil)
 				end(err)
 				return 0, err
 			}
-			stop = closeOnDone(ctx, c)
 			continue
 		}
 		return n, err
@@ -718,9 +737,10 @@ func spanDescs(r reply, lists []SpanPull) ([]Meta, error) {
 
 // servePut receives a copy into this node.
 func (s *Service) servePut(c *conn, req request) error {
-	if req.Early {
+	if req.Early && len(req.Token) == nonceLen {
 		// However the put ends, its streams that join after are
-		// refused at once (Service.ended).
+		// refused at once (Service.ended). A token of another size is
+		// refused (expectToken), and not kept.
 		defer s.endToken(string(req.Token))
 	}
 	if err := checkMetas(req.Tensors, req.Dir); err != nil {

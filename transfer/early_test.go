@@ -291,3 +291,26 @@ func TestGetGoAhead(t *testing.T) {
 	}
 	requireClean(t, b)
 }
+
+// TestEarlyTokenRefusedNotKept: an early put whose token is not a token
+// (megabytes: refused, EPROTO) leaves nothing in Service.ended, which kept
+// each such token whole for the timeout (a breaker's finding: 24 MiB for
+// eight requests of an authenticated peer).
+func TestEarlyTokenRefusedNotKept(t *testing.T) {
+	b := newMemLocal()
+	srv := startServer(t, "b", b, testSecret, nil)
+	const chunk = 1 << 10
+	m := Meta{DType: "U8", Shape: "8192", NBytes: 8 * chunk}
+	for i := range 8 {
+		c := authed(t, srv)
+		tok := make([]byte, 3<<20)
+		tok[0] = byte(i)
+		require.NoError(t, c.sendJSON(frameRequest, request{Op: "put", Path: "/x", Tensors: []Meta{m}, Streams: 2, Chunk: chunk, Early: true, Token: tok}))
+		we := expectError(t, c)
+		require.Equal(t, "EPROTO", we.Errno)
+		expectClosed(t, c, 5*time.Second) // servePut has returned
+	}
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	require.Empty(t, srv.ended, "refused tokens are kept")
+}

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -192,5 +193,206 @@ func TestRecheckOnce(t *testing.T) {
 	require.True(t, reqs[0].Recheck)
 	require.False(t, reqs[1].Recheck)
 	require.Zero(t, a.counts().Commits)
+	requireClean(t, a)
+}
+
+// recheckThenGone is a peer "b" that says Recheck in its challenge, answers
+// its first request with an error frame flagged recheck, and stops
+// listening: the client's second attempt cannot connect.
+func recheckThenGone(t *testing.T, served *atomic.Int32) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		ln.Close() // the next dial is refused
+		defer nc.Close()
+		c := wrapConn(nc, "raw")
+		if serverHandshakeAs(c, "b", testSecret, challenge{Version: ProtocolVersion, XXH3: true, Recheck: true}) != nil {
+			return
+		}
+		var req request
+		if c.recvJSON(frameRequest, &req) != nil {
+			return
+		}
+		served.Add(1)
+		c.sendJSON(frameError, wireError{Errno: "EIO", Message: "mismatch", Recheck: true})
+		c.recv()
+	}()
+	return ln.Addr().String()
+}
+
+// TestRecheckRedialFails: a copy whose first attempt fails for a
+// recheck reason and whose second connection cannot be made must return an
+// error (ECONNREFUSED), not panic.
+func TestRecheckRedialFails(t *testing.T) {
+	for _, pullCase := range []bool{false, true} {
+		var served atomic.Int32
+		addr := recheckThenGone(t, &served)
+		a := newMemLocal()
+		a.put("/x", pattern(1, 4096))
+		client := newClient(t, "a", a, testSecret, map[string]string{"b": addr}, nil)
+		var err error
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("pull=%v: panic: %v", pullCase, r)
+				}
+			}()
+			if pullCase {
+				_, err = pull(context.Background(), client, a, "b", "/x", "/y")
+			} else {
+				_, err = push(context.Background(), client, a, "/x", "b", "/y")
+			}
+		}()
+		require.Equal(t, int32(1), served.Load())
+		if !t.Failed() {
+			requireErrno(t, err, syscall.ECONNREFUSED)
+		}
+	}
+}
+
+// slowAbort is a Local whose destinations take d to abort (a large
+// tensor's temporaries let go, a loaded host).
+type slowAbort struct {
+	*memLocal
+	d time.Duration
+}
+
+type slowAbortDest struct {
+	*memDest
+	d time.Duration
+}
+
+func (l slowAbort) Put(p string, isDir bool, metas []Meta) (Dest, error) {
+	d, err := l.memLocal.Put(p, isDir, metas)
+	if err != nil {
+		return nil, err
+	}
+	return slowAbortDest{d.(*memDest), l.d}, nil
+}
+
+func (d slowAbortDest) Abort() {
+	time.Sleep(d.d)
+	d.memDest.Abort()
+}
+
+// TestRecheckPushSlowAbort: a multi-stream push summed in place
+// whose chunk fails its sum at the destination (a write into the
+// destination as it lands) must run again from snapshots and succeed,
+// however long the destination's abort takes: the destination closes
+// the extra streams at the failure, and the sender's broken pipe must not
+// stand in for the recheck error.
+func TestRecheckPushSlowAbort(t *testing.T) {
+	for _, delay := range []time.Duration{0, 300 * time.Millisecond, time.Second} {
+		t.Run(delay.String(), func(t *testing.T) {
+			var once atomic.Bool
+			testHookLanded = func(pieces [][]byte, n int64) {
+				if n > 0 && once.CompareAndSwap(false, true) {
+					pieces[0][0] ^= 0xff
+				}
+			}
+			t.Cleanup(func() { testHookLanded = func([][]byte, int64) {} })
+			a, b := newMemLocal(), newMemLocal()
+			a.hostMem, a.inPlace, b.hostMem, b.inPlace = true, true, true, true
+			mod := func(c *Config) { c.ChunkSize = 256 << 10 }
+			srv := startServer(t, "b", slowAbort{b, delay}, testSecret, mod)
+			client := newClient(t, "a", a, testSecret, map[string]string{"b": addrOf(srv)}, mod)
+			data := pattern(46, 64<<20+5)
+			a.put("/x", data)
+			_, err := push(context.Background(), client, a, "/x", "b", "/y")
+			require.True(t, once.Load())
+			require.NoError(t, err, "records: %+v", client.Stats().Transfers.Recent)
+			got, _, _ := b.get("/y")
+			require.Equal(t, data, got)
+			requireClean(t, a)
+			requireClean(t, b)
+		})
+	}
+}
+
+// TestRecheckThenCancel: a pull between two real services whose
+// first attempt fails its sum in place (a write into the destination as it
+// lands) while the copy is being cancelled (the user's ^C): the copy must
+// end with its error, not panic.
+func TestRecheckThenCancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var once atomic.Bool
+	testHookLanded = func(pieces [][]byte, n int64) {
+		if n > 0 && once.CompareAndSwap(false, true) {
+			pieces[0][0] ^= 0xff
+			cancel()
+		}
+	}
+	t.Cleanup(func() { testHookLanded = func([][]byte, int64) {} })
+	p := &pair{a: newMemLocal(), b: newMemLocal()}
+	p.a.inPlace = true
+	p.srv = startServer(t, "b", p.b, testSecret, nil)
+	p.client = newClient(t, "a", p.a, testSecret, map[string]string{"b": addrOf(p.srv)}, nil)
+	p.b.put("/x", pattern(47, 4096))
+	var err error
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Fatalf("panic: %v", r)
+			}
+		}()
+		_, err = pull(ctx, p.client, p.a, "b", "/x", "/y")
+	}()
+	require.Error(t, err)
+	requireClean(t, p.a)
+}
+
+// TestRecheckReasonLate: a destination that takes a multi-stream
+// put summed in place, fails a chunk's sum (a write into the source during
+// the copy), drops the put's extra stream at once, and sends its reason
+// (flagged recheck) on the put's own connection 300 ms later, after its
+// abort (a tree of thousands of temporaries let go): the sender must run
+// the copy again from snapshots, not report the broken stream (EIO).
+func TestRecheckReasonLate(t *testing.T) {
+	var puts atomic.Int32
+	addr := rawServer(t, func(nc net.Conn) {
+		defer nc.Close()
+		c := wrapConn(nc, "raw")
+		if serverHandshakeAs(c, "b", testSecret, challenge{Version: ProtocolVersion, XXH3: true, Recheck: true}) != nil {
+			return
+		}
+		var req request
+		if c.recvJSON(frameRequest, &req) != nil {
+			return
+		}
+		switch {
+		case req.Op == "join":
+			// Failed: the extra streams are closed with data unread.
+			return
+		case puts.Add(1) == 1:
+			// The first stream reads on, discarding, until the sender's
+			// end; the reason goes out once the abort is over.
+			go func() {
+				time.Sleep(300 * time.Millisecond)
+				c.sendJSON(frameError, wireError{Errno: "EIO", Message: "checksum mismatch (summed where the bytes lie)", Recheck: true})
+			}()
+			for {
+				typ, _, err := c.recv()
+				if err != nil || typ == frameDone {
+					break
+				}
+			}
+			time.Sleep(time.Second)
+		default:
+			c.sendJSON(frameError, wireError{Errno: "EACCES", Message: "second attempt seen"})
+			c.recv()
+		}
+	})
+	a := newMemLocal()
+	a.hostMem = true
+	a.put("/x", pattern(51, 32<<20))
+	client := newClient(t, "a", a, testSecret, map[string]string{"b": addr}, nil)
+	_, err := push(context.Background(), client, a, "/x", "b", "/y")
+	t.Logf("err: %v; puts: %d", err, puts.Load())
+	require.Equal(t, int32(2), puts.Load(), "the copy ran again from snapshots")
 	requireClean(t, a)
 }
