@@ -46,6 +46,8 @@ var (
 		"Bytes of completed copies, by path and mode.", []string{"path", "mode"}, nil)
 	descDescriptors = prometheus.NewDesc("tensorfs_copy_descriptors_total",
 		"Descriptors (whole tensors or in-place ranges) of completed copies.", nil, nil)
+	descRechecks = prometheus.NewDesc("tensorfs_copy_rechecks_total",
+		"Copies run again from snapshots after a chunk failed its checksum where its bytes lie (a process writing the source or destination through its mapping, another copy into the same bytes, or corruption).", nil, nil)
 	descActive = prometheus.NewDesc("tensorfs_transfers_active",
 		"Transfers in flight now.", nil, nil)
 	descConns = prometheus.NewDesc("tensorfs_peer_connections",
@@ -65,7 +67,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descTensors, descUsed, descCapacity, descAllocs, descFrees,
 		descRegistrations, descRegions, descPins, descExportsTotal, descExports, descLeasesTotal,
 		descLeases, descRevocations, descDropped, descImports, descImportLookups, descCopies,
-		descCopyBytes, descDescriptors, descActive, descConns, descFUSE, descFUSEErrors} {
+		descCopyBytes, descDescriptors, descRechecks, descActive, descConns, descFUSE, descFUSEErrors} {
 		ch <- d
 	}
 }
@@ -114,6 +116,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	counter(descDescriptors, float64(st.Copies.Descriptors))
+	counter(descRechecks, float64(st.Copies.Rechecked))
 	gauge(descActive, float64(st.Transfers.Active))
 	gauge(descConns, float64(st.Connections.Idle), "idle")
 	gauge(descConns, float64(st.Connections.Waiting), "waiting")

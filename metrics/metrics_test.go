@@ -72,6 +72,8 @@ func TestCollector(t *testing.T) {
 	require.Zero(t, v["tensorfs_tensors{host}"])
 	require.EqualValues(t, 1<<30, v["tensorfs_memory_capacity_bytes{host}"])
 	require.Zero(t, v["tensorfs_copies_total{whole,tcp}"])
+	require.Contains(t, v, "tensorfs_copy_rechecks_total")
+	require.Zero(t, v["tensorfs_copy_rechecks_total"])
 
 	tn, err := store.New(tensor.Template{DType: dtype.DType("U8"), Shape: dtype.Shape{4096}})
 	require.NoError(t, err)

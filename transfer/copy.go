@@ -102,6 +102,7 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 		}
 		// Again from snapshots, on another connection: this one failed.
 		slog.Warn(recheckLog, "src", src, "dst", dst, "err", err)
+		s.rechecks.Add(1)
 		if err = s.redial(ctx, peer, &c, &stop); err != nil {
 			_, end := s.TrackCtx(ctx, src, dst, "tcp", metas)
 			end(err)
@@ -567,6 +568,7 @@ func (s *Service) Receive(ctx context.Context, p Pull, prepare func(isDir bool, 
 		case recheck && isRecheck(err):
 			// Again from snapshots, on another connection: this one failed.
 			slog.Warn(recheckLog, "src", p.SrcText(), "dst", p.DstText(), "err", err)
+			s.rechecks.Add(1)
 			recheck, ipcOK = false, false
 			if err = s.redial(ctx, peer, &c, &stop); err != nil {
 				_, end := s.TrackCtx(ctx, p.SrcText(), p.DstText(), "tcp", nil)

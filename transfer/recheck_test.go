@@ -68,6 +68,7 @@ func requireRechecked(t *testing.T, client *Service) {
 	require.Contains(t, recent[0].Error, "runs again from snapshots")
 	require.Empty(t, recent[1].Error)
 	require.Equal(t, int64(1), client.Stats().Copies.TCP)
+	require.Equal(t, int64(1), client.Stats().Copies.Rechecked)
 }
 
 // TestRecheckSourceWritten: a process writes the source through its

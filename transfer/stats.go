@@ -304,12 +304,18 @@ type Stats struct {
 	// Copies counts the completed copies by path (the fields of
 	// PathCounts, inline); InPlace those of them whose every descriptor
 	// was written in place; Bytes their bytes, by path; Descriptors their
-	// descriptors (a whole tensor, or one in-place range, each).
+	// descriptors (a whole tensor, or one in-place range, each);
+	// Rechecked the copies this node ran again from snapshots after a
+	// chunk failed its sum where its bytes lie (request.Recheck: a
+	// process writing the source or destination through its mapping,
+	// another copy into the same bytes, or corruption), counted once each
+	// on the node that asked for the copy.
 	Copies struct {
 		PathCounts
 		InPlace     PathCounts `json:"in_place"`
 		Bytes       PathCounts `json:"bytes"`
 		Descriptors int64      `json:"descriptors"`
+		Rechecked   int64      `json:"rechecked"`
 	} `json:"copies"`
 	Transfers struct {
 		Active int64          `json:"active"`
@@ -453,6 +459,7 @@ func (s *Service) Stats() Stats {
 	st.Copies.InPlace = byPath(&c.Copies, ModeInPlace)
 	st.Copies.Bytes = byPath(&c.Bytes, ModeWhole, ModeInPlace, ModeMixed)
 	st.Copies.Descriptors = s.descriptors.Load()
+	st.Copies.Rechecked = s.rechecks.Load()
 	st.Transfers.Active = s.active.Load()
 	s.recentMu.Lock()
 	for _, r := range s.recent {
