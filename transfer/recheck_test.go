@@ -12,6 +12,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// recheckChallenge is what a raw peer of this release says of itself: it
+// takes XXH3 and copies summed where their bytes lie.
+var recheckChallenge = challenge{Version: ProtocolVersion, XXH3: true, Recheck: true}
+
 // recheckCase is one copy of TestRecheck*: a push or a pull, of a small
 // tensor (one inline chunk, sent behind the request) or a large one (many
 // chunks over several streams).
@@ -158,16 +162,7 @@ func TestRecheckOnce(t *testing.T) {
 	data := pattern(44, 64<<10)
 	var reqs []request
 	reqc := make(chan request, 4)
-	addr := rawServer(t, func(nc net.Conn) {
-		defer nc.Close()
-		c := wrapConn(nc, "raw")
-		if serverHandshakeAs(c, "b", testSecret, challenge{Version: ProtocolVersion, XXH3: true, Recheck: true}) != nil {
-			return
-		}
-		var req request
-		if c.recvJSON(frameRequest, &req) != nil {
-			return
-		}
+	addr := rawPeerAs(t, recheckChallenge, func(_ net.Conn, c *conn, req request) {
 		reqc <- req
 		m := Meta{DType: "U8", Shape: fmt.Sprint(len(data)), NBytes: int64(len(data))}
 		if c.sendJSON(frameOK, reply{Tensors: []Meta{m}}) != nil {
@@ -211,12 +206,8 @@ func recheckThenGone(t *testing.T, served *atomic.Int32) string {
 		}
 		ln.Close() // the next dial is refused
 		defer nc.Close()
-		c := wrapConn(nc, "raw")
-		if serverHandshakeAs(c, "b", testSecret, challenge{Version: ProtocolVersion, XXH3: true, Recheck: true}) != nil {
-			return
-		}
-		var req request
-		if c.recvJSON(frameRequest, &req) != nil {
+		c, _, ok := rawRequest(nc, recheckChallenge)
+		if !ok {
 			return
 		}
 		served.Add(1)
@@ -355,16 +346,7 @@ func TestRecheckThenCancel(t *testing.T) {
 // the copy again from snapshots, not report the broken stream (EIO).
 func TestRecheckReasonLate(t *testing.T) {
 	var puts atomic.Int32
-	addr := rawServer(t, func(nc net.Conn) {
-		defer nc.Close()
-		c := wrapConn(nc, "raw")
-		if serverHandshakeAs(c, "b", testSecret, challenge{Version: ProtocolVersion, XXH3: true, Recheck: true}) != nil {
-			return
-		}
-		var req request
-		if c.recvJSON(frameRequest, &req) != nil {
-			return
-		}
+	addr := rawPeerAs(t, recheckChallenge, func(_ net.Conn, c *conn, req request) {
 		switch {
 		case req.Op == "join":
 			// Failed: the extra streams are closed with data unread.

@@ -237,8 +237,8 @@ type Service struct {
 	// a chunk failed its sum where its bytes lie (request.Recheck).
 	rechecks atomic.Int64
 	active   atomic.Int64
-	recentMu    sync.Mutex
-	recent      []*Record
+	recentMu sync.Mutex
+	recent   []*Record
 }
 
 // ErrConfig: a configuration the service refuses to start with.

@@ -250,18 +250,30 @@ func rawServer(t testing.TB, handle func(nc net.Conn)) string {
 // it (nc to break the connection by hand).
 func rawPeer(t testing.TB, serve func(nc net.Conn, c *conn, req request)) string {
 	t.Helper()
+	return rawPeerAs(t, challenge{Version: ProtocolVersion}, serve)
+}
+
+// rawPeerAs is rawPeer whose handshake says what ch says of the node
+// (serverHandshakeAs).
+func rawPeerAs(t testing.TB, ch challenge, serve func(nc net.Conn, c *conn, req request)) string {
+	t.Helper()
 	return rawServer(t, func(nc net.Conn) {
-		c := wrapConn(nc, "raw")
 		defer nc.Close()
-		if serverHandshake(c, "b", testSecret, ProtocolVersion) != nil {
-			return
+		if c, req, ok := rawRequest(nc, ch); ok {
+			serve(nc, c, req)
 		}
-		var req request
-		if c.recvJSON(frameRequest, &req) != nil {
-			return
-		}
-		serve(nc, c, req)
 	})
+}
+
+// rawRequest authenticates accepted connection nc as peer "b", saying ch
+// of the node, and reads its first request; false when either fails.
+func rawRequest(nc net.Conn, ch challenge) (*conn, request, bool) {
+	c := wrapConn(nc, "raw")
+	var req request
+	if serverHandshakeAs(c, "b", testSecret, ch) != nil || c.recvJSON(frameRequest, &req) != nil {
+		return nil, req, false
+	}
+	return c, req, true
 }
 
 // dataFrame is the payload of a data frame for data, with crc as its
