@@ -39,6 +39,19 @@ type mapped struct {
 // skips the test: TestGPUInPlace maps it by its CUDA IPC handle instead.
 func mapTensor(t *testing.T, p string) *mapped {
 	t.Helper()
+	return mapTensorProt(t, p, unix.PROT_READ)
+}
+
+// mapTensorRW is mapTensor, read-write: a process that writes the tensor
+// through its mapping.
+func mapTensorRW(t *testing.T, p string) *mapped {
+	t.Helper()
+	return mapTensorProt(t, p, unix.PROT_READ|unix.PROT_WRITE)
+}
+
+// mapTensorProt is mapTensor with the mapping's protection prot.
+func mapTensorProt(t *testing.T, p string, prot int) *mapped {
+	t.Helper()
 	h := getx(t, p, xattrs.IPCHandle)
 	if strings.HasPrefix(h, "cuda:") {
 		t.Skipf("%s is in GPU memory: this test maps a host tensor's memfd; TestGPUInPlace maps GPU tensors by their CUDA IPC handle", p)
@@ -51,12 +64,16 @@ func mapTensor(t *testing.T, p string) *mapped {
 	require.NoError(t, err)
 	n, err := strconv.ParseInt(getx(t, p, xattrs.NBytes), 10, 64)
 	require.NoError(t, err)
-	mf, err := os.Open(fdPath)
+	flag := os.O_RDONLY
+	if prot&unix.PROT_WRITE != 0 {
+		flag = os.O_RDWR
+	}
+	mf, err := os.OpenFile(fdPath, flag, 0)
 	require.NoError(t, err)
 	defer mf.Close()
 	page := int64(os.Getpagesize())
 	base := off / page * page
-	all, err := unix.Mmap(int(mf.Fd()), base, int(off-base+n), unix.PROT_READ, unix.MAP_SHARED)
+	all, err := unix.Mmap(int(mf.Fd()), base, int(off-base+n), prot, unix.MAP_SHARED)
 	require.NoError(t, err)
 	m := &mapped{f: f, all: all, mem: all[off-base : off-base+n]}
 	t.Cleanup(m.close)

@@ -123,6 +123,12 @@ type Copies struct {
 	// Descriptors is how many descriptors (whole tensors, or in-place
 	// ranges) those copies carried.
 	Descriptors int64 `json:"descriptors"`
+	// Rechecked counts the TCP copies this node ran again from buffers
+	// after a chunk failed its checksum where its bytes lie (a process
+	// writing the source or destination through its mapping, another
+	// copy into the same bytes, or corruption), once each, on the node
+	// that asked for the copy.
+	Rechecked int64 `json:"rechecked"`
 }
 
 // Paths is a count by the path a copy took.

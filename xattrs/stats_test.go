@@ -26,6 +26,7 @@ func TestStatsMatchesProducers(t *testing.T) {
 	peer.Copies.InPlace = transfer.PathCounts{Local: 21, IPC: 22, TCP: 23, UCX: 32}
 	peer.Copies.Bytes = transfer.PathCounts{Local: 24, IPC: 25, TCP: 26, UCX: 33}
 	peer.Copies.Descriptors = 27
+	peer.Copies.Rechecked = 28
 	peer.Transfers.Active = 4
 	peer.Transfers.Recent = []transfer.RecordReport{
 		{ID: 5, PID: 6, Src: "/a", Dst: "b:/a", Path: "tcp", BytesDone: 7, BytesTotal: 8, Tensors: 9, Mode: "in_place", Error: "e",
