@@ -47,7 +47,7 @@ var (
 	descDescriptors = prometheus.NewDesc("tensorfs_copy_descriptors_total",
 		"Descriptors (whole tensors or in-place ranges) of completed copies.", nil, nil)
 	descRechecks = prometheus.NewDesc("tensorfs_copy_rechecks_total",
-		"Copies run again from snapshots after a chunk failed its checksum where its bytes lie (a process writing the source or destination through its mapping, another copy into the same bytes, or corruption).", nil, nil)
+		"TCP copies this node asked for (a copy_to's pusher, a copy_from's puller) and ran again from buffers after a chunk failed its checksum where its bytes lie, on either node (a process writing the source or destination through its mapping, another copy into the same bytes, or corruption).", nil, nil)
 	descActive = prometheus.NewDesc("tensorfs_transfers_active",
 		"Transfers in flight now.", nil, nil)
 	descConns = prometheus.NewDesc("tensorfs_peer_connections",

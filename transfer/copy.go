@@ -128,7 +128,7 @@ func (s *Service) redial(ctx context.Context, peer string, c **conn, stop *func(
 
 // recheckLog is the log line of a copy that runs again from snapshots
 // (request.Recheck).
-const recheckLog = "a chunk failed its sum where its bytes lie (a process writing the source or the destination, or another copy into them, can do that): the copy runs again from snapshots"
+const recheckLog = "a chunk failed its sum where its bytes lie (a process writing the source or the destination, or another copy into them, can do that): the copy runs again from buffers"
 
 // closeOnDone closes c when ctx is done, until the returned stop (whose
 // result says whether ctx was still live) runs: a cancelled copy stops.

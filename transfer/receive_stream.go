@@ -495,7 +495,7 @@ func (rs *recvStream) mismatch(w work) error {
 	err := sumMismatch(rs.c.peer, w, rs.tr.metas[w.i].Rel)
 	if rs.mode.recheck {
 		err.recheck = true
-		err.Msg += " (summed where the bytes lie: the copy runs again from snapshots)"
+		err.Msg += " (summed where the bytes lie: the copy runs again from buffers)"
 	}
 	return err
 }

@@ -69,7 +69,7 @@ func requireRechecked(t *testing.T, client *Service) {
 	recent := client.Stats().Transfers.Recent
 	require.Len(t, recent, 2, "%+v", recent)
 	require.Contains(t, recent[0].Error, "checksum mismatch")
-	require.Contains(t, recent[0].Error, "runs again from snapshots")
+	require.Contains(t, recent[0].Error, "runs again from buffers")
 	require.Empty(t, recent[1].Error)
 	require.Equal(t, int64(1), client.Stats().Copies.TCP)
 	require.Equal(t, int64(1), client.Stats().Copies.Rechecked)

@@ -305,11 +305,12 @@ type Stats struct {
 	// PathCounts, inline); InPlace those of them whose every descriptor
 	// was written in place; Bytes their bytes, by path; Descriptors their
 	// descriptors (a whole tensor, or one in-place range, each);
-	// Rechecked the copies this node ran again from snapshots after a
-	// chunk failed its sum where its bytes lie (request.Recheck: a
-	// process writing the source or destination through its mapping,
-	// another copy into the same bytes, or corruption), counted once each
-	// on the node that asked for the copy.
+	// Rechecked the copies this node ran again from buffers after a
+	// chunk failed its sum where its bytes lie, on either node
+	// (request.Recheck: a process writing the source or destination
+	// through its mapping, another copy into the same bytes, or
+	// corruption), counted once each on the node that asked for the copy
+	// (a push's sender, a pull's receiver).
 	Copies struct {
 		PathCounts
 		InPlace     PathCounts `json:"in_place"`

@@ -88,15 +88,17 @@ exactly once; a stream that dies fails the whole copy. The receiving side of a
 copy decides, up to what the asking side offers.
 
 --checksum xxh3 (the default) sends each chunk of a TCP copy with the low 32
-bits of its XXH3, which the receiver checks (a mismatch fails the copy, EIO);
-a peer that runs crc32c, or a release that predates xxh3, gets and sends
-CRC32C instead (a third of XXH3's speed on the AMD hosts measured). none
-leaves the check to TCP's own checksum, as raw TCP and UCX's TCP transport do,
-and writes a host-memory source's chunks from its memory (writev) instead of
-copying them into send buffers first: on a host short of cores the two passes
-over every byte are most of a large copy's cost beyond raw TCP. A copy goes
-without only when both nodes say none (stats: each peer's and each TCP
-transfer's checksum).
+bits of its XXH3, which the receiver checks; a peer that runs crc32c, or a
+release that predates xxh3, gets and sends CRC32C instead (a third of XXH3's
+speed on the AMD hosts measured). A chunk of host memory is summed where it
+lies: written from the source's memory (writev), read straight into the
+destination's and summed there. A process writing either through its
+mapping, or another copy into the same bytes, can make a sum disagree; a
+mismatch there runs the copy once more from buffers (logged; stats
+copies.rechecked on the node that asked for the copy), where a mismatch
+fails it (EIO). none leaves the check to TCP's own checksum, as raw TCP and
+UCX's TCP transport do. A copy goes without only when both nodes say none
+(stats: each peer's and each TCP transfer's checksum).
 
 --transport (a build with UCX, -tags ucx): auto moves a copy's bytes with a
 peer of another host on UCX where the endpoint to it is one-sided and detects
@@ -125,8 +127,9 @@ silent one's after this time, logged).
 --metrics HOST:PORT serves Prometheus metrics over HTTP at /metrics
 (tensorfs_*: tensors and bytes per device, allocations, registrations,
 exports, leases, revocations, copies and bytes by path and mode with a
-latency histogram, FUSE requests and errnos by operation, peer
-connections; README "Metrics" lists them). The listener is up before the
+latency histogram, copies run again after a checksum mismatch, FUSE
+requests and errnos by operation, peer connections; README "Metrics" lists
+them). The listener is up before the
 mount appears; an address that cannot be listened on is refused at start.
 The metrics carry counts, never names or secrets, and need no
 --secret-file; bind them to loopback or a monitoring network.
