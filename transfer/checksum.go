@@ -92,6 +92,20 @@ func (k Checksum) sum(p []byte) uint32 {
 // crcTable is CRC32C (Castagnoli).
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
+// sumPieces is the sum of kind k of pieces back to back: one piece in one
+// pass (sum), several through a summer.
+func (k Checksum) sumPieces(pieces [][]byte) uint32 {
+	if len(pieces) == 1 {
+		return k.sum(pieces[0])
+	}
+	var sm summer
+	sm.reset(k)
+	for _, p := range pieces {
+		sm.write(p)
+	}
+	return sm.sum()
+}
+
 // summer takes a chunk's sum piece by piece, as its bytes lie (a range
 // list's spans in a tensor's memory, a socket's reads into them): kind k's
 // sum of the pieces back to back, what sum gives for them as one slice.

@@ -194,7 +194,7 @@ func TestChecksumConfigRefused(t *testing.T) {
 	require.ErrorContains(t, err, "Checksum(3)")
 }
 
-// TestSummerMatchesSum: a sum taken piece by piece (summer: a range
+// TestSummerMatchesSum: a sum taken piece by piece (summer and sumPieces: a range
 // list's spans, a socket's reads) is the sum of the pieces back to back,
 // however they are cut, for both kinds; none sums to 0.
 func TestSummerMatchesSum(t *testing.T) {
@@ -203,12 +203,15 @@ func TestSummerMatchesSum(t *testing.T) {
 		for _, cut := range []int{1, 63, 1024, 8 << 10, 100 << 10, len(data)} {
 			var s summer
 			s.reset(k)
+			var pieces [][]byte
 			for p := data; len(p) > 0; {
 				n := min(cut, len(p))
 				s.write(p[:n])
+				pieces = append(pieces, p[:n])
 				p = p[n:]
 			}
 			require.Equal(t, k.sum(data), s.sum(), "%v in pieces of %d", k, cut)
+			require.Equal(t, k.sum(data), k.sumPieces(pieces), "sumPieces: %v in pieces of %d", k, cut)
 		}
 		var s summer
 		s.reset(k)

@@ -100,34 +100,35 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 		if !recheck || !isRecheck(err) {
 			return n, err
 		}
-		// Again from snapshots, on another connection: this one failed.
-		slog.Warn(recheckLog, "src", src, "dst", dst, "err", err)
-		s.rechecks.Add(1)
-		if err = s.redial(ctx, peer, &c, &stop); err != nil {
-			_, end := s.TrackCtx(ctx, src, dst, "tcp", metas)
-			end(err)
+		if err = s.rerun(ctx, peer, src, dst, metas, &c, &stop, err); err != nil {
 			return 0, err
 		}
 	}
 }
 
-// redial gives a copy that runs again (request.Recheck) a new connection
-// to peer: it closes *c, whose copy failed, and puts the new one and its
-// closeOnDone in *c and *stop. On failure (the dial's error) *c is left,
-// closed, for the copy's deferred release.
-func (s *Service) redial(ctx context.Context, peer string, c **conn, stop *func() bool) error {
+// rerun starts the second run of a copy from src to dst whose chunk
+// failed its sum where its bytes lie (why, request.Recheck): it logs and
+// counts it, and gives it a new connection to peer, since the failed one
+// is out of step: it closes *c and puts the new one and its closeOnDone
+// in *c and *stop. On failure (the dial's error, in a record of its own)
+// *c is left, closed, for the copy's deferred release.
+func (s *Service) rerun(ctx context.Context, peer, src, dst string, metas []Meta, c **conn, stop *func() bool, why error) error {
+	slog.Warn(recheckLog, "src", src, "dst", dst, "err", why)
+	s.rechecks.Add(1)
 	(*stop)()
 	(*c).c.Close()
 	nc, err := s.conn(ctx, peer)
 	if err != nil {
+		_, end := s.TrackCtx(ctx, src, dst, "tcp", metas)
+		end(err)
 		return err
 	}
 	*c, *stop = nc, closeOnDone(ctx, nc)
 	return nil
 }
 
-// recheckLog is the log line of a copy that runs again from snapshots
-// (request.Recheck).
+// recheckLog is the log line of a copy that runs again from buffers
+// (rerun).
 const recheckLog = "a chunk failed its sum where its bytes lie (a process writing the source or the destination, or another copy into them, can do that): the copy runs again from buffers"
 
 // closeOnDone closes c when ctx is done, until the returned stop (whose
@@ -566,13 +567,8 @@ func (s *Service) Receive(ctx context.Context, p Pull, prepare func(isDir bool, 
 			ipcOK = false // the peer's memory is out of reach: ask again over TCP
 			continue
 		case recheck && isRecheck(err):
-			// Again from snapshots, on another connection: this one failed.
-			slog.Warn(recheckLog, "src", p.SrcText(), "dst", p.DstText(), "err", err)
-			s.rechecks.Add(1)
 			recheck, ipcOK = false, false
-			if err = s.redial(ctx, peer, &c, &stop); err != nil {
-				_, end := s.TrackCtx(ctx, p.SrcText(), p.DstText(), "tcp", nil)
-				end(err)
+			if err = s.rerun(ctx, peer, p.SrcText(), p.DstText(), nil, &c, &stop, err); err != nil {
 				return 0, err
 			}
 			continue

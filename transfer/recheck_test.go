@@ -16,6 +16,21 @@ import (
 // takes XXH3 and copies summed where their bytes lie.
 var recheckChallenge = challenge{Version: ProtocolVersion, XXH3: true, Recheck: true}
 
+// flipLandedOnce makes the first read that lands bytes of a chunk summed
+// in place flip one of them before they are summed (testHookLanded), as a
+// process writing the destination through its mapping may; it says
+// whether that happened.
+func flipLandedOnce(t *testing.T) *atomic.Bool {
+	var once atomic.Bool
+	testHookLanded = func(pieces [][]byte, n int64) {
+		if n > 0 && once.CompareAndSwap(false, true) {
+			pieces[0][0] ^= 0xff
+		}
+	}
+	t.Cleanup(func() { testHookLanded = func([][]byte, int64) {} })
+	return &once
+}
+
 // recheckCase is one copy of TestRecheck*: a push or a pull, of a small
 // tensor (one inline chunk, sent behind the request) or a large one (many
 // chunks over several streams).
@@ -111,13 +126,7 @@ func TestRecheckSourceWritten(t *testing.T) {
 func TestRecheckDestinationWritten(t *testing.T) {
 	for _, rc := range recheckCases() {
 		t.Run(rc.String(), func(t *testing.T) {
-			var once atomic.Bool
-			testHookLanded = func(pieces [][]byte, n int64) {
-				if n > 0 && once.CompareAndSwap(false, true) {
-					pieces[0][0] ^= 0xff
-				}
-			}
-			t.Cleanup(func() { testHookLanded = func([][]byte, int64) {} })
+			once := flipLandedOnce(t)
 			data := pattern(42, rc.size)
 			from, to, client, err := rc.run(t, data)
 			require.NoError(t, err)
@@ -281,13 +290,7 @@ func (d slowAbortDest) Abort() {
 func TestRecheckPushSlowAbort(t *testing.T) {
 	for _, delay := range []time.Duration{0, 300 * time.Millisecond, time.Second} {
 		t.Run(delay.String(), func(t *testing.T) {
-			var once atomic.Bool
-			testHookLanded = func(pieces [][]byte, n int64) {
-				if n > 0 && once.CompareAndSwap(false, true) {
-					pieces[0][0] ^= 0xff
-				}
-			}
-			t.Cleanup(func() { testHookLanded = func([][]byte, int64) {} })
+			once := flipLandedOnce(t)
 			a, b := newMemLocal(), newMemLocal()
 			a.hostMem, a.inPlace, b.hostMem, b.inPlace = true, true, true, true
 			mod := func(c *Config) { c.ChunkSize = 256 << 10 }

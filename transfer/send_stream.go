@@ -285,16 +285,7 @@ func (sd *sender) hostChunk(out [][]byte, buf []byte, i int, off, n int64, h chu
 	}
 	if h.kind != ChecksumNone {
 		defer testHookSentFrom(out[start+1:])
-		if len(out) == start+2 {
-			h.sum = h.kind.sum(out[start+1])
-		} else {
-			var sm summer
-			sm.reset(h.kind)
-			for _, p := range out[start+1:] {
-				sm.write(p)
-			}
-			h.sum = sm.sum()
-		}
+		h.sum = h.kind.sumPieces(out[start+1:])
 	}
 	putDataHeaders(buf, n, h)
 	return out, true
