@@ -56,3 +56,5 @@ require (
 	google.golang.org/grpc v1.83.2 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
+
+replace github.com/zeebo/xxh3 => ./third_party/xxh3

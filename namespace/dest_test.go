@@ -225,3 +225,49 @@ func TestBlockOverlaps(t *testing.T) {
 		require.False(t, ok, name)
 	}
 }
+
+// TestWriteInPlaceJoinsAdjacentPieces: a range list whose pieces lie back
+// to back in the destination (blocks gathered from scattered sources into
+// one run) is filled through one iovec, and each byte lands where its span
+// says.
+func TestWriteInPlaceJoinsAdjacentPieces(t *testing.T) {
+	f := unmountedFS(t)
+	const blk = 4096
+	d, err := f.prepare("/cache", false, []transfer.Meta{u8("", 16*blk)}, prepOpts{})
+	require.NoError(t, err)
+	fillItems(t, d, 0)
+	_, err = d.Commit()
+	require.NoError(t, err)
+
+	// Three pieces back to back at the destination, then one apart.
+	spans := []transfer.Span{
+		{Pos: 0, Src: 5 * blk, Dst: 2 * blk, N: blk},
+		{Pos: blk, Src: 0, Dst: 3 * blk, N: 2 * blk},
+		{Pos: 3 * blk, Src: 9 * blk, Dst: 5 * blk, N: blk},
+		{Pos: 4 * blk, Src: blk, Dst: 10 * blk, N: blk},
+	}
+	m := u8("", 5*blk)
+	m.InPlace, m.Spans = true, spans
+	d, err = f.prepare("/cache", false, []transfer.Meta{m}, prepOpts{})
+	require.NoError(t, err)
+	src := make([]byte, 5*blk)
+	rand.NewChaCha8([32]byte{4}).Read(src)
+	var lens []int
+	ok, err := d.WriteInPlace(0, 0, 5*blk, func(iov [][]byte) (int64, error) {
+		var n int64
+		for _, p := range iov {
+			lens = append(lens, len(p))
+			n += int64(copy(p, src[n:]))
+		}
+		return n, nil
+	})
+	require.NoError(t, err)
+	require.True(t, ok, "host memory is written in place")
+	require.Equal(t, []int{4 * blk, blk}, lens, "one iovec for the three adjacent pieces")
+	_, err = d.Commit()
+	require.NoError(t, err)
+	got := readAll(t, f, "/cache")
+	for _, s := range spans {
+		require.Equal(t, src[s.Pos:s.Pos+s.N], got[s.Dst:s.Dst+s.N], "span at %d", s.Pos)
+	}
+}

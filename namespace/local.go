@@ -347,6 +347,13 @@ func (d *dest) WriteInPlace(i int, off, n int64, fill func(iov [][]byte) (int64,
 	pieces := arr[:0]
 	err := d.pieces(i, off, n, func(pt *tensor.Tensor, dst, _, k int64) error {
 		t = pt
+		// Pieces adjacent in the destination are one: a range list
+		// gathered into contiguous bytes is read by one iovec and summed
+		// in one pass.
+		if l := len(pieces) - 1; l >= 0 && pieces[l].Off+pieces[l].N == dst {
+			pieces[l].N += k
+			return nil
+		}
 		pieces = append(pieces, tensor.Piece{Off: dst, N: k})
 		return nil
 	})

@@ -3,6 +3,7 @@ package transfer
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -216,5 +217,64 @@ func TestSummerMatchesSum(t *testing.T) {
 		var s summer
 		s.reset(k)
 		require.Equal(t, k.sum(nil), s.sum(), "%v of nothing", k)
+	}
+}
+
+// The summer's XXH3 over pieces of every size, split at random and around
+// the hasher's block (1 KiB) and buffer (1 KiB and a 64-byte stripe), is
+// the one-pass sum: third_party/xxh3's Hasher accumulates blocks straight
+// from the pieces, and a slip in where it bridges a buffered block and a
+// piece's bytes would change the sum.
+func TestSummerPiecesAnySplit(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	data := make([]byte, 300<<10)
+	rand.NewChaCha8([32]byte{9}).Read(data)
+	for i := range 20000 {
+		n := r.IntN(len(data))
+		if i < 5000 {
+			n = r.IntN(5000)
+		}
+		var sm summer
+		sm.reset(ChecksumXXH3)
+		for rest := data[:n]; len(rest) > 0; {
+			k := r.IntN(len(rest) + 1)
+			switch r.IntN(4) {
+			case 0:
+				k = r.IntN(70)
+			case 1:
+				k = 1024 + r.IntN(130) - 65
+			}
+			k = min(k, len(rest))
+			sm.write(rest[:k])
+			rest = rest[k:]
+		}
+		require.Equal(t, ChecksumXXH3.sum(data[:n]), sm.sum(), "%d bytes", n)
+	}
+}
+
+// BenchmarkSummerPieces: a 256 KiB chunk's XXH3 in one pass, and through
+// the summer as a range list's 8 KiB pieces or a socket's 1500-byte reads
+// give it (third_party/xxh3/PATCHES.md).
+func BenchmarkSummerPieces(b *testing.B) {
+	data := make([]byte, 256<<10)
+	rand.NewChaCha8([32]byte{1}).Read(data)
+	b.Run("one-pass", func(b *testing.B) {
+		b.SetBytes(int64(len(data)))
+		for b.Loop() {
+			ChecksumXXH3.sum(data)
+		}
+	})
+	for _, piece := range []int{8192, 1500} {
+		b.Run(fmt.Sprintf("pieces-%d", piece), func(b *testing.B) {
+			b.SetBytes(int64(len(data)))
+			var sm summer
+			for b.Loop() {
+				sm.reset(ChecksumXXH3)
+				for o := 0; o < len(data); o += piece {
+					sm.write(data[o:min(o+piece, len(data))])
+				}
+				sm.sum()
+			}
+		})
 	}
 }

@@ -270,12 +270,26 @@ func (sd *sender) hostChunk(out [][]byte, buf []byte, i int, off, n int64, h chu
 		}
 		out = append(out, mem[at:at+n])
 	} else {
-		k := 0
+		// Pieces adjacent in the source are one slice: a range list
+		// scattered only on the destination's side (KV blocks from one
+		// contiguous staging tensor) is then summed in one pass, at the
+		// one-shot sum's speed, and written from one iovec.
+		k, end := 0, int64(-1)
 		err := Pieces(m.Spans, off, n, func(_, src, _, pn int64) error {
-			if k++; k > maxPieces || src < 0 || src > int64(len(mem))-pn {
+			if src < 0 || src > int64(len(mem))-pn {
+				return errSkip
+			}
+			if src == end {
+				last := &out[len(out)-1]
+				*last = (*last)[:len(*last)+int(pn)]
+				end += pn
+				return nil
+			}
+			if k++; k > maxPieces {
 				return errSkip
 			}
 			out = append(out, mem[src:src+pn])
+			end = src + pn
 			return nil
 		})
 		if err != nil {
