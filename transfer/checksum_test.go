@@ -121,8 +121,8 @@ func TestChunkSums(t *testing.T) {
 			{"none", chunkHeader{sum: 0xdeadbeef, kind: ChecksumNone}, "EPROTO", "without its checksum"},
 			{"xxh3", chunkHeader{sum: ChecksumXXH3.sum(data), kind: ChecksumXXH3}, "", ""},
 			{"crc32c", chunkHeader{sum: crcOf(data), kind: ChecksumCRC32C}, "", ""},
-			{"bad-xxh3", chunkHeader{sum: ChecksumXXH3.sum(data) ^ 1, kind: ChecksumXXH3}, "EIO", `checksum mismatch (xxh3) in "" at 0`},
-			{"bad-crc32c", chunkHeader{sum: crcOf(data) ^ 1, kind: ChecksumCRC32C}, "EIO", `checksum mismatch (crc32c) in "" at 0`},
+			{"bad-xxh3", chunkHeader{sum: ChecksumXXH3.sum(data) ^ 1, kind: ChecksumXXH3}, "EIO", `checksum mismatch (xxh3) in "/x" at 0`},
+			{"bad-crc32c", chunkHeader{sum: crcOf(data) ^ 1, kind: ChecksumCRC32C}, "EIO", `checksum mismatch (crc32c) in "/x" at 0`},
 			{"both-flags", chunkHeader{index: xxh3Flag, kind: ChecksumNone}, "EPROTO", "both sum flags"},
 		} {
 			t.Run(fmt.Sprintf("%v/%s", recv, tc.name), func(t *testing.T) {

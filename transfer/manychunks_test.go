@@ -130,7 +130,7 @@ func corruptChunkAmongMany(t *testing.T, n, size, bad int, inPlace bool, k Check
 		}
 		c.sendJSON(frameDone, doneMsg{Chunks: int64(n)})
 		we := requirePutRefused(t, c, b, before, "EIO")
-		require.Contains(t, we.Message, fmt.Sprintf("checksum mismatch (%v) in \"\" at %d", k, bad*size))
+		require.Contains(t, we.Message, fmt.Sprintf("checksum mismatch (%v) in \"/x\" at %d", k, bad*size))
 	})
 }
 

@@ -492,7 +492,13 @@ func (rs *recvStream) sumLanded(n int64) {
 // checksum: EIO, to be rechecked from snapshots on a transfer that may be
 // summed where its bytes lie (recvMode.recheck).
 func (rs *recvStream) mismatch(w work) error {
-	err := sumMismatch(rs.c.peer, w, rs.tr.metas[w.i].Rel)
+	// A tree's tensor by its path in the tree; a copy's one tensor (Rel
+	// "") by the transfer's destination, as stats name it.
+	name := rs.tr.metas[w.i].Rel
+	if name == "" && rs.rec != nil {
+		name = rs.rec.Dst
+	}
+	err := &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: checksum mismatch (%s) in %q at %d", rs.c.peer, w.kind, name, w.off)}
 	if rs.mode.recheck {
 		err.recheck = true
 		err.Msg += " (summed where the bytes lie: the copy runs again from buffers)"
@@ -654,10 +660,4 @@ func (rs *recvStream) write(w work) (err error) {
 		err = rs.dest.WriteAt(w.i, w.buf[:w.n], w.off)
 	})
 	return err
-}
-
-// sumMismatch is the error of chunk w, of tensor rel, whose bytes do not
-// match their checksum: EIO.
-func sumMismatch(peer string, w work, rel string) *Error {
-	return &Error{Errno: syscall.EIO, Msg: fmt.Sprintf("%s: checksum mismatch (%s) in %q at %d", peer, w.kind, rel, w.off)}
 }
