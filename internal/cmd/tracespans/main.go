@@ -9,12 +9,14 @@
 //	    bridge method its stacks show; "?" when it made no syscall to
 //	    name it), and the gaps between consecutive ones (the caller's and
 //	    the readers' wake-ups): p50, p10 and p90 in µs.
-//	tracespans span [-sample N] TRACE START END
+//	tracespans span [-sample N] [-min µs] TRACE START END
 //	    per goroutine, from the return of a syscall whose stack names
 //	    START (a substring of a function name) to the entry of the next one
 //	    whose stack names END: p50, p10, p90 in µs, and the transitions of
 //	    the N-th span (default 150), each with its time from the start and
-//	    the innermost tensorfs or go-fuse frames.
+//	    the innermost tensorfs or go-fuse frames; -min counts only the
+//	    spans of at least that many µs (a SETXATTR among the LOOKUPs that
+//	    also end in a FUSE writev).
 //
 // For example, a sender's copy_to: `span TRACE readRequest fuse.writev`; a
 // receiver's request: `span TRACE readFrameHeader sendJSON`.
@@ -42,11 +44,12 @@ func main() {
 	case "span":
 		fs := flag.NewFlagSet("span", flag.ExitOnError)
 		sample := fs.Int("sample", 150, "the span whose transitions are printed")
+		min := fs.Float64("min", 0, "count only spans of at least this many µs (a SETXATTR among its LOOKUPs)")
 		fs.Parse(os.Args[2:])
 		if fs.NArg() != 3 {
 			usage()
 		}
-		err = spanMode(fs.Arg(0), fs.Arg(1), fs.Arg(2), *sample, os.Stdout)
+		err = spanMode(fs.Arg(0), fs.Arg(1), fs.Arg(2), *sample, *min, os.Stdout)
 	default:
 		usage()
 	}
@@ -57,7 +60,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: tracespans fuse TRACE | tracespans span [-sample N] TRACE START END")
+	fmt.Fprintln(os.Stderr, "usage: tracespans fuse TRACE | tracespans span [-sample N] [-min µs] TRACE START END")
 	os.Exit(2)
 }
 
@@ -207,7 +210,7 @@ func fuseMode(path string, w io.Writer) error {
 }
 
 // spanMode: see the command's doc.
-func spanMode(path, startPat, endPat string, sample int, w io.Writer) error {
+func spanMode(path, startPat, endPat string, sample int, min float64, w io.Writer) error {
 	type span struct {
 		start trace.Time
 		log   []string
@@ -224,10 +227,12 @@ func spanMode(path, startPat, endPat string, sample int, w io.Writer) error {
 		if sp := open[tr.g]; sp != nil {
 			sp.log = append(sp.log, fmt.Sprintf("  +%8.1f µs %v -> %v %s", us(sp.start, tr.t), tr.from, tr.to, frames(tr.stack)))
 			if tr.to == trace.GoSyscall && strings.Contains(tr.stack, endPat) {
-				if len(lat) == sample {
-					fmt.Fprintf(w, "span %d:\n%s\n", sample, strings.Join(sp.log, "\n"))
+				if d := us(sp.start, tr.t); d >= min {
+					if len(lat) == sample {
+						fmt.Fprintf(w, "span %d:\n%s\n", sample, strings.Join(sp.log, "\n"))
+					}
+					lat = append(lat, d)
 				}
-				lat = append(lat, us(sp.start, tr.t))
 				delete(open, tr.g)
 			}
 		}
