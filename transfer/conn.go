@@ -339,15 +339,23 @@ func (c *conn) send(typ byte, payload []byte) error {
 // data and done in one write), else straight to the socket after what
 // waits, in one writev, so that megabytes are not copied into the write
 // buffer first.
-func (c *conn) writeFrames(frames [][]byte) error {
+//
+// more: a frame follows at once (a small put's done frame behind its last
+// chunks), so frames that fit stay in the buffer for its write to carry:
+// the destination then gets request, data and done in one segment and
+// wakes once, not again for a done frame a write later.
+func (c *conn) writeFrames(frames [][]byte, more bool) error {
 	c.c.SetWriteDeadline(time.Now().Add(c.timeout))
 	n := 0
 	for _, f := range frames {
 		n += len(f)
 	}
-	if n <= c.w.Available() && c.w.Buffered() > 0 {
+	if n <= c.w.Available() && (c.w.Buffered() > 0 || more) {
 		for _, f := range frames {
 			c.w.Write(f)
+		}
+		if more {
+			return nil
 		}
 		return c.w.Flush()
 	}

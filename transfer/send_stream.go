@@ -174,6 +174,22 @@ func (sd *sender) next() (i int, off, n int64, ok bool) {
 	return i, off, n, true
 }
 
+// drained reports whether next has no chunk left to hand out.
+func (sd *sender) drained() bool {
+	sd.curMu.Lock()
+	defer sd.curMu.Unlock()
+	for i := sd.curI; i < len(sd.srcs); i++ {
+		off := int64(0)
+		if i == sd.curI {
+			off = sd.curOff
+		}
+		if off < sd.srcs[i].Meta().NBytes {
+			return false
+		}
+	}
+	return true
+}
+
 // startReaders runs n readers, and closes full once they have all stopped.
 func (sd *sender) startReaders(n int) {
 	var wg sync.WaitGroup
@@ -394,7 +410,9 @@ func (sd *sender) write(c *conn) bool {
 		if sd.ss.failed.Load() {
 			continue
 		}
-		if err := c.writeFrames(sb.out); err != nil {
+		// An inline writer's last block waits in the buffer for the
+		// done frame's write (writeFrames' more).
+		if err := c.writeFrames(sb.out, sd.inline && sd.drained()); err != nil {
 			sd.ss.fail(netErr(err))
 			sd.halt()
 			continue

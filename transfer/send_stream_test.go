@@ -2,7 +2,10 @@ package transfer
 
 import (
 	"bytes"
+	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
+	"net"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -31,7 +34,7 @@ func TestHostChunkJoinsAdjacentPieces(t *testing.T) {
 		want = append(want, mem[s.Src:s.Src+s.N]...)
 	}
 	for _, k := range []Checksum{ChecksumXXH3, ChecksumCRC32C, ChecksumNone} {
-		src := &memHostSource{&memSource{meta: meta, data: mem}}
+		src := &memHostSource{&memSource{l: newMemLocal(), meta: meta, data: mem}}
 		sd := newSender([]Source{src}, 256<<10, 1, k, true, nil, nil)
 		buf := make([]byte, frameOverhead)
 		out, ok := sd.hostChunk(nil, buf, 0, 0, meta.NBytes, chunkHeader{kind: k})
@@ -41,5 +44,56 @@ func TestHostChunkJoinsAdjacentPieces(t *testing.T) {
 		h, _, err := parseChunk(out[0][frameHeaderLen:])
 		require.NoError(t, err)
 		require.Equal(t, k.sum(want), h.sum, "%s: the chunk's sum", k)
+	}
+}
+
+// A small put goes as one write: its request, its chunks and its done
+// frame, so that the destination wakes once for all of it. (The done
+// frame was a second write, a few µs later: on a loaded host the
+// destination had gone back to waiting by then, and woke again.) A pipe's
+// Read returns one Write's bytes, so the first Read must hold the done
+// frame too; both the copy from buffers and the one from host memory.
+func TestSmallPutOneWrite(t *testing.T) {
+	data := make([]byte, 4096)
+	rand.NewChaCha8([32]byte{6}).Read(data)
+	meta := Meta{DType: "U8", Shape: "4096", NBytes: 4096, InPlace: true}
+	for _, host := range []bool{false, true} {
+		t.Run(fmt.Sprintf("host=%v", host), func(t *testing.T) {
+			l := newMemLocal()
+			var src Source = &memSource{l: l, meta: meta, data: data}
+			if host {
+				src = &memHostSource{&memSource{l: l, meta: meta, data: data}}
+			}
+			a, b := net.Pipe()
+			defer a.Close()
+			defer b.Close()
+			s := &Service{}
+			sd := newSender([]Source{src}, 256<<10, 1, ChecksumNone, false, &Record{}, &streamSet{dead: make(chan struct{})})
+			require.True(t, sd.inline, "a small put's chunks go inline")
+			defer sd.release()
+			done := make(chan error, 1)
+			go func() {
+				_, err := s.sendSmall(wrapConn(a, "b"), request{Op: "put", Path: "/x", Tensors: []Meta{meta}}, sd)
+				done <- err
+			}()
+			buf := make([]byte, 1<<20)
+			n, err := b.Read(buf)
+			require.NoError(t, err)
+			got := buf[:n]
+			// The last frame of the write is the done frame.
+			var frames []byte
+			for p := got; len(p) > 0; {
+				require.GreaterOrEqual(t, len(p), frameHeaderLen)
+				l := 4 + int(binary.BigEndian.Uint32(p[:4])) // the length counts the type byte
+				require.GreaterOrEqual(t, len(p), l, "whole frames")
+				frames = append(frames, p[4])
+				p = p[l:]
+			}
+			require.Equal(t, []byte{frameRequest, frameData, frameDone}, frames, "request, data and done in the first write")
+			require.Contains(t, string(got), string(data), "the chunk's bytes")
+			c := wrapConn(b, "a")
+			require.NoError(t, c.sendJSON(frameOK, reply{Copied: 1}))
+			require.NoError(t, <-done)
+		})
 	}
 }
