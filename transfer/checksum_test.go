@@ -18,7 +18,7 @@ import (
 // way a sender sends: an eager small put (inline frames), a large put and
 // a large pull over several streams (reader goroutines); with a sum, as
 // both nodes take copies summed where their bytes lie (request.Recheck;
-// TestRecheck* have the snapshots that follow a mismatch).
+// TestRecheck* have the buffers that follow a mismatch).
 func TestChecksumNegotiation(t *testing.T) {
 	small, large := pattern(21, 4096+3), pattern(22, 3<<20+5)
 	kinds := []Checksum{ChecksumXXH3, ChecksumCRC32C, ChecksumNone}

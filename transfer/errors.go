@@ -91,7 +91,7 @@ func wireToError(peer string, p []byte) error {
 }
 
 // isRecheck reports whether err is a failed sum of a copy summed where its
-// bytes lie (Error.recheck), which runs again from snapshots.
+// bytes lie (Error.recheck), which runs again from buffers.
 func isRecheck(err error) bool {
 	var te *Error
 	return errors.As(err, &te) && te.recheck

@@ -412,7 +412,7 @@ func (rs *recvStream) skip(n int64) chunkOutcome {
 // bytes while they are hot, before the next read: the destination's
 // memory may change under it (overlapping in-place copies race byte by
 // byte, and processes write it through their mappings), so a mismatch
-// here may be no corruption, and the copy runs again from snapshots
+// here may be no corruption, and the copy runs again from buffers
 // (Error.recheck). Otherwise such a chunk is read into a buffer, checked,
 // then written (check, write): summed from the destination without a
 // second chance, such copies failed with EIO (72 of 600 concurrent 1 MiB
@@ -489,7 +489,7 @@ func (rs *recvStream) sumLanded(n int64) {
 }
 
 // mismatch is the error of chunk w, whose bytes do not match their
-// checksum: EIO, to be rechecked from snapshots on a transfer that may be
+// checksum: EIO, to be rechecked from buffers on a transfer that may be
 // summed where its bytes lie (recvMode.recheck).
 func (rs *recvStream) mismatch(w work) error {
 	// A tree's tensor by its path in the tree; a copy's one tensor (Rel

@@ -78,7 +78,7 @@ func (rc recheckCase) run(t *testing.T, data []byte) (from, to *memLocal, client
 
 // requireRechecked checks the client's records of a copy that ran twice:
 // the first summed where its bytes lie, failed on a sum and said it runs
-// again; the second, from snapshots, done.
+// again; the second, from buffers, done.
 func requireRechecked(t *testing.T, client *Service) {
 	t.Helper()
 	recent := client.Stats().Transfers.Recent
@@ -94,7 +94,7 @@ func requireRechecked(t *testing.T, client *Service) {
 // mapping while a chunk is sent from there (testHookSentFrom, after the sum
 // is taken): the chunk fails its sum at the receiver, which says the copy
 // should run again (Error.recheck), and the client runs it again from
-// snapshots (the source read through ReadAt), once. The destination then
+// buffers (the source read through ReadAt), once. The destination then
 // holds the source as it is now; both nodes end clean.
 func TestRecheckSourceWritten(t *testing.T) {
 	for _, rc := range recheckCases() {
@@ -111,7 +111,7 @@ func TestRecheckSourceWritten(t *testing.T) {
 			require.True(t, once.Load(), "a chunk was sent from the source's memory")
 			requireSameTensor(t, from, "/x", to, "/y")
 			require.NotEqual(t, pattern(41, rc.size), from.files["/x"].data, "the source was written during the copy")
-			require.Equal(t, int64(rc.size), from.reads.Load(), "the second run read the source into snapshots, once")
+			require.Equal(t, int64(rc.size), from.reads.Load(), "the second run read the source into buffers, once")
 			requireRechecked(t, client)
 			requireClean(t, from)
 			requireClean(t, to)
@@ -122,7 +122,7 @@ func TestRecheckSourceWritten(t *testing.T) {
 // TestRecheckDestinationWritten: a process (or another copy) writes the
 // destination's bytes while a chunk lands there, before they are summed
 // (testHookLanded): the chunk fails its sum, and the copy runs again from
-// snapshots, read into buffers and checked there before they are written.
+// buffers: read into them and checked there before they are written.
 func TestRecheckDestinationWritten(t *testing.T) {
 	for _, rc := range recheckCases() {
 		t.Run(rc.String(), func(t *testing.T) {
@@ -140,7 +140,7 @@ func TestRecheckDestinationWritten(t *testing.T) {
 }
 
 // TestRecheckNotAskedFromOlderPeers: a peer that says nothing of
-// hello.Recheck (a release before it) gets copies summed from snapshots:
+// hello.Recheck (a release before it) gets copies summed from buffers:
 // the request does not ask for it, and the chunks sent to it are read
 // through ReadAt.
 func TestRecheckNotAskedFromOlderPeers(t *testing.T) {
@@ -194,7 +194,7 @@ func TestRecheckOnce(t *testing.T) {
 	for r := range reqc {
 		reqs = append(reqs, r)
 	}
-	require.Len(t, reqs, 2, "the get ran once summed in place and once from snapshots")
+	require.Len(t, reqs, 2, "the get ran once summed in place and once from buffers")
 	require.True(t, reqs[0].Recheck)
 	require.False(t, reqs[1].Recheck)
 	require.Zero(t, a.counts().Commits)
@@ -283,7 +283,7 @@ func (d slowAbortDest) Abort() {
 
 // TestRecheckPushSlowAbort: a multi-stream push summed in place
 // whose chunk fails its sum at the destination (a write into the
-// destination as it lands) must run again from snapshots and succeed,
+// destination as it lands) must run again from buffers and succeed,
 // however long the destination's abort takes: the destination closes
 // the extra streams at the failure, and the sender's broken pipe must not
 // stand in for the recheck error.
@@ -346,7 +346,7 @@ func TestRecheckThenCancel(t *testing.T) {
 // the copy), drops the put's extra stream at once, and sends its reason
 // (flagged recheck) on the put's own connection 300 ms later, after its
 // abort (a tree of thousands of temporaries let go): the sender must run
-// the copy again from snapshots, not report the broken stream (EIO).
+// the copy again from buffers, not report the broken stream (EIO).
 func TestRecheckReasonLate(t *testing.T) {
 	var puts atomic.Int32
 	addr := rawPeerAs(t, recheckChallenge, func(_ net.Conn, c *conn, req request) {
@@ -379,6 +379,6 @@ func TestRecheckReasonLate(t *testing.T) {
 	client := newClient(t, "a", a, testSecret, map[string]string{"b": addr}, nil)
 	_, err := push(context.Background(), client, a, "/x", "b", "/y")
 	t.Logf("err: %v; puts: %d", err, puts.Load())
-	require.Equal(t, int32(2), puts.Load(), "the copy ran again from snapshots")
+	require.Equal(t, int32(2), puts.Load(), "the copy ran again from buffers")
 	requireClean(t, a)
 }

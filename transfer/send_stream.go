@@ -178,11 +178,7 @@ func (sd *sender) next() (i int, off, n int64, ok bool) {
 func (sd *sender) drained() bool {
 	sd.curMu.Lock()
 	defer sd.curMu.Unlock()
-	for i := sd.curI; i < len(sd.srcs); i++ {
-		off := int64(0)
-		if i == sd.curI {
-			off = sd.curOff
-		}
+	for i, off := sd.curI, sd.curOff; i < len(sd.srcs); i, off = i+1, 0 {
 		if off < sd.srcs[i].Meta().NBytes {
 			return false
 		}
@@ -296,6 +292,8 @@ func (sd *sender) hostChunk(out [][]byte, buf []byte, i int, off, n int64, h chu
 				return errSkip
 			}
 			if src == end {
+				// The last slice's capacity runs to mem's end, and
+				// src+pn lies inside mem (checked above).
 				last := &out[len(out)-1]
 				*last = (*last)[:len(*last)+int(pn)]
 				end += pn

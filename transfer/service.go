@@ -233,7 +233,7 @@ type Service struct {
 	copies      [numPaths][3]atomic.Int64
 	bytes       [numPaths][3]atomic.Int64
 	descriptors atomic.Int64
-	// rechecks counts the copies this node ran again from snapshots after
+	// rechecks counts the copies this node ran again from buffers after
 	// a chunk failed its sum where its bytes lie (request.Recheck).
 	rechecks atomic.Int64
 	active   atomic.Int64

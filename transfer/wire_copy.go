@@ -90,7 +90,7 @@ type request struct {
 	// or another copy into the same bytes, can then make a chunk's sum
 	// disagree with its bytes, which a snapshot cannot: a mismatch fails
 	// the copy with wireError.Recheck set, and the client runs it again
-	// without Recheck, summed from snapshots (buffers), where a mismatch is
+	// without Recheck, summed from buffers, where a mismatch is
 	// corruption (EIO).
 	Recheck bool `json:"recheck,omitempty"`
 	// Range, on a get, names bytes of the tensor at Path (not of a

@@ -30,7 +30,7 @@ type hello struct {
 	// Recheck says the node takes copies whose chunks are summed where
 	// their bytes lie (request.Recheck), and reports a mismatch in one as
 	// such (wireError.Recheck). Absent from releases before it: their
-	// copies are summed from snapshots, as before.
+	// copies are summed from buffers, as before.
 	Recheck bool `json:"recheck,omitempty"`
 	// Local is the node's abstract unix socket ("@tensorfs-" and its
 	// instance), absent when it has none: a peer of the same host id
