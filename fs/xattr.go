@@ -114,25 +114,26 @@ func (f *File) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	if !strings.HasPrefix(attr, xattrs.Prefix) {
 		return f.meta.setUser(attr, data, flags)
 	}
-	return f.fsys.refuse(ctx, f.ns, attr, f.setxattr(ctx, attr, string(data)))
+	return f.fsys.refuse(ctx, f.ns, attr, f.setxattr(ctx, attr, data))
 }
 
-// setxattr sets tensorfs attribute attr (its full name) to val.
-func (f *File) setxattr(ctx context.Context, attr, val string) error {
+// setxattr sets tensorfs attribute attr (its full name) to data, which the
+// actions borrow (the request's buffer) and the rest copy.
+func (f *File) setxattr(ctx context.Context, attr string, data []byte) error {
 	var err error
 	switch attr {
 	case xattrs.DType:
-		err = f.t.SetDType(val)
+		err = f.t.SetDType(string(data))
 	case xattrs.Shape:
-		err = f.t.SetShape(val)
+		err = f.t.SetShape(string(data))
 	case xattrs.Device:
-		err = f.t.SetDevice(val)
+		err = f.t.SetDevice(string(data))
 	case xattrs.CopyTo:
-		return f.fsys.tree.CopyTo(copyCtx(ctx), f.ns, val, true)
+		return f.fsys.tree.CopyTo(copyCtx(ctx), f.ns, data, true)
 	case xattrs.CopyFrom:
-		return f.fsys.tree.CopyFrom(copyCtx(ctx), f.ns, val)
+		return f.fsys.tree.CopyFrom(copyCtx(ctx), f.ns, data)
 	case xattrs.Register:
-		err = f.fsys.tree.Register(caller(ctx), f.t, val)
+		err = f.fsys.tree.Register(caller(ctx), f.t, string(data))
 	default:
 		return readOnlyOrInvalid(attr, "a file")
 	}
@@ -219,21 +220,22 @@ func (d *Dir) Setxattr(ctx context.Context, attr string, data []byte, flags uint
 	if !strings.HasPrefix(attr, xattrs.Prefix) {
 		return d.meta.setUser(attr, data, flags)
 	}
-	return d.fsys.refuse(ctx, d.d, attr, d.setxattr(ctx, attr, string(data)))
+	return d.fsys.refuse(ctx, d.d, attr, d.setxattr(ctx, attr, data))
 }
 
-// setxattr sets tensorfs attribute attr (its full name) of the directory.
-func (d *Dir) setxattr(ctx context.Context, attr, val string) error {
+// setxattr sets tensorfs attribute attr (its full name) of the directory
+// to data, which the actions borrow (the request's buffer).
+func (d *Dir) setxattr(ctx context.Context, attr string, data []byte) error {
 	switch {
 	case attr == xattrs.CopyTo:
-		return d.fsys.tree.CopyTo(copyCtx(ctx), d.d, val, true)
+		return d.fsys.tree.CopyTo(copyCtx(ctx), d.d, data, true)
 	case attr == xattrs.CopyFrom:
-		return d.fsys.tree.CopyFrom(copyCtx(ctx), d.d, val)
+		return d.fsys.tree.CopyFrom(copyCtx(ctx), d.d, data)
 	case attr == xattrs.Batch && d.isRoot():
-		return d.fsys.tree.Batch(copyCtx(ctx), val)
+		return d.fsys.tree.Batch(copyCtx(ctx), data)
 	case attr == xattrs.DType || attr == xattrs.Shape || attr == xattrs.Device:
 		// The namespace takes the template attribute's short name.
-		return d.d.SetTemplateAttr(strings.TrimPrefix(attr, xattrs.Prefix), val)
+		return d.d.SetTemplateAttr(strings.TrimPrefix(attr, xattrs.Prefix), string(data))
 	case attr == xattrs.Batch:
 		return errnoErr(syscall.EINVAL, "%s is taken by the root directory only", attr)
 	}

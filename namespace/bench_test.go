@@ -50,7 +50,7 @@ func benchCopyToLines(b *testing.B, n, blk int) {
 	value := strings.Join(lines, "\n")
 	b.ResetTimer()
 	for b.Loop() {
-		if err := tr.CopyTo(context.Background(), src, value, false); err != nil {
+		if err := tr.CopyTo(context.Background(), src, []byte(value), false); err != nil {
 			b.Fatal(err)
 		}
 	}

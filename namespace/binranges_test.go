@@ -66,6 +66,24 @@ func TestDecodeBinary(t *testing.T) {
 	require.False(t, isBinary("/a b:/b"))
 }
 
+// TestBinaryValueBorrowed: a binary range list is read from the request's
+// buffer (valueOf), so what outlives the call, its records' lines, must
+// not alias it; a text value is copied whole.
+func TestBinaryValueBorrowed(t *testing.T) {
+	buf := []byte(binList([]string{"/s b:/d", "b:/n"}, [][][3]int64{{{1, 2, 3}}, nil}))
+	recs, err := decodeBinary(valueOf(buf))
+	require.NoError(t, err)
+	text := []byte("@0+1 b:/d@0")
+	tv := valueOf(text)
+	for i := range buf {
+		buf[i] = 'x' // the next request in the buffer
+	}
+	copy(text, "xxxxxxxxxxx")
+	require.Equal(t, "/s b:/d", recs[0].line)
+	require.Equal(t, "b:/n", recs[1].line)
+	require.Equal(t, "@0+1 b:/d@0", tv)
+}
+
 // FuzzDecodeBinary: any value decodes or is EINVAL, never a panic, and the
 // records' descriptors are whole.
 func FuzzDecodeBinary(f *testing.F) {
@@ -111,6 +129,7 @@ func TestSpanRoomBounded(t *testing.T) {
 		require.Len(t, s.meta.Spans, 2)
 		room += cap(s.meta.Spans)
 	}
-	require.Less(t, room, 2000+1000*8, "spans made room for %d", room)
+	// The first list's room may come from spanPool: up to twice its hint.
+	require.Less(t, room, 2*2000+1000*8, "spans made room for %d", room)
 	closeAll(p.opened)
 }

@@ -233,7 +233,8 @@ func actionLines(value string, skipped int, want string) ([]actionLine, error) {
 // (xattrs.RangeListMagic): a destination with a range is written in place; a
 // directory's only with "@0". Several lines are one call (see runLines).
 // It ignores the request's cancellation (FUSE interrupts): a copy runs to
-// completion or failure.
+// completion or failure. value is borrowed (valueOf): CopyTo keeps none of
+// it once it returns.
 //
 // viaMount lets the final renames go through the mount (so inotify watchers
 // see arrivals); batch turns it off, since the kernel holds the root's lock.
@@ -242,7 +243,8 @@ func actionLines(value string, skipped int, want string) ([]actionLine, error) {
 // unknown peer or a missing in-place destination; EISDIR, ...; a domain
 // error gets its errno), never ESTALE (see copyErr), or an error of no
 // known errno.
-func (f *Tree) CopyTo(ctx context.Context, src Node, value string, viaMount bool) (err error) {
+func (f *Tree) CopyTo(ctx context.Context, src Node, v []byte, viaMount bool) (err error) {
+	value := valueOf(v)
 	defer func() {
 		err = copyErr(logRefusal("copy_to", f.Path(src), value, err))
 	}()
@@ -416,9 +418,10 @@ func applyRange(srcs []transfer.Source, r transfer.Range, isDir bool) error {
 // "[PEER:]PATH[@RANGE]" (or a binary range list: xattrs.RangeListMagic), into node dst (a file, or a directory tree): a
 // line with a destination range writes dst's bytes in place; without one
 // the data of files is replaced by adoption (the kernel holds dst's lock
-// for this call). The in-place lines run first. Errors as for CopyTo;
-// ENOENT when dst has no name any more.
-func (f *Tree) CopyFrom(ctx context.Context, dst Node, value string) (err error) {
+// for this call). The in-place lines run first. value is borrowed, as
+// CopyTo's. Errors as for CopyTo; ENOENT when dst has no name any more.
+func (f *Tree) CopyFrom(ctx context.Context, dst Node, v []byte) (err error) {
+	value := valueOf(v)
 	defer func() {
 		err = copyErr(logRefusal("copy_from", f.Path(dst), value, err))
 	}()
@@ -705,8 +708,9 @@ func (f *Tree) localCopy(ctx context.Context, label, dst string, srcs []transfer
 
 // Batch runs the copies of a batch xattr: one "SRC DST" per line, each
 // side "[PEER:]PATH[@RANGE]", or a binary range list (xattrs.RangeListMagic), as one
-// call (runLines). Errors as CopyTo's.
-func (f *Tree) Batch(ctx context.Context, value string) (err error) {
+// call (runLines). value is borrowed, as CopyTo's. Errors as CopyTo's.
+func (f *Tree) Batch(ctx context.Context, v []byte) (err error) {
+	value := valueOf(v)
 	defer func() {
 		err = copyErr(logRefusal("batch", "/", value, err))
 	}()

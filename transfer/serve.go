@@ -8,6 +8,10 @@ import (
 	"syscall"
 )
 
+// maxKeptSpans bounds the span array a connection keeps between requests
+// (serve): 512 KiB, a 64 KiB value's descriptors several times over.
+const maxKeptSpans = 1 << 14
+
 // serve runs one accepted connection: the handshake, then requests.
 func (s *Service) serve(nc net.Conn) {
 	c, err := s.handshake(nc)
@@ -15,6 +19,9 @@ func (s *Service) serve(nc net.Conn) {
 		slog.Warn("peer refused", "peer", remoteLabel(nc), "err", err)
 		return
 	}
+	// The span lists of this connection's requests, one array reused
+	// (decodeMsgIn) while each is done with when the next comes.
+	var spans []Span
 	for {
 		var req request
 		s.waiting.Add(1)
@@ -27,7 +34,7 @@ func (s *Service) serve(nc net.Conn) {
 			c.sendError(&Error{Errno: syscall.EPROTO, Msg: "expected a request"})
 			return
 		}
-		if err := decodeMsg(p, &req); err != nil {
+		if err := decodeMsgIn(p, &req, &spans); err != nil {
 			var te *Error
 			if !errors.As(err, &te) {
 				te = &Error{Errno: syscall.EPROTO, Msg: fmt.Sprintf("malformed request: %v", err)}
@@ -61,6 +68,14 @@ func (s *Service) serve(nc net.Conn) {
 		default:
 			rerr = &Error{Errno: syscall.EINVAL, Msg: fmt.Sprintf("unknown op %q", req.Op)}
 			c.sendError(rerr)
+		}
+		if req.Op != "put" || rerr != nil || cap(spans) > maxKeptSpans {
+			// A put that succeeded read its spans for the last time
+			// before its reply. Another request's may still be read
+			// (a get's sources hold them; so might a failed put's
+			// streams, on their way out): the next request gets its
+			// own array.
+			spans = nil
 		}
 		if rerr != nil {
 			slog.Warn("peer request failed", "peer", c.peer, "op", req.Op, "path", req.Path, "errno", errnoName(Errno(rerr)), "err", rerr)

@@ -125,6 +125,10 @@ func appendTable(b []byte, metas []Meta, descs []IPCDesc) []byte {
 type tableReader struct {
 	p   []byte
 	bad bool
+	// room, when not nil, is where the span lists go (spans): cut one
+	// after the other from its spare capacity, which is made enough for
+	// the rest of the table's when a list does not fit.
+	room *[]Span
 }
 
 func (r *tableReader) take(n int) []byte {
@@ -177,7 +181,18 @@ func (r *tableReader) count(size int) int {
 func (r *tableReader) spans() []Span {
 	n := r.count(tableSpanLen)
 	p := r.take(n * tableSpanLen)
-	spans := make([]Span, n)
+	var spans []Span
+	if r.room == nil || n == 0 {
+		spans = make([]Span, n) // not nil: a list, if an empty one
+	} else {
+		b := *r.room
+		if n > cap(b)-len(b) {
+			// The lists cut before stay where they are.
+			b = make([]Span, 0, n+len(r.p)/tableSpanLen)
+		}
+		k := len(b)
+		spans, *r.room = b[k:k+n:k+n], b[:k+n]
+	}
 	var pos int64
 	var high uint64
 	le := binary.LittleEndian
@@ -194,11 +209,17 @@ func (r *tableReader) spans() []Span {
 	return spans
 }
 
-// decodeTable parses a table (appendTable). Errors: EPROTO for a table that
-// is short, has trailing bytes, names a string it lacks, or has a size or
-// offset past int64.
-func decodeTable(p []byte) ([]Meta, []IPCDesc, error) {
+// decodeTable parses a table (appendTable). With room not nil, the span
+// lists are cut from *room's capacity, replaced by a larger array when
+// they do not fit (tableReader.room). Errors: EPROTO
+// for a table that is short, has trailing bytes, names a string it lacks,
+// or has a size or offset past int64.
+func decodeTable(p []byte, room *[]Span) ([]Meta, []IPCDesc, error) {
 	r := &tableReader{p: p}
+	if room != nil {
+		*room = (*room)[:0]
+		r.room = room
+	}
 	strs := make([]string, r.count(4))
 	for i := range strs {
 		strs[i] = string(r.take(int(r.u32())))
@@ -274,7 +295,12 @@ func encodeMsg(b []byte, v any) []byte {
 // decodeMsg parses a payload of encodeMsg into v; a table fills a request's
 // or reply's Tensors and IPC. Errors: JSON's, or EPROTO for a malformed
 // table or one on another message.
-func decodeMsg(p []byte, v any) error {
+func decodeMsg(p []byte, v any) error { return decodeMsgIn(p, v, nil) }
+
+// decodeMsgIn is decodeMsg with the table's span lists cut from *room
+// (decodeTable): a connection's requests reuse one array (serve) where a
+// 1000-descriptor put's 32 KB of spans were allocated, cleared, per call.
+func decodeMsgIn(p []byte, v any, room *[]Span) error {
 	js, tab, hasTable := bytes.Cut(p, []byte{0})
 	if err := json.Unmarshal(js, v); err != nil {
 		return err
@@ -282,7 +308,7 @@ func decodeMsg(p []byte, v any) error {
 	if !hasTable {
 		return nil
 	}
-	metas, descs, err := decodeTable(tab)
+	metas, descs, err := decodeTable(tab, room)
 	if err != nil {
 		return err
 	}

@@ -45,14 +45,52 @@ func TestTableRoundTrip(t *testing.T) {
 
 	tab := appendTable(nil, metas, descs)
 	for n := range len(tab) {
-		_, _, err := decodeTable(tab[:n])
+		_, _, err := decodeTable(tab[:n], nil)
 		require.Error(t, err, "truncated to %d of %d bytes", n, len(tab))
 	}
-	_, _, err := decodeTable(append(tab, 0))
+	_, _, err := decodeTable(append(tab, 0), nil)
 	require.Error(t, err, "trailing bytes")
 	// A count larger than the bytes behind it allocates nothing.
-	_, _, err = decodeTable([]byte{0xff, 0xff, 0xff, 0xff})
+	_, _, err = decodeTable([]byte{0xff, 0xff, 0xff, 0xff}, nil)
 	require.Error(t, err)
+}
+
+// TestTableSpansInRoom: a connection's requests decode their span lists
+// into one array (decodeMsgIn): the same lists as alone, the second
+// request's in the first's array, the lists of one request apart (an
+// append to one does not reach the next), and an empty list still a list.
+func TestTableSpansInRoom(t *testing.T) {
+	a := []Span{{0, 8, 64, 16}, {16, 0, 0, 8}}
+	b := []Span{{0, 1, 2, 3}}
+	metas := []Meta{
+		{Rel: "a", DType: "U8", Shape: "24", NBytes: 24, InPlace: true, Spans: a},
+		{Rel: "e", DType: "U8", Shape: "0", InPlace: true, Spans: []Span{}},
+		{Rel: "w", DType: "U8", Shape: "3", NBytes: 3},
+		{Rel: "b", DType: "U8", Shape: "3", NBytes: 3, InPlace: true, Spans: b},
+	}
+	msg := encodeMsg(nil, request{Op: "put", Path: "/", Tensors: metas})
+	var room []Span
+	var r1 request
+	require.NoError(t, decodeMsgIn(msg, &r1, &room))
+	require.Equal(t, metas, r1.Tensors)
+	require.NotNil(t, r1.Tensors[1].Spans)
+	_ = append(r1.Tensors[0].Spans, Span{99, 99, 99, 99})
+	require.Equal(t, b, r1.Tensors[3].Spans, "a list's append reached the next")
+	first := &room[0]
+	var r2 request
+	require.NoError(t, decodeMsgIn(msg, &r2, &room))
+	require.Equal(t, metas, r2.Tensors)
+	require.Same(t, first, &r2.Tensors[0].Spans[0], "the second request's spans are in the first's array")
+	// A request of more spans than the array holds gets a larger one.
+	many := make([]Span, 100)
+	for i := range many {
+		many[i] = Span{Pos: int64(i), Src: int64(i), Dst: int64(2 * i), N: 1}
+	}
+	big := []Meta{{Rel: "m", DType: "U8", Shape: "100", NBytes: 100, InPlace: true, Spans: many}}
+	var r3 request
+	require.NoError(t, decodeMsgIn(encodeMsg(nil, request{Op: "put", Path: "/", Tensors: big}), &r3, &room))
+	require.Equal(t, big, r3.Tensors)
+	require.GreaterOrEqual(t, cap(room), 100)
 }
 
 // TestSpans: a range list's pieces of any byte range are its spans' bytes in
@@ -107,7 +145,7 @@ func TestSpans(t *testing.T) {
 	// On the wire a span past int64 is EPROTO before any check.
 	tab := appendTable(nil, []Meta{{NBytes: 1, InPlace: true, Spans: []Span{{0, 0, 0, 1}}}}, nil)
 	copy(tab[len(tab)-8:], []byte{0, 0, 0, 0, 0, 0, 0, 0x80})
-	_, _, err = decodeTable(tab)
+	_, _, err = decodeTable(tab, nil)
 	require.Error(t, err)
 }
 
@@ -116,11 +154,11 @@ func TestSpans(t *testing.T) {
 func FuzzTable(f *testing.F) {
 	f.Add(appendTable(nil, []Meta{{Rel: "a", NBytes: 1, InPlace: true, Off: 2}}, []IPCDesc{{Handle: "h", Offset: 1}}))
 	f.Fuzz(func(t *testing.T, p []byte) {
-		metas, descs, err := decodeTable(p)
+		metas, descs, err := decodeTable(p, nil)
 		if err != nil {
 			return
 		}
-		m2, d2, err := decodeTable(appendTable(nil, metas, descs))
+		m2, d2, err := decodeTable(appendTable(nil, metas, descs), nil)
 		require.NoError(t, err)
 		require.Equal(t, len(metas), len(m2))
 		require.Equal(t, len(descs), len(d2))
