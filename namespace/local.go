@@ -177,16 +177,24 @@ func (s *fileSource) Close() {
 // tensor and one destination tensor become one descriptor this way (see
 // transfer.Span for why). The first span added makes room for hint spans.
 func (s *fileSource) addSpan(src, dst, n int64, hint int) {
+	s.asList(hint)
 	m := &s.meta
-	if m.Spans == nil {
-		m.Spans = append(newSpans(max(2, hint)), transfer.Span{Pos: 0, Src: s.off, Dst: m.Off, N: m.NBytes})
-		s.ownSpans = true
-		s.off, m.Off = 0, 0
-		// A range list has no shape of its own but its bytes.
-		m.DType = "U8"
-	}
 	m.Spans = append(m.Spans, transfer.Span{Pos: m.NBytes, Src: src, Dst: dst, N: n})
 	m.NBytes += n
+}
+
+// asList makes s, an in-place source of one range, a range list of that
+// range, with room for hint spans; a list stays as it is.
+func (s *fileSource) asList(hint int) {
+	m := &s.meta
+	if m.Spans != nil {
+		return
+	}
+	m.Spans = append(newSpans(max(2, hint)), transfer.Span{Pos: 0, Src: s.off, Dst: m.Off, N: m.NBytes})
+	s.ownSpans = true
+	s.off, m.Off = 0, 0
+	// A range list has no shape of its own but its bytes.
+	m.DType = "U8"
 }
 
 // Export implements transfer.Exporter: a peer of this host opens the
