@@ -82,8 +82,8 @@ var batchEngineMin int64 = 16 << 20
 //
 // Extents of at least batchEngineMin bytes are each one copy-engine call;
 // the others are split into descriptors of at most batchPiece bytes,
-// uploaded from a page-locked staging buffer with one cuMemcpyHtoDAsync
-// and copied by one launch of the scatter kernel (one launch per
+// written into a page-locked staging buffer that the scatter kernel reads
+// them from (issueBatch), and copied by one launch of it (one launch per
 // batchDescMax descriptors), all on one stream and synchronized once. If
 // the kernel cannot be loaded (a driver older than the PTX, say) every
 // extent goes to the copy engine, still on one stream.
@@ -376,25 +376,28 @@ func (d *Device) runBatch(pl *batchPlan, fn cuFunc) error {
 
 // issueBatch enqueues a plan's work on s. The descriptors go in pieces of
 // batchDescMax through the stager's two staging buffers, alternately: a
-// piece is copied into one, uploaded into its device array and launched
-// over, and before a buffer is refilled the stream is synchronized, which
-// waits for the upload that last read it (the stream runs in order).
+// piece is copied into one and the kernel is launched over it there (the
+// buffer is page-locked memory, which unified addressing maps into every
+// context at the same address), and before a buffer is refilled the stream
+// is synchronized, which waits for the kernel that last read it (the
+// stream runs in order).
+//
+// Why no upload into device memory first: cuMemcpyHtoDAsync of 1000
+// descriptors (24 KB) kept the CPU 9 µs (the driver copies a small upload
+// into its command stream) where the kernel reads them over the bus for 2
+// µs more than from device memory (H100 host, BenchmarkRealCopyBatch
+// 1000x8K: upload alone 9.6 µs; launch and synchronize 12.6 µs with the
+// descriptors in device memory, 14.7 µs in the staging buffer).
 func (d *Device) issueBatch(s *stager, pl *batchPlan, fn cuFunc) error {
 	for _, c := range pl.engine {
 		if err := d.engineCopy(s, c); err != nil {
 			return err
 		}
 	}
-	if len(pl.descs) == 0 {
-		return nil
-	}
-	if err := d.descArrays(s); err != nil {
-		return err
-	}
-	var pending [2]bool // an upload from that staging buffer may not have run yet
+	var pending [2]bool // a kernel reading that staging buffer may not have run yet
 	for k, h := 0, 0; k < len(pl.descs); k, h = k+batchDescMax, h^1 {
 		if pending[h] {
-			if err := d.sync(s); err != nil { // waits for every upload before
+			if err := d.sync(s); err != nil { // waits for every kernel before
 				return err
 			}
 			pending = [2]bool{}
@@ -403,11 +406,7 @@ func (d *Device) issueBatch(s *stager, pl *batchPlan, fn cuFunc) error {
 		piece := pl.descs[k:min(k+batchDescMax, len(pl.descs))]
 		n := len(piece)
 		copy(s.buf[h][:n*descSize], unsafe.Slice((*byte)(unsafe.Pointer(&piece[0])), n*descSize))
-		arr := s.descs + devptr(h*stageSize)
-		if r := d.drv.memcpyHtoDAsync(arr, s.ptr[h], uint64(n*descSize), s.stream); r != success {
-			return check(d.drv, "cuMemcpyHtoDAsync_v2", r)
-		}
-		if err := d.launchScatter(fn, s, h, uint64(arr), n); err != nil {
+		if err := d.launchScatter(fn, s, h, uint64(uintptr(s.ptr[h])), n); err != nil {
 			return err
 		}
 	}
@@ -426,8 +425,8 @@ func (d *Device) engineCopy(s *stager, c engineCopy) error {
 // descriptors at descs (an address the GPU reads), one block each. The
 // kernel's arguments (descs, count) and the void*[] of pointers to them go
 // into staging buffer h's last bytes, page-locked C memory:
-// cuLaunchKernel reads them before it returns, and the uploads read only
-// the bytes before paramsOff.
+// cuLaunchKernel reads them before it returns, and the kernel reads only
+// the descriptors, before paramsOff.
 func (d *Device) launchScatter(fn cuFunc, s *stager, h int, descs uint64, n int) error {
 	args := s.buf[h][paramsOff : paramsOff+32]
 	base := uintptr(s.ptr[h]) + paramsOff
@@ -438,20 +437,6 @@ func (d *Device) launchScatter(fn cuFunc, s *stager, h int, descs uint64, n int)
 	grid := [3]uint32{uint32(n), 1, 1}
 	block := [3]uint32{batchBlock, 1, 1}
 	return check(d.drv, "cuLaunchKernel", d.drv.launchKernel(fn, grid, block, 0, s.stream, unsafe.Add(s.ptr[h], paramsOff+16)))
-}
-
-// descArrays gives a stager the device memory of its descriptor arrays,
-// once. The device's context is current.
-func (d *Device) descArrays(s *stager) error {
-	if s.descs != 0 {
-		return nil
-	}
-	p, r := d.drv.memAlloc(2 * stageSize)
-	if err := check(d.drv, "cuMemAlloc_v2", r); err != nil {
-		return fmt.Errorf("%s: batch descriptor arrays: %w", d.name, err)
-	}
-	s.descs = p
-	return nil
 }
 
 // scatterKernel returns the scatter kernel, loading its module into the

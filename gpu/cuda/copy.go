@@ -15,11 +15,6 @@ type stager struct {
 	stream cuStrm
 	ptr    [2]unsafe.Pointer
 	buf    [2][]byte
-	// descs is device memory for the descriptor arrays of batches run on
-	// this stager (2*stageSize bytes, one array per staging buffer),
-	// allocated at the stager's first batch. Not counted in MemInfo, like
-	// the staging buffers.
-	descs devptr
 }
 
 // getStager takes an idle stager, making one while fewer than maxStagers
@@ -85,12 +80,6 @@ func (s *stager) destroy(drv driver) error {
 			}
 			s.ptr[i], s.buf[i] = nil, nil
 		}
-	}
-	if s.descs != 0 {
-		if err := check(drv, "cuMemFree_v2", drv.memFree(s.descs)); err != nil && first == nil {
-			first = err
-		}
-		s.descs = 0
 	}
 	if s.stream != 0 {
 		if err := check(drv, "cuStreamDestroy_v2", drv.streamDestroy(s.stream)); err != nil && first == nil {

@@ -376,13 +376,26 @@ func (f *fakeDriver) memFreeHost(p unsafe.Pointer) result {
 }
 
 // hostSlice finds the page-locked bytes [p, p+n). f.mu is held.
-func (f *fakeDriver) hostSlice(p unsafe.Pointer, n uint64) []byte {
+func (f *fakeDriver) hostSlice(p unsafe.Pointer, n uint64) []byte { return f.hostAt(uintptr(p), n) }
+
+// hostAt is hostSlice of an address a kernel reads: page-locked memory is
+// at the same address in every context (unified addressing).
+func (f *fakeDriver) hostAt(p uintptr, n uint64) []byte {
 	for base, b := range f.host {
-		if off := uintptr(p) - uintptr(base); uintptr(p) >= uintptr(base) && uint64(off)+n <= uint64(len(b)) {
+		if off := p - uintptr(base); p >= uintptr(base) && uint64(off)+n <= uint64(len(b)) {
 			return b[off : uint64(off)+n]
 		}
 	}
 	return nil
+}
+
+// kernelBytes is the n bytes at p that a kernel reads: device memory, or
+// page-locked host memory. f.mu is held.
+func (f *fakeDriver) kernelBytes(p uint64, n uint64) []byte {
+	if b := f.slice(devptr(p), n); b != nil {
+		return b
+	}
+	return f.hostAt(uintptr(p), n)
 }
 
 func (f *fakeDriver) streamCreate() (cuStrm, result) {
@@ -626,7 +639,8 @@ func (f *fakeDriver) readable(c cuCtx, p devptr, n uint64) bool {
 // launchKernel runs the scatter kernel in Go at the stream's next
 // synchronization, the way the GPU would run it after what was enqueued
 // before: it reads its arguments (descs, count) through params now, as the
-// driver does, and the descriptors from device memory when it runs.
+// driver does, and the descriptors (in device memory, or page-locked host
+// memory) when it runs.
 func (f *fakeDriver) launchKernel(fn cuFunc, grid, block [3]uint32, shmem uint32, s cuStrm, params unsafe.Pointer) result {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -658,14 +672,14 @@ func (f *fakeDriver) launchKernel(fn cuFunc, grid, block [3]uint32, shmem uint32
 		f.violations = append(f.violations, "cuLaunchKernel: kernelParams not in page-locked memory")
 		return 1
 	}
-	if uint64(grid[0]) != count || f.slice(devptr(descs), count*descSize) == nil {
+	if uint64(grid[0]) != count || f.kernelBytes(descs, count*descSize) == nil {
 		f.violations = append(f.violations, fmt.Sprintf("cuLaunchKernel: %d blocks for %d descriptors at %#x", grid[0], count, descs))
 		return 1
 	}
 	f.launches = append(f.launches, int(count))
 	ctx := st.ctx
 	st.queue = append(st.queue, func() {
-		arr := f.slice(devptr(descs), count*descSize)
+		arr := f.kernelBytes(descs, count*descSize) // read as the kernel runs
 		for i := range count {
 			e := arr[i*descSize:]
 			dst, src, n := devptr(binary.LittleEndian.Uint64(e)), devptr(binary.LittleEndian.Uint64(e[8:])), binary.LittleEndian.Uint64(e[16:])
