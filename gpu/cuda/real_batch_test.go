@@ -206,6 +206,8 @@ func descArray(d *Device, s *stager, n int) (devptr, error) {
 // 0.30 ms, 55 µs and 46.5 ms. With the one-pass plan (an H100 host,
 // 2026-12-06): 25.6 µs against the kernel's 12.0 (the pass 9.4 µs; staging
 // copy, upload, launch and synchronize 16.6), 10,000 in 232 µs against 67.
+// With the descriptors read from the staging buffer, no upload (another
+// H100 host, 2026-12-07): the issue 15.7 µs, CopyBatch 29.1 in all.
 // Run a benchmark for a second or more: the first CopyBatch loads the
 // kernel's module (the PTX's JIT compile), which 3000 calls showed as 33 µs
 // more each. The sweep's figures are in batch.go's batchEngineMin comment.
