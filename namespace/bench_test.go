@@ -27,22 +27,8 @@ func BenchmarkCopyToLines1000(b *testing.B) {
 
 func benchCopyToLines(b *testing.B, n, blk int) {
 	tr := unmountedFS(b)
-	mk := func(name string, size int64) *File {
-		ten, err := tr.store.New(u8tmpl())
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := ten.Truncate(size); err != nil {
-			b.Fatal(err)
-		}
-		f := NewFile(ten, 0o644, 0, 0)
-		if err := tr.Root().Add(name, f); err != nil {
-			b.Fatal(err)
-		}
-		return f
-	}
-	src := mk("blocks", int64(n*blk))
-	mk("cache", int64(2*n*blk))
+	src := addTensor(b, tr, "blocks", n*blk, 1)
+	addTensor(b, tr, "cache", 2*n*blk, 2)
 	var lines []string
 	for i := range n {
 		lines = append(lines, fmt.Sprintf("@%d+%d /cache@%d", i*blk, blk, ((i*389+17)%(2*n))*blk))

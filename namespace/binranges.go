@@ -279,13 +279,11 @@ func (r binRecord) addTo(s *fileSource, first, hint int) (int, error) {
 	d := r.descs[first*descLen:]
 	for i := first; i < count; i, d = i+1, d[descLen:] {
 		src, dst, n := int64(le64(d)), int64(le64(d[8:])), int64(le64(d[16:]))
-		if uint64(src)|uint64(dst)|uint64(n) > fastMax {
+		if uint64(src) > fastMax || uint64(dst) > fastMax || uint64(n) > fastMax {
 			if _, _, _, err := r.desc(i); err != nil {
 				return 0, err // negative
 			}
-			if uint64(src) > fastMax || uint64(dst) > fastMax || uint64(n) > fastMax {
-				return i, nil
-			}
+			return i, nil
 		}
 		if src > size || n > size-src {
 			_, _, err := rangeIn(size, transfer.Range{Set: true, Off: src, Len: n, HasLen: true})

@@ -150,33 +150,15 @@ func (d *Device) planRanges(lists []gpu.RangeList, kernel bool, pl *batchPlan) (
 		if !ok || !ok2 || !d.pair(pl, &peers, dst, src) {
 			return nil, false, nil
 		}
-		dstLen, srcLen := min(dst.size, l.DstLen), src.size
-		dbase, sbase, from := dst.ptr(0), src.ptr(0), src.dev
-		// A range of at most batchPiece bytes is one descriptor, written
-		// here; add takes the rest (none, several, the copy engine's).
-		// The buffers' bases and sizes and the descriptors' slice in
-		// registers, and the common case without add's call and loop:
-		// 1000 ranges 11.9 -> 10.3 µs on the 2-core VM
-		// (BenchmarkCopyRangesGoSide/ranges, 2026-12-07); the rest is
-		// most of it At's call.
-		one := kernel && batchEngineMin > batchPiece
-		descs := slices.Grow(pl.descs, l.N)
+		dstLen := min(dst.size, l.DstLen)
 		for k := range l.N {
 			srcOff, dstOff, n := l.At(k)
-			if !inRange(dstLen, dstOff, n) || !inRange(srcLen, srcOff, n) {
-				pl.descs = descs
+			if !inRange(dstLen, dstOff, n) || !inRange(src.size, srcOff, n) {
 				return nil, true, fmt.Errorf("%s: copy ranges: list %d, range %d: %d bytes from %d/%d to %d/%d: %w",
-					d.name, i, k, n, srcOff, srcLen, dstOff, dstLen, gpu.ErrInvalidSize)
+					d.name, i, k, n, srcOff, src.size, dstOff, dstLen, gpu.ErrInvalidSize)
 			}
-			if one && n > 0 && n <= batchPiece {
-				descs = append(descs, scatterDesc{dbase + devptr(dstOff), sbase + devptr(srcOff), uint64(n)})
-				continue
-			}
-			pl.descs = descs
-			pl.add(dbase+devptr(dstOff), from, sbase+devptr(srcOff), n, kernel)
-			descs = pl.descs
+			pl.add(dst.ptr(dstOff), src.dev, src.ptr(srcOff), n, kernel)
 		}
-		pl.descs = descs
 	}
 	return peers, true, nil
 }
