@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"sync"
 	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -111,7 +113,7 @@ func Mount(dir string, root *Dir, o Options) (*fuse.Server, error) {
 	if o.Counts != nil {
 		raw = &countingFS{RawFileSystem: raw, c: o.Counts}
 	}
-	srv, err := fuse.NewServer(raw, dir, &opts.MountOptions)
+	srv, err := newServer(raw, dir, &opts.MountOptions)
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", dir, err)
 	}
@@ -123,6 +125,51 @@ func Mount(dir string, root *Dir, o Options) (*fuse.Server, error) {
 	}
 	return srv, nil
 }
+
+// newServer is fuse.NewServer with at most fuseIdleReaders + 1 of go-fuse's
+// readers left waiting in read(/dev/fuse) between requests.
+//
+// Why: the kernel hands each request to the reader that has waited longest
+// (an exclusive wait queue wakes its oldest entry), and go-fuse keeps up to
+// GOMAXPROCS of them (2 to 16) once a burst of concurrent requests has
+// started them. With 16, each request of a caller's sequence (a copy_to's
+// LOOKUP and SETXATTR, call after call) woke a thread that had slept
+// through about eight calls, on a vCPU that had halted meanwhile: 13–34 µs
+// p50 and 140–175 µs p90 on the H100 hosts of 2026-12-07 against 5–7 µs
+// after a sleep of one call (bench/results/2026-12-07T1027Z-h100-wakeups-
+// a67f248). With few readers waiting, the one that served the previous
+// request is next in line. Concurrency is not capped: a reader that takes
+// a request with none left waiting starts another (go-fuse's
+// readRequest), so requests that block (a copy) never wait for a reader.
+//
+// go-fuse 2.12 takes the cap from runtime.GOMAXPROCS when the server is
+// made and offers no option for it, so GOMAXPROCS is lowered around
+// fuse.NewServer (serialized: mounts made concurrently in one process
+// would restore each other's values) and set back: to the runtime's
+// default when the GOMAXPROCS environment variable is not set, so that
+// the runtime keeps updating it (cgroup CPU limits), else to what it was.
+// TestFUSEReadersFew checks the count in a daemon.
+func newServer(raw fuse.RawFileSystem, dir string, opts *fuse.MountOptions) (*fuse.Server, error) {
+	serverMu.Lock()
+	defer serverMu.Unlock()
+	prev := runtime.GOMAXPROCS(fuseIdleReaders)
+	defer func() {
+		if os.Getenv("GOMAXPROCS") == "" {
+			runtime.SetDefaultGOMAXPROCS()
+		} else {
+			runtime.GOMAXPROCS(prev)
+		}
+	}()
+	return fuse.NewServer(raw, dir, opts)
+}
+
+// fuseIdleReaders is the go-fuse reader cap newServer sets: go-fuse's
+// least (it raises anything lower to 2). A reader leaves once it finds
+// more than this many others waiting.
+const fuseIdleReaders = 2
+
+// serverMu serializes newServer's change of GOMAXPROCS.
+var serverMu sync.Mutex
 
 // ErrMounted: the mountpoint is already served by a live tensorfs daemon
 // (mountpoint.ErrMounted).

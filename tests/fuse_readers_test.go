@@ -1,0 +1,79 @@
+package tests
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// fuseReaders counts the daemon's threads waiting in read(/dev/fuse): its
+// go-fuse readers between requests.
+func (d *daemon) fuseReaders() int {
+	d.t.Helper()
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/wchan", d.cmd.Process.Pid))
+	require.NoError(d.t, err)
+	n := 0
+	for _, w := range tasks {
+		b, err := os.ReadFile(w)
+		if err == nil && strings.TrimSpace(string(b)) == "fuse_dev_do_read" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestFUSEReadersFew: a daemon with GOMAXPROCS 16 (a GPU host's) keeps at
+// most three threads waiting in read(/dev/fuse) after bursts of concurrent
+// requests (fs.newServer). go-fuse kept up to seventeen, and the kernel
+// gives each request to the one that has waited longest: a copy_to's
+// LOOKUP and SETXATTR, call after call, each woke a thread on a CPU that
+// had gone idle.
+func TestFUSEReadersFew(t *testing.T) {
+	d := launchOpt(t, t.TempDir(), launchOpts{env: []string{"GOMAXPROCS=16"}})
+	const files = 8
+	for i := range files {
+		require.NoError(t, os.WriteFile(d.path(fmt.Sprintf("f%d", i)), []byte("x"), 0o644))
+		require.NoError(t, unix.Setxattr(d.path(fmt.Sprintf("f%d", i)), "user.tag", []byte("v"), 0))
+	}
+	// Bursts of concurrent getxattrs (FUSE sends every one), each going
+	// to a reader while the others are busy: go-fuse starts a reader
+	// whenever it takes a request with none waiting.
+	for round := range 5 {
+		var wg sync.WaitGroup
+		for g := range 64 {
+			wg.Go(func() {
+				buf := make([]byte, 16)
+				for i := range 200 {
+					p := d.path(fmt.Sprintf("f%d", (g+i)%files))
+					if _, err := unix.Getxattr(p, "user.tag", buf); err != nil {
+						t.Errorf("round %d: getxattr %s: %v", round, p, err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	// The readers that finish their last request find the others
+	// waiting and leave; one at least always waits (else the mount would
+	// serve nothing), which also shows that wchan names them here.
+	n := d.fuseReaders()
+	for deadline := time.Now().Add(5 * time.Second); (n < 1 || n > 3) && time.Now().Before(deadline); n = d.fuseReaders() {
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.True(t, n >= 1 && n <= 3, "threads waiting in read(/dev/fuse) after the bursts: %d, want 1 to 3", n)
+	// Serial requests after the bursts are served as before.
+	for i := range 100 {
+		_, err := os.Stat(d.path(fmt.Sprintf("f%d", i%files)))
+		require.NoError(t, err)
+	}
+	n = d.fuseReaders()
+	require.True(t, n >= 1 && n <= 3, "threads waiting in read(/dev/fuse) after serial requests: %d, want 1 to 3", n)
+}
