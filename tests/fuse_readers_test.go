@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tensorfs/tensorfs/internal/testutil"
 )
 
 // fuseReaders counts the daemon's threads waiting in read(/dev/fuse): its
@@ -34,9 +37,13 @@ func (d *daemon) fuseReaders() int {
 // requests (fs.newServer). go-fuse kept up to seventeen, and the kernel
 // gives each request to the one that has waited longest: a copy_to's
 // LOOKUP and SETXATTR, call after call, each woke a thread on a CPU that
-// had gone idle.
+// had gone idle. The cap is set by lowering GOMAXPROCS around go-fuse's
+// NewServer: the daemon's GOMAXPROCS is back to what it was after the
+// mount (16 from its environment; the runtime's default without one).
 func TestFUSEReadersFew(t *testing.T) {
-	d := launchOpt(t, t.TempDir(), launchOpts{env: []string{"GOMAXPROCS=16"}})
+	addr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	d := launchOpt(t, t.TempDir(), launchOpts{env: []string{"GOMAXPROCS=16"}}, "--metrics", addr)
+	require.Equal(t, 16.0, scrapeMetrics(t, addr).value("go_sched_gomaxprocs_threads"), "GOMAXPROCS after the mount")
 	const files = 8
 	for i := range files {
 		require.NoError(t, os.WriteFile(d.path(fmt.Sprintf("f%d", i)), []byte("x"), 0o644))
@@ -76,4 +83,17 @@ func TestFUSEReadersFew(t *testing.T) {
 	}
 	n = d.fuseReaders()
 	require.True(t, n >= 1 && n <= 3, "threads waiting in read(/dev/fuse) after serial requests: %d, want 1 to 3", n)
+}
+
+// TestFUSEReadersGOMAXPROCS: without GOMAXPROCS in its environment a
+// daemon's is the runtime's default after the mount (fs.newServer gives it
+// back with runtime.SetDefaultGOMAXPROCS, which keeps following the CPU
+// limit), as in this process, whose environment it shares.
+func TestFUSEReadersGOMAXPROCS(t *testing.T) {
+	if os.Getenv("GOMAXPROCS") != "" {
+		t.Skip("GOMAXPROCS is set in the environment: TestFUSEReadersFew covers a daemon started with it")
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	startDaemon(t, "--metrics", addr)
+	require.Equal(t, float64(runtime.GOMAXPROCS(0)), scrapeMetrics(t, addr).value("go_sched_gomaxprocs_threads"), "GOMAXPROCS after the mount")
 }
