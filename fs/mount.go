@@ -131,16 +131,19 @@ func Mount(dir string, root *Dir, o Options) (*fuse.Server, error) {
 //
 // Why: the kernel hands each request to the reader that has waited longest
 // (an exclusive wait queue wakes its oldest entry), and go-fuse keeps up to
-// GOMAXPROCS of them (2 to 16) once a burst of concurrent requests has
-// started them. With 16, each request of a caller's sequence (a copy_to's
-// LOOKUP and SETXATTR, call after call) woke a thread that had slept
-// through about eight calls, on a vCPU that had halted meanwhile: 13–34 µs
-// p50 and 140–175 µs p90 on the H100 hosts of 2026-12-07 against 5–7 µs
-// after a sleep of one call (bench/results/2026-12-07T1027Z-h100-wakeups-
-// a67f248). With few readers waiting, the one that served the previous
-// request is next in line. Concurrency is not capped: a reader that takes
-// a request with none left waiting starts another (go-fuse's
-// readRequest), so requests that block (a copy) never wait for a reader.
+// one more than GOMAXPROCS (clamped to 2..16) waiting once a burst of
+// concurrent requests has started them. With 17, each request of a
+// caller's sequence (a copy_to's LOOKUP and SETXATTR, call after call)
+// woke a thread that had slept through several calls, on a vCPU that had
+// halted meanwhile: 13–34 µs p50 and 140–175 µs p90 on the H100 hosts of
+// 2026-12-07, against 5–7 µs after a sleep under 150 µs (results in
+// bench/results/2026-12-07T1027Z-h100-wakeups-a67f248; with the cap, 4 KiB
+// in place over TCP on cuda:0 went from a median of 203.5 to 125.4 µs:
+// bench/results/2026-12-07T1058Z-h100-fuse-readers-a67f248-new). With few
+// readers waiting, the one that served the previous request is soon next
+// in line again. Concurrency is not capped: a reader that takes a request
+// with none left waiting starts another (go-fuse's readRequest), so
+// requests that block (a copy) never wait for a reader.
 //
 // go-fuse 2.12 takes the cap from runtime.GOMAXPROCS when the server is
 // made and offers no option for it, so GOMAXPROCS is lowered around
@@ -148,7 +151,7 @@ func Mount(dir string, root *Dir, o Options) (*fuse.Server, error) {
 // would restore each other's values) and set back: to the runtime's
 // default when the GOMAXPROCS environment variable is not set, so that
 // the runtime keeps updating it (cgroup CPU limits), else to what it was.
-// TestFUSEReadersFew checks the count in a daemon.
+// TestFUSEReadersFew checks both in a daemon.
 func newServer(raw fuse.RawFileSystem, dir string, opts *fuse.MountOptions) (*fuse.Server, error) {
 	serverMu.Lock()
 	defer serverMu.Unlock()
