@@ -152,19 +152,38 @@ func Mount(dir string, root *Dir, o Options) (*fuse.Server, error) {
 // default when the GOMAXPROCS environment variable is not set, so that
 // the runtime keeps updating it (cgroup CPU limits), else to what it was.
 // TestFUSEReadersFew checks both in a daemon.
+//
+// Below smallHostProcs the default goes up by fuseIdleReaders: the readers
+// waiting in read(/dev/fuse) each hold a P in a system call, and with as
+// many Ps as CPUs every request's other goroutines (the copy's wait on its
+// peer, the peer connection's reader) took one back through the runtime's
+// sysmon, which parked whenever every P was idle and which each reader
+// returning with a request then had to wake. On the 2-CPU VM (2026-12-07,
+// daemons alternating, three rounds) GOMAXPROCS 4 cut a 4 KiB in-place
+// copy_to's context switches by a fifth and its p50 by 9 % (IPC 241–246 →
+// 214–225 µs, TCP 269–277 → 244–250 µs); 8 did no better, and the 256 MiB
+// and 1000-descriptor rows did not move. The runtime then stops following
+// a cgroup CPU limit that changes later.
 func newServer(raw fuse.RawFileSystem, dir string, opts *fuse.MountOptions) (*fuse.Server, error) {
 	serverMu.Lock()
 	defer serverMu.Unlock()
 	prev := runtime.GOMAXPROCS(fuseIdleReaders)
 	defer func() {
-		if os.Getenv("GOMAXPROCS") == "" {
-			runtime.SetDefaultGOMAXPROCS()
-		} else {
+		if os.Getenv("GOMAXPROCS") != "" {
 			runtime.GOMAXPROCS(prev)
+			return
+		}
+		runtime.SetDefaultGOMAXPROCS()
+		if n := runtime.GOMAXPROCS(0); n < smallHostProcs {
+			runtime.GOMAXPROCS(n + fuseIdleReaders)
 		}
 	}()
 	return fuse.NewServer(raw, dir, opts)
 }
+
+// smallHostProcs: a default GOMAXPROCS below it gets fuseIdleReaders more
+// (newServer). It is where --spin's default turns off too (cmd/tensorfs).
+const smallHostProcs = 4
 
 // fuseIdleReaders is the go-fuse reader cap newServer sets: go-fuse's
 // least (it raises anything lower to 2). A reader leaves once it finds

@@ -88,12 +88,17 @@ func TestFUSEReadersFew(t *testing.T) {
 // TestFUSEReadersGOMAXPROCS: without GOMAXPROCS in its environment a
 // daemon's is the runtime's default after the mount (fs.newServer gives it
 // back with runtime.SetDefaultGOMAXPROCS, which keeps following the CPU
-// limit), as in this process, whose environment it shares.
+// limit), as in this process, whose environment it shares; below 4 (this
+// 2-CPU VM and CI) two more, for the FUSE readers waiting in system calls.
 func TestFUSEReadersGOMAXPROCS(t *testing.T) {
 	if os.Getenv("GOMAXPROCS") != "" {
 		t.Skip("GOMAXPROCS is set in the environment: TestFUSEReadersFew covers a daemon started with it")
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 	startDaemon(t, "--metrics", addr)
-	require.Equal(t, float64(runtime.GOMAXPROCS(0)), scrapeMetrics(t, addr).value("go_sched_gomaxprocs_threads"), "GOMAXPROCS after the mount")
+	want := runtime.GOMAXPROCS(0)
+	if want < 4 {
+		want += 2
+	}
+	require.Equal(t, float64(want), scrapeMetrics(t, addr).value("go_sched_gomaxprocs_threads"), "GOMAXPROCS after the mount")
 }
