@@ -80,7 +80,9 @@ no dial or handshake. --spin (default 1ms; 0 on a host of fewer than 4 CPUs)
 is how long a peer connection polls its socket for the next frame (a copy's
 reply, the next request of a burst, a stream's next chunk) before the thread
 sleeps: a sleeping thread's wake-up costs a small copy 8-16 µs each way; the
-poll costs a core for at most that long per wait.
+poll costs a core for at most that long per wait. Without GOMAXPROCS in the
+environment, a host of fewer than 4 CPUs runs the daemon with two more than
+the Go runtime's default (its FUSE readers wait holding them).
 
 --streams N spreads each large copy over N parallel TCP connections to the
 peer (1 to 8; default 2): chunks of at least 4 per stream, each counted
