@@ -153,7 +153,7 @@ func Mount(dir string, root *Dir, o Options) (*fuse.Server, error) {
 // the runtime keeps updating it (cgroup CPU limits), else to what it was.
 // TestFUSEReadersFew checks both in a daemon.
 //
-// Below smallHostProcs the default goes up by fuseIdleReaders: the readers
+// Below SmallHostCPUs the default goes up by fuseIdleReaders: the readers
 // waiting in read(/dev/fuse) each hold a P in a system call, and with as
 // many Ps as CPUs every request's other goroutines (the copy's wait on its
 // peer, the peer connection's reader) took one back through the runtime's
@@ -174,16 +174,18 @@ func newServer(raw fuse.RawFileSystem, dir string, opts *fuse.MountOptions) (*fu
 			return
 		}
 		runtime.SetDefaultGOMAXPROCS()
-		if n := runtime.GOMAXPROCS(0); n < smallHostProcs {
+		if n := runtime.GOMAXPROCS(0); n < SmallHostCPUs {
 			runtime.GOMAXPROCS(n + fuseIdleReaders)
 		}
 	}()
 	return fuse.NewServer(raw, dir, opts)
 }
 
-// smallHostProcs: a default GOMAXPROCS below it gets fuseIdleReaders more
-// (newServer). It is where --spin's default turns off too (cmd/tensorfs).
-const smallHostProcs = 4
+// SmallHostCPUs: a host of fewer CPUs than this is small. There a default
+// GOMAXPROCS gets fuseIdleReaders more (newServer), and the peer
+// connections do not spin by default (cmd/tensorfs, --spin): a spinning
+// reader would take the core the peer or the caller needs.
+const SmallHostCPUs = 4
 
 // fuseIdleReaders is the go-fuse reader cap newServer sets: go-fuse's
 // least (it raises anything lower to 2). A reader leaves once it finds

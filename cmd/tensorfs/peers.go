@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/tensorfs/tensorfs/fs"
 	"github.com/tensorfs/tensorfs/transfer"
 )
 
@@ -49,7 +50,7 @@ func (p *peerFlags) spinFor(cpus int) time.Duration {
 	if p.flags != nil && p.flags.Changed("spin") {
 		return p.spin
 	}
-	if cpus < 4 {
+	if cpus < fs.SmallHostCPUs {
 		return 0
 	}
 	return p.spin
