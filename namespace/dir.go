@@ -282,14 +282,18 @@ func (d *Dir) Rename(name string, np *Dir, newName string, exchange, noReplace b
 	}
 	dst := np.entries[newName]
 	if exchange {
-		defer unlock()
 		if dst == nil {
+			unlock()
 			return syscall.ENOENT
 		}
 		d.delEntry(name)
 		np.delEntry(newName)
 		d.setEntry(name, dst)
 		np.setEntry(newName, src)
+		unlock()
+		// Both names lead elsewhere now: peers bound by them let go.
+		d.tree.revokeBound(src)
+		d.tree.revokeBound(dst)
 		return nil
 	}
 	if dst == src {
@@ -307,6 +311,9 @@ func (d *Dir) Rename(name string, np *Dir, newName string, exchange, noReplace b
 	if replaced != nil {
 		replaced.t.Unlink()
 	}
+	// src's old name (and its tree's) leads nowhere now: peers bound by
+	// it let go (the rename returns after their writes have landed).
+	d.tree.revokeBound(src)
 	return nil
 }
 

@@ -47,6 +47,7 @@ const statsMax = 64<<10 - statsPad
 func (f *Tree) StatsJSON() []byte {
 	live := f.store.Stats()
 	live.Imports = f.peers.Imports()
+	live.Bindings = f.peers.Bindings()
 	st := Stats{Live: live, Devices: f.store.DeviceStats(), Stats: f.peers.Stats(), Errors: f.errorStats(), PID: os.Getpid()}
 	b, _ := json.Marshal(st)
 	for len(b) >= statsMax {

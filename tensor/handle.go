@@ -70,6 +70,8 @@ func (t *Tensor) Unlink() {
 		t.linked = false
 		t.attrsChanged()
 	}
+	// A peer bound to write it by its name: the name is gone.
+	t.revokeBindsLocked()
 	t.mu.Unlock()
 	t.maybeRelease()
 }

@@ -82,6 +82,8 @@ type Store struct {
 	// (newAllocation) and freed (retire), since start; memory registered
 	// by its owner (Tensor.Register) is neither.
 	allocs, frees atomic.Int64
+	// bound counts the live bindings of its tensors (BindExport).
+	bound atomic.Int64
 }
 
 // NewStore returns an empty store over cfg's devices. Errors: ErrInvalid when
@@ -252,6 +254,11 @@ type Stats struct {
 	Leases  int   `json:"leases"`  // leases held on this daemon's exports
 	Pins    int   `json:"pins"`    // pins held on memory regions
 	Bytes   int64 `json:"bytes"`   // bytes of device memory held, all devices
+	// Bound counts the bindings peers hold on this daemon's tensors
+	// (BindExport: one-sided in-place writers), Bindings those this
+	// daemon holds on peers' tensors (the peer service's).
+	Bound    int64 `json:"bound"`
+	Bindings int   `json:"bindings"`
 }
 
 // Stats returns the live counts; all are 0 when nothing is allocated, open,
@@ -263,6 +270,7 @@ func (s *Store) Stats() Stats {
 	s.mu.Unlock()
 	st.Regions, st.Pins = s.MRs.Stats()
 	st.Exports, st.Leases = s.IPC.Stats()
+	st.Bound = s.bound.Load()
 	for _, d := range s.devs {
 		st.Bytes += d.MemInfo().Used
 	}

@@ -54,6 +54,9 @@ type Tensor struct {
 	// it is 0, so those copies' bytes land in the memory their peers mapped.
 	pinned int
 	thawed *sync.Cond // on &mu, made by the first Freeze or PinRange
+	// binds are the peers' bindings for one-sided writes (BindExport):
+	// changes of its size or allocation revoke them first, and wait.
+	binds map[*Binding]struct{}
 	// uninit: the allocation Store.New makes may keep recycled bytes
 	// (Template.Uninit); cleared by then, so no later growth keeps any.
 	uninit bool
@@ -191,11 +194,20 @@ func (t *Tensor) lockToChange() {
 }
 
 // lockToResize takes t.mu for a change of size or allocation once no copy
-// reads the tensor (Freeze) and no in-place copy writes it (PinRange).
+// reads the tensor (Freeze), no in-place copy writes it (PinRange) and no
+// peer is bound to write it one-sided (BindExport: revoked here, and
+// waited for).
 func (t *Tensor) lockToResize() {
 	t.mu.Lock()
-	for t.frozen > 0 || t.pinned > 0 {
-		t.thawed.Wait()
+	for {
+		switch {
+		case len(t.binds) > 0:
+			t.revokeBindsLocked()
+		case t.frozen > 0 || t.pinned > 0:
+			t.thawed.Wait()
+		default:
+			return
+		}
 	}
 }
 
@@ -410,8 +422,12 @@ func (t *Tensor) WriteAt(p []byte, off int64) (int, error) {
 	t.lockToChange()
 	// A write past the size grows the tensor (maybe into a new
 	// allocation): it waits for the in-place copies writing it.
-	for end > t.size && t.pinned > 0 {
-		t.thawed.Wait()
+	for end > t.size && (t.pinned > 0 || len(t.binds) > 0) {
+		if len(t.binds) > 0 {
+			t.revokeBindsLocked()
+		} else {
+			t.thawed.Wait()
+		}
 		for t.frozen > 0 {
 			t.thawed.Wait()
 		}

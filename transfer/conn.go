@@ -264,13 +264,14 @@ type conn struct {
 	pid   int
 	ns    string
 	max   uint32 // largest frame accepted now
-	// instance, imports, noChecksum, xxh3 and recheck: the peer's, from
-	// the handshake.
+	// instance, imports, noChecksum, xxh3, recheck and binds: the peer's,
+	// from the handshake.
 	instance   string
 	imports    []string
 	noChecksum bool
 	xxh3       bool
 	recheck    bool
+	binds      bool
 	// iov holds writeFrames' frames for a writev (one writer at a time).
 	iov [][]byte
 	// progress, when set, gets the bytes_done of keepalives that carry a

@@ -48,6 +48,9 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 	stop := closeOnDone(ctx, c)
 	defer func() { s.done(peer, c, stop(), err) }()
 	if s.sameHost(c) {
+		if n, ok, err := s.pushBound(ctx, c, remotePath, srcs, metas, isDir, src, dst); ok {
+			return n, err
+		}
 		lc := s.leaseChannel(ctx, peer, c)
 		if descs, release, ok := s.exports(srcs, c, lc); ok {
 			rec, end := s.TrackCtx(ctx, src, dst, "ipc", metas)
@@ -66,6 +69,12 @@ func (s *Service) Send(ctx context.Context, peer, remotePath string, srcs []Sour
 					rec.BytesDone.Store(total)
 				}
 				end(err)
+				if paths, can := boundPaths(remotePath, srcs, metas, isDir); can && err == nil {
+					// The next copies there go one-sided.
+					for _, p := range paths {
+						s.askBind(lc, p)
+					}
+				}
 				return r.Copied, err
 			}
 			end(err) // the peer cannot reach this daemon's memory: TCP then

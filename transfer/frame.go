@@ -41,6 +41,11 @@ const (
 	// connection turned over to leases by a "lease" request): see lease.go.
 	frameRevoke  byte = 10
 	frameRevoked byte = 11
+	// frameBind and frameBound travel only on a lease channel, between
+	// nodes whose handshakes said Bind: a binding asked for and granted
+	// (or refused). See bind.go.
+	frameBind  byte = 12
+	frameBound byte = 13
 )
 
 // MaxFrame is the largest frame a node accepts (type byte and payload), in
@@ -94,6 +99,8 @@ var frameNames = [...]string{
 	frameKeepalive: "keepalive",
 	frameRevoke:    "revoke",
 	frameRevoked:   "revoked",
+	frameBind:      "bind",
+	frameBound:     "bound",
 }
 
 // knownFrame reports whether typ is a frame type of the protocol.

@@ -19,7 +19,7 @@ import (
 func (s *Service) authenticate(c *conn, addr string) error {
 	arm := c.armBy(time.Now().Add(s.cfg.Timeout))
 	cn := nonce()
-	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.Checksum == ChecksumNone, XXH3: s.cfg.Checksum.takesXXH3(), Recheck: true, Local: s.localName, PID: s.localPID(), NS: s.localNS()}); err != nil {
+	if err := c.sendJSON(frameHello, hello{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: cn, Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.Checksum == ChecksumNone, XXH3: s.cfg.Checksum.takesXXH3(), Recheck: true, Bind: true, Local: s.localName, PID: s.localPID(), NS: s.localNS()}); err != nil {
 		return netErr(err)
 	}
 	var ch challenge
@@ -44,7 +44,7 @@ func (s *Service) authenticate(c *conn, addr string) error {
 		return err
 	}
 	c.hostID = ch.HostID
-	c.instance, c.imports, c.noChecksum, c.xxh3, c.recheck = ch.Instance, ch.Imports, ch.NoChecksum, ch.XXH3, ch.Recheck
+	c.instance, c.imports, c.noChecksum, c.xxh3, c.recheck, c.binds = ch.Instance, ch.Imports, ch.NoChecksum, ch.XXH3, ch.Recheck, ch.Bind
 	c.max = MaxFrame
 	s.notePeer(ch.Name, ch.HostID, ch.Instance, s.checksumFor(c))
 	c.name, c.local, c.pid, c.ns = ch.Name, ch.Local, ch.PID, ch.NS
@@ -109,7 +109,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 	}
 	c.peer = h.Name
 	sn := nonce()
-	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name), Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.Checksum == ChecksumNone, XXH3: s.cfg.Checksum.takesXXH3(), Recheck: true, Local: s.localName, PID: s.localPID(), NS: s.localNS()}); err != nil {
+	if err := c.sendJSON(frameChallenge, challenge{Version: ProtocolVersion, Name: s.cfg.Name, HostID: s.cfg.HostID, Nonce: sn, Proof: proof(s.cfg.Secret, "server", h.Nonce, sn, h.Name, s.cfg.Name), Instance: s.instance, Imports: s.importKinds(), NoSecret: len(s.cfg.Secret) == 0, UCX: s.rmaAddress(), NoChecksum: s.cfg.Checksum == ChecksumNone, XXH3: s.cfg.Checksum.takesXXH3(), Recheck: true, Bind: true, Local: s.localName, PID: s.localPID(), NS: s.localNS()}); err != nil {
 		return nil, err
 	}
 	var a authMsg
@@ -128,7 +128,7 @@ func (s *Service) handshake(nc net.Conn) (*conn, error) {
 		return nil, err
 	}
 	c.hostID = h.HostID
-	c.instance, c.imports, c.noChecksum, c.xxh3, c.recheck = h.Instance, h.Imports, h.NoChecksum, h.XXH3, h.Recheck
+	c.instance, c.imports, c.noChecksum, c.xxh3, c.recheck, c.binds = h.Instance, h.Imports, h.NoChecksum, h.XXH3, h.Recheck, h.Bind
 	c.max = MaxFrame
 	s.notePeer(h.Name, h.HostID, h.Instance, s.checksumFor(c))
 	c.name = h.Name

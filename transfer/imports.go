@@ -25,6 +25,9 @@ type Mapping interface {
 type importKey struct {
 	instance string
 	alloc    uint64
+	// write: a host import opened for writing (a one-sided copy's, into a
+	// peer's memfd); a copy's reads map it read-only.
+	write bool
 }
 
 // importEntry is one cached import.
@@ -70,7 +73,11 @@ func (ic *importCache) len() int {
 // miss, and counts one more user of it; lc, when d is leased, is the
 // channel the exporter holds the lease on. Users call release.
 func (ic *importCache) acquire(instance string, d IPCDesc, lc *leaseChan, open func(handle string) (Mapping, error)) (*importEntry, error) {
-	k := importKey{instance, d.Alloc}
+	return ic.acquireKey(importKey{instance: instance, alloc: d.Alloc}, d, lc, open)
+}
+
+// acquireKey is acquire under key k (importKey.write).
+func (ic *importCache) acquireKey(k importKey, d IPCDesc, lc *leaseChan, open func(handle string) (Mapping, error)) (*importEntry, error) {
 	ic.mu.Lock()
 	ic.clock++
 	e := ic.m[k]
@@ -114,6 +121,21 @@ func (ic *importCache) acquire(instance string, d IPCDesc, lc *leaseChan, open f
 		ic.mu.Unlock()
 	}
 	return e, nil
+}
+
+// reacquire counts one more user of e while the cache still holds it
+// under export's lease; false: it does not (the caller must not use it).
+func (ic *importCache) reacquire(e *importEntry, export uint64) bool {
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	if ic.m[e.key] != e || e.lease[export] == nil || e.err != nil {
+		return false
+	}
+	ic.clock++
+	e.used = ic.clock
+	e.refs++
+	ic.hits.Add(1)
+	return true
 }
 
 // leasedThroughLocked reports whether any import is leased through lc.

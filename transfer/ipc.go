@@ -187,9 +187,15 @@ func checkOwner(c *conn, handle string) error {
 // openHandle opens another daemon's exported allocation. Errors wrap
 // errNoIPC.
 func (s *Service) openHandle(handle string) (Mapping, error) {
+	return s.openHandleFor(handle, false)
+}
+
+// openHandleFor is openHandle, a memfd opened for writing when write is set
+// (a one-sided copy into it).
+func (s *Service) openHandleFor(handle string, write bool) (Mapping, error) {
 	kind := handleKind(handle)
 	if kind == "memfd" {
-		f, err := openMemfd(handle)
+		f, err := openMemfd(handle, write)
 		if err != nil {
 			return nil, err
 		}
@@ -219,13 +225,17 @@ func (s *Service) openHandle(handle string) (Mapping, error) {
 // peer's lie, or an fd number reused since it was exported) is refused.
 // Checked on what was opened, not on the path, so the fd cannot change in
 // between.
-func openMemfd(handle string) (*os.File, error) {
+func openMemfd(handle string, write bool) (*os.File, error) {
 	h, err := ipc.ParseHandle(handle)
 	if err != nil || h.Kind != ipc.KindMemfd {
 		return nil, fmt.Errorf("handle %q: %w", handle, errNoIPC)
 	}
 	path := h.Path()
-	f, err := os.Open(path)
+	flag := os.O_RDONLY
+	if write {
+		flag = os.O_RDWR
+	}
+	f, err := os.OpenFile(path, flag, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %v: %w", path, err, errNoIPC)
 	}

@@ -140,7 +140,7 @@ func (lc *leaseChan) whileLocked(fn func(idle bool)) bool {
 	defer ic.mu.Unlock()
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
-	idle := len(lc.held) == 0 && !ic.leasedThroughLocked(lc)
+	idle := len(lc.held) == 0 && !ic.leasedThroughLocked(lc) && !lc.s.binds.through(lc)
 	fn(idle)
 	return idle
 }
@@ -153,6 +153,7 @@ func (lc *leaseChan) finish(why error) {
 		delete(lc.s.chans, lc.instance)
 	}
 	lc.s.chanMu.Unlock()
+	lc.s.binds.dropChan(lc)
 	n := lc.s.imports.dropChan(lc)
 	lc.mu.Lock()
 	held := len(lc.held)
@@ -273,6 +274,26 @@ func (lc *leaseChan) run() {
 			return
 		}
 		lc.touch()
+		switch typ {
+		case frameBind:
+			var m bindMsg
+			if json.Unmarshal(p, &m) != nil {
+				lc.close(fmt.Errorf("bad bind on a lease channel: %w", ErrFrame))
+				return
+			}
+			// Binding resolves a path, which may wait for a rename that
+			// waits for this channel's next frameRevoked: not on the reader.
+			go lc.s.serveBind(lc, m)
+			continue
+		case frameBound:
+			var m boundMsg
+			if json.Unmarshal(p, &m) != nil {
+				lc.close(fmt.Errorf("bad bound on a lease channel: %w", ErrFrame))
+				return
+			}
+			lc.s.installBound(lc, m)
+			continue
+		}
 		var m idsMsg
 		if (typ != frameRevoke && typ != frameRevoked) || json.Unmarshal(p, &m) != nil {
 			lc.close(fmt.Errorf("frame type %d on a lease channel: %w", typ, ErrFrame))
@@ -282,7 +303,9 @@ func (lc *leaseChan) run() {
 		case frameRevoke:
 			// Closing a mapping may wait for a copy that still reads it:
 			// not on the reader, which must keep hearing the channel.
+			// Bindings first: their writes hold the imports.
 			go func() {
+				lc.s.binds.revoke(lc, m.IDs)
 				lc.s.imports.revoke(lc, m.IDs)
 				lc.sendIDs(frameRevoked, m.IDs)
 			}()

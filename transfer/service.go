@@ -213,6 +213,10 @@ type Service struct {
 	// instance identifies this run of the node (random, fresh at New).
 	instance string
 	imports  *importCache
+	// binds are the bindings this node holds for one-sided writes into
+	// peers' tensors (bind.go); bindIDs the last binding id it granted.
+	binds   bindCache
+	bindIDs atomic.Uint64
 	// chans are the lease channels, by the peer's instance id.
 	chanMu      sync.Mutex
 	chans       map[string]*leaseChan

@@ -488,6 +488,15 @@ func (s *Service) Imports() int {
 	return s.imports.len()
 }
 
+// Bindings is the number of peers' tensors this node is bound to write
+// one-sided now (the stats' live "bindings"); 0 for a nil service.
+func (s *Service) Bindings() int {
+	if s == nil {
+		return 0
+	}
+	return s.binds.len()
+}
+
 // noteSum records k as the checksum of the record's TCP chunks.
 func (r *Record) noteSum(k Checksum) { r.sum.Store(uint32(k) + 1) }
 

@@ -32,6 +32,10 @@ type hello struct {
 	// such (wireError.Recheck). Absent from releases before it: their
 	// copies are summed from buffers, as before.
 	Recheck bool `json:"recheck,omitempty"`
+	// Bind says the node takes frameBind and frameBound on its lease
+	// channels (one-sided in-place copies between daemons of one host:
+	// bind.go). Absent from releases before them.
+	Bind bool `json:"bind,omitempty"`
 	// Local is the node's abstract unix socket ("@tensorfs-" and its
 	// instance), absent when it has none: a peer of the same host id
 	// connects there instead of over TCP (Service.dial).
@@ -56,7 +60,7 @@ type challenge struct {
 	HostID  string `json:"host_id"`
 	Nonce   []byte `json:"nonce"`
 	Proof   []byte `json:"proof"`
-	// Instance, Imports, NoSecret, UCX, NoChecksum, XXH3, Recheck, Local,
+	// Instance, Imports, NoSecret, UCX, NoChecksum, XXH3, Recheck, Bind, Local,
 	// PID and NS: as in hello.
 	Instance   string   `json:"instance"`
 	Imports    []string `json:"imports,omitempty"`
@@ -65,6 +69,7 @@ type challenge struct {
 	NoChecksum bool     `json:"no_checksum,omitempty"`
 	XXH3       bool     `json:"xxh3,omitempty"`
 	Recheck    bool     `json:"recheck,omitempty"`
+	Bind       bool     `json:"bind,omitempty"`
 	Local      string   `json:"local,omitempty"`
 	PID        int      `json:"pid,omitempty"`
 	NS         string   `json:"ns,omitempty"`

@@ -109,6 +109,13 @@ type Live struct {
 	// Bytes is the device memory held, on all devices, in bytes
 	// (registered memory tensorfs did not allocate is not counted).
 	Bytes int64 `json:"bytes"`
+	// Bound is the number of bindings peers of this host hold on this
+	// daemon's tensors, to write them in place one-sided; Bindings the
+	// number this daemon holds on peers' tensors (DESIGN.md "In-place
+	// copies"; transfer/bind.go). A binding lasts until its tensor is
+	// resized, unlinked or renamed, or the peers' lease channel ends.
+	Bound    int64 `json:"bound"`
+	Bindings int   `json:"bindings"`
 }
 
 // Copies is the "copies" object of Stats: completed copies by path
