@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -91,6 +92,26 @@ func TestGPUInPlace(t *testing.T) {
 			require.EqualValues(t, 2, st.Copies.InPlace.IPC+st.Copies.InPlace.TCP, "%+v", st.Copies)
 			if path == "ipc" {
 				require.EqualValues(t, 2, st.Copies.InPlace.IPC, "%+v", st.Copies)
+				// Bound now: the same copies again go one-sided (a's
+				// kernel writes through its import of b's allocation),
+				// which b takes no part in.
+				require.Eventually(t, func() bool { return a.stats().Live.Bindings == 1 }, 5*time.Second, 5*time.Millisecond)
+				got := receivedInPlace(b)
+				src = fill(1000*blk, 11)
+				writeTensor(t, a.path("src"), src)
+				setx(t, a.path("src"), xattrs.CopyTo, "@0+65536 b:/cache@1048576")
+				copy(want[1<<20:], src[:65536])
+				for i, so := 0, 0; i < 1000; i++ {
+					j := (i*389 + 17) % 1500
+					n := blk - (i%5)*7
+					copy(want[2<<20+j*blk:], src[so:so+n])
+					so += n
+				}
+				setx(t, a.path("src"), xattrs.CopyTo, strings.Join(lines, "\n"))
+				require.True(t, bytes.Equal(want, read(0, size)), "one-sided: the mapping sees the bytes, and only them")
+				require.Equal(t, before, ids(t, b.path("cache")))
+				require.Equal(t, got, receivedInPlace(b), "b took no part in the one-sided copies")
+				require.EqualValues(t, 4, a.stats().Copies.InPlace.IPC)
 			}
 		})
 	}
