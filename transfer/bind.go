@@ -335,6 +335,13 @@ func (s *Service) installBound(lc *leaseChan, m boundMsg) {
 		bc.mu.Unlock()
 		return
 	}
+	if !lc.alive() {
+		// Its end dropped this channel's bindings already (finish closes
+		// done before dropChan takes bc.mu): one put in now would outlive
+		// the leases the peer has let go.
+		bc.mu.Unlock()
+		return
+	}
 	b := &boundDest{key: k, id: m.ID, lc: lc, desc: m.IPC, nbytes: m.NBytes, device: m.Device}
 	var evict []*boundDest
 	if old := bc.m[k]; old != nil {
@@ -460,6 +467,11 @@ func (s *Service) pushBound(ctx context.Context, c *conn, remotePath string, src
 			return 0, false, nil
 		}
 	}
+	for _, b := range bs {
+		if !b.lc.alive() {
+			return 0, false, nil // its end drops b: two-sided, and the peer answers
+		}
+	}
 	rec, end := s.TrackCtx(ctx, label, dst, "ipc", metas)
 	for i, b := range bs {
 		m, ms, e := metas[i], srcs[i].(MappingSource), entries[i]
@@ -539,6 +551,12 @@ func (s *Service) boundImport(c *conn, b *boundDest) (*importEntry, error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+	if !s.imports.leased(e, b.desc.Export) {
+		// The channel ended meanwhile: the peer no longer holds the
+		// export for this node.
+		s.imports.release(e)
+		return nil, errors.New("import not leased")
 	}
 	b.mu.Lock()
 	if b.entry == nil {

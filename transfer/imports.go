@@ -138,6 +138,13 @@ func (ic *importCache) reacquire(e *importEntry, export uint64) bool {
 	return true
 }
 
+// leased reports whether e holds export's lease.
+func (ic *importCache) leased(e *importEntry, export uint64) bool {
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	return e.lease[export] != nil
+}
+
 // leasedThroughLocked reports whether any import is leased through lc.
 // ic.mu is held.
 func (ic *importCache) leasedThroughLocked(lc *leaseChan) bool {
