@@ -101,13 +101,16 @@ func inPlaceBenchPairOn(b *testing.B, p copyPath) (a, d *daemon) {
 			"--host-id", host, "--timeout", "30s", "--streams", strconv.Itoa(peerBenchStreams(b)),
 			"--peer", fmt.Sprintf("%s=127.0.0.1:%d", o, ports[o])), extra...)...)
 	}
-	// Before b's clean-up (clean-ups run last in, first out): a's tensors
-	// go first, so that b drops its imports of them (the IPC path) before
-	// it is checked idle.
+	// Before the daemons' clean-ups (clean-ups run last in, first out):
+	// both daemons' tensors go first, so that each drops its imports of
+	// the other's (b's of a's sources, a's of the destinations b bound to
+	// it: the IPC path) before it is checked idle.
 	b.Cleanup(func() {
-		ents, _ := os.ReadDir(ds["a"].mnt)
-		for _, e := range ents {
-			os.RemoveAll(filepath.Join(ds["a"].mnt, e.Name()))
+		for _, n := range []string{"b", "a"} {
+			ents, _ := os.ReadDir(ds[n].mnt)
+			for _, e := range ents {
+				os.RemoveAll(filepath.Join(ds[n].mnt, e.Name()))
+			}
 		}
 		waitTensorfsIdle(b, ds["a"].mnt)
 	})
