@@ -200,3 +200,84 @@ func TestInPlaceOneSidedTruncateWaits(t *testing.T) {
 	a.requireClean()
 	b.requireClean()
 }
+
+// TestInPlaceOneSidedPeerKilled: a receiver killed while a sender is bound
+// to its tensor: the sender's bindings and imports end with their lease
+// channel, and its next copy there fails (no write into the dead peer's
+// memory reported done); a sender killed while bound: the receiver's
+// bindings end with the channel, and a truncate of the tensor goes on at
+// once.
+func TestInPlaceOneSidedPeerKilled(t *testing.T) {
+	a, b := ipcPair(t)
+	writeTensor(t, a.path("src"), fill(4096, 1))
+	zeros(t, b.path("cache"), 1<<20)
+	bindOn(t, a, b, a.path("src"), "b:/cache@0", 1)
+	setx(t, a.path("src"), xattrs.CopyTo, "b:/cache@8192")
+	b.kill()
+	require.Eventually(t, func() bool { l := a.stats().Live; return l.Bindings == 0 && l.Imports == 0 }, 10*time.Second, 10*time.Millisecond,
+		"the sender lets go of the dead peer's memory")
+	err := unix.Setxattr(a.path("src"), xattrs.CopyTo, []byte("b:/cache@4096"), 0)
+	require.Error(t, err, "a copy to a dead peer fails")
+	require.NoError(t, os.Remove(a.path("src")))
+	a.requireClean()
+
+	c, d := ipcPair(t)
+	writeTensor(t, c.path("src"), fill(4096, 2))
+	zeros(t, d.path("cache"), 1<<20)
+	bindOn(t, c, d, c.path("src"), "b:/cache@0", 1)
+	c.kill()
+	require.Eventually(t, func() bool { return d.stats().Live.Bound == 0 }, 10*time.Second, 10*time.Millisecond,
+		"the receiver's bindings end with the channel")
+	start := time.Now()
+	require.NoError(t, os.Truncate(d.path("cache"), 4096))
+	require.Less(t, time.Since(start), 2*time.Second, "nothing is left to wait for")
+	require.NoError(t, os.Remove(d.path("cache")))
+	d.requireClean()
+}
+
+// TestInPlaceOneSidedCalls: the lines of one call to several bound
+// tensors of a peer go one-sided as one transfer (a batch, and a directory's
+// "@0" weight update), every byte where its line says; a call that ends
+// with a whole-tensor line (a notification) goes as one two-sided transfer,
+// the notification after the bytes.
+func TestInPlaceOneSidedCalls(t *testing.T) {
+	a, b := ipcPair(t)
+	require.NoError(t, os.Mkdir(a.path("m"), 0o755))
+	require.NoError(t, os.Mkdir(b.path("m"), 0o755))
+	w0, w1 := fill(8192, 3), fill(16384, 4)
+	writeTensor(t, a.path("m/w0"), w0)
+	writeTensor(t, a.path("m/w1"), w1)
+	zeros(t, b.path("m/w0"), 8192)
+	zeros(t, b.path("m/w1"), 16384)
+	bindOn(t, a, b, a.path("m"), "b:/m@0", 2)
+	got := receivedInPlace(b)
+	w0, w1 = fill(8192, 5), fill(16384, 6)
+	writeTensor(t, a.path("m/w0"), w0)
+	writeTensor(t, a.path("m/w1"), w1)
+	setx(t, a.path("m"), xattrs.CopyTo, "b:/m@0")
+	requireContent(t, b.path("m/w0"), w0)
+	requireContent(t, b.path("m/w1"), w1)
+	require.Equal(t, got, receivedInPlace(b), "the weight update went one-sided")
+
+	// A batch into both: one-sided.
+	setx(t, a.mnt, xattrs.Batch, "/m/w1@0+4096 b:/m/w0@4096\n/m/w0@0+4096 b:/m/w1@12288")
+	want0 := append(append([]byte{}, w0[:4096]...), w1[:4096]...)
+	want1 := append(append([]byte{}, w1[:12288]...), w0[:4096]...)
+	requireContent(t, b.path("m/w0"), want0)
+	requireContent(t, b.path("m/w1"), want1)
+	require.Equal(t, got, receivedInPlace(b), "the batch went one-sided")
+
+	// With a notification: one two-sided transfer (mode "mixed").
+	ipcs := b.stats().Copies.IPC
+	writeTensor(t, a.path("note"), []byte("req-1"))
+	setx(t, a.mnt, xattrs.Batch, "/m/w0@0+4096 b:/m/w1@0\n/note b:/note")
+	require.Equal(t, got, receivedInPlace(b))
+	require.Equal(t, ipcs+1, b.stats().Copies.IPC, "the call with its notification went two-sided, as one transfer")
+	requireContent(t, b.path("note"), []byte("req-1"))
+	copy(want1, w0[:4096])
+	requireContent(t, b.path("m/w1"), want1)
+	b.removeAll() // a's bindings and imports go with b's tensors
+	a.removeAll()
+	a.requireClean()
+	b.requireClean()
+}
