@@ -111,8 +111,13 @@ func TestInPlaceOneSidedRevoked(t *testing.T) {
 	t.Run("rename", func(t *testing.T) {
 		zeros(t, b.path("r"), 8192)
 		bindOn(t, a, b, a.path("src"), "b:/r@0", 1)
+		require.Equal(t, 1, b.settledLive().Leases, "the binding's lease on the export")
 		require.NoError(t, os.Rename(b.path("r"), b.path("r2")))
 		require.Zero(t, b.stats().Live.Bound)
+		// a never wrote through this binding (no import of b's memory):
+		// the export's lease goes back with it, not at the tensor's end.
+		require.Eventually(t, func() bool { return b.stats().Live.Leases == 0 }, 5*time.Second, 5*time.Millisecond,
+			"the export's lease of a binding never written through goes with the binding")
 		requireErrnoNoChange(t, b.path("r2"), syscall.ENOENT, "the old name", func() error {
 			return unix.Setxattr(a.path("src"), xattrs.CopyTo, []byte("b:/r@4096"), 0)
 		})

@@ -193,7 +193,7 @@ func (b *boundDest) kill() {
 
 // drop takes the bindings that match out of the cache, and the pending
 // asks through lc when all is set, and ends them, waiting for their users.
-func (bc *bindCache) drop(match func(b *boundDest) bool, lc *leaseChan, all bool) int {
+func (bc *bindCache) drop(match func(b *boundDest) bool, lc *leaseChan, all bool) []*boundDest {
 	bc.mu.Lock()
 	var gone []*boundDest
 	for k, b := range bc.m {
@@ -213,20 +213,37 @@ func (bc *bindCache) drop(match func(b *boundDest) bool, lc *leaseChan, all bool
 	for _, b := range gone {
 		b.kill()
 	}
-	return len(gone)
+	return gone
 }
 
 // revoke ends the bindings through lc that ids name, by their own id or
-// their export's.
-func (bc *bindCache) revoke(lc *leaseChan, ids []uint64) {
-	bc.drop(func(b *boundDest) bool {
+// their export's, and returns them.
+func (bc *bindCache) revoke(lc *leaseChan, ids []uint64) []*boundDest {
+	return bc.drop(func(b *boundDest) bool {
 		return b.lc == lc && (slices.Contains(ids, b.id) || slices.Contains(ids, b.desc.Export))
 	}, lc, false)
 }
 
 // dropChan ends every binding through lc (its channel ended).
-func (bc *bindCache) dropChan(lc *leaseChan) int {
-	return bc.drop(func(b *boundDest) bool { return b.lc == lc }, lc, true)
+func (bc *bindCache) dropChan(lc *leaseChan) {
+	bc.drop(func(b *boundDest) bool { return b.lc == lc }, lc, true)
+}
+
+// givenBack are the lease ids to give back to the peer for bindings that
+// ended (killed already): each binding's own, and its export's when no
+// import here holds that lease (a binding never written through, or one
+// whose import went): the peer holds that lease for this node until told,
+// and held it for every tensor ever bound (seen: 9000 leases for 4096
+// bindings, after bindings were given back past maxBinds).
+func (s *Service) givenBack(lc *leaseChan, gone []*boundDest) []uint64 {
+	var ids []uint64
+	for _, b := range gone {
+		ids = append(ids, b.id)
+		if !slices.Contains(ids, b.desc.Export) && !s.imports.leasedVia(lc, b.desc.Export) {
+			ids = append(ids, b.desc.Export)
+		}
+	}
+	return ids
 }
 
 // through reports whether a binding, or an ask for one, goes through lc.
@@ -371,7 +388,7 @@ func (s *Service) installBound(lc *leaseChan, m boundMsg) {
 		go func() {
 			for _, x := range evict {
 				x.kill()
-				x.lc.sendIDs(frameRevoked, []uint64{x.id})
+				x.lc.sendIDs(frameRevoked, s.givenBack(x.lc, []*boundDest{x}))
 			}
 		}()
 	}
@@ -395,7 +412,6 @@ func (s *Service) serveBind(lc *leaseChan, m bindMsg) {
 	// Under the writer's lock from the leases' hold to the answer: a
 	// revocation of either goes out after the answer.
 	lc.wmu.Lock()
-	defer lc.wmu.Unlock()
 	if err == nil {
 		id := s.bindIDs.Add(1) | bindIDBit
 		switch {
@@ -415,8 +431,17 @@ func (s *Service) serveBind(lc *leaseChan, m bindMsg) {
 		slog.Debug("bind refused", "peer", lc.peer, "path", m.Path, "err", err)
 	}
 	lc.touch()
-	if err := lc.c.sendJSON(frameBound, out); err != nil {
-		go lc.close(fmt.Errorf("send: %v", err))
+	serr := lc.c.sendJSON(frameBound, out)
+	lc.wmu.Unlock()
+	if serr != nil {
+		lc.close(fmt.Errorf("send: %v", serr))
+		return
+	}
+	if out.ID != 0 {
+		// The export's lease may have ended between the hold and the
+		// answer (the asker gave back a lease on it, crossing this): it
+		// is revoked again then, as after a copy (afterCopy).
+		lc.afterCopy(out.IPC.Export)
 	}
 }
 
@@ -535,8 +560,9 @@ func (s *Service) boundImport(c *conn, b *boundDest) (*importEntry, error) {
 		}
 		// Given back once the writes in flight have landed.
 		go func() {
-			s.binds.drop(func(x *boundDest) bool { return x == b }, nil, false)
-			b.lc.sendIDs(frameRevoked, []uint64{b.id})
+			if gone := s.binds.drop(func(x *boundDest) bool { return x == b }, nil, false); len(gone) > 0 {
+				b.lc.sendIDs(frameRevoked, s.givenBack(b.lc, gone))
+			}
 		}()
 		return nil, errors.New("import no longer leased")
 	}

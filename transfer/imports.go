@@ -145,6 +145,18 @@ func (ic *importCache) leased(e *importEntry, export uint64) bool {
 	return e.lease[export] != nil
 }
 
+// leasedVia reports whether an import holds export's lease through lc.
+func (ic *importCache) leasedVia(lc *leaseChan, export uint64) bool {
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	for _, e := range ic.m {
+		if e.lease[export] == lc {
+			return true
+		}
+	}
+	return false
+}
+
 // leasedThroughLocked reports whether any import is leased through lc.
 // ic.mu is held.
 func (ic *importCache) leasedThroughLocked(lc *leaseChan) bool {

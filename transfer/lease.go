@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -305,9 +306,15 @@ func (lc *leaseChan) run() {
 			// not on the reader, which must keep hearing the channel.
 			// Bindings first: their writes hold the imports.
 			go func() {
-				lc.s.binds.revoke(lc, m.IDs)
+				gone := lc.s.binds.revoke(lc, m.IDs)
 				lc.s.imports.revoke(lc, m.IDs)
-				lc.sendIDs(frameRevoked, m.IDs)
+				ids := m.IDs
+				for _, id := range lc.s.givenBack(lc, gone) {
+					if !slices.Contains(ids, id) {
+						ids = append(ids, id)
+					}
+				}
+				lc.sendIDs(frameRevoked, ids)
 			}()
 		case frameRevoked:
 			lc.mu.Lock()
