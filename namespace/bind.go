@@ -56,33 +56,29 @@ func (f *Tree) revokeBound(n Node) {
 
 // CopyToMapping implements transfer.MappingSource: the source's bytes
 // [off, off+n) (its descriptor's byte space) are written by the device into
-// m, an import of a peer's allocation whose destination tensor starts at
-// base and ends at end (bytes). done=false when m is not an import this
-// store made (a plain memfd read with pread).
-func (s *fileSource) CopyToMapping(m transfer.Mapping, base, end, off, n int64) (bool, error) {
-	bm, ok := m.(*bufferMapping)
-	if !ok {
-		return false, nil
-	}
-	dst := bm.onDevice(s.t.Device())
+// m, an import of a peer's allocation (Writes) whose destination tensor
+// starts at base and ends at end (bytes).
+func (s *fileSource) CopyToMapping(m transfer.Mapping, base, end, off, n int64) error {
+	dst := m.(*bufferMapping).onDevice(s.t.Device())
 	if s.meta.Spans == nil {
 		src0, dst0 := s.off+off, base+s.meta.Off+off
-		return true, copyErr(s.t.CopyRangesTo(dst, end, 1, func(int) (int64, int64, int64) { return src0, dst0, n }))
+		return copyErr(s.t.CopyRangesTo(dst, end, 1, func(int) (int64, int64, int64) { return src0, dst0, n }))
 	}
 	spans := s.meta.Spans
 	if off == 0 && n == s.meta.NBytes {
-		return true, copyErr(s.t.CopyRangesTo(dst, end, len(spans), func(k int) (int64, int64, int64) {
+		return copyErr(s.t.CopyRangesTo(dst, end, len(spans), func(k int) (int64, int64, int64) {
 			sp := &spans[k]
 			return sp.Src, base + sp.Dst, sp.N
 		}))
 	}
+	// A piece of a large range list (the engine's progress pieces).
 	type rng struct{ src, dst, n int64 }
 	var rs []rng
 	transfer.Pieces(spans, off, n, func(_, src, dst, k int64) error {
 		rs = append(rs, rng{src, base + dst, k})
 		return nil
 	})
-	return true, copyErr(s.t.CopyRangesTo(dst, end, len(rs), func(k int) (int64, int64, int64) {
+	return copyErr(s.t.CopyRangesTo(dst, end, len(rs), func(k int) (int64, int64, int64) {
 		r := &rs[k]
 		return r.src, r.dst, r.n
 	}))

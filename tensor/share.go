@@ -31,7 +31,7 @@ func (t *Tensor) Adopt(src *Tensor) error {
 	for {
 		first.mu.Lock()
 		second.mu.Lock()
-		if t.frozen == 0 && t.pinned == 0 && len(t.binds) == 0 {
+		if t.resizable() {
 			break
 		}
 		// A copy reads or writes t: wait for it without holding src.

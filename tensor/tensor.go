@@ -193,6 +193,11 @@ func (t *Tensor) lockToChange() {
 	}
 }
 
+// resizable reports whether nothing holds the tensor's size and allocation
+// still: no copy reads it (Freeze), no in-place copy writes it (PinRange),
+// no peer is bound to write it (BindExport). t.mu is held.
+func (t *Tensor) resizable() bool { return t.frozen == 0 && t.pinned == 0 && len(t.binds) == 0 }
+
 // lockToResize takes t.mu for a change of size or allocation once no copy
 // reads the tensor (Freeze), no in-place copy writes it (PinRange) and no
 // peer is bound to write it one-sided (BindExport: revoked here, and

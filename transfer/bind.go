@@ -71,10 +71,10 @@ type MappingSource interface {
 	// Writes reports whether CopyToMapping can write into m.
 	Writes(m Mapping) bool
 	// CopyToMapping writes the source's bytes [off, off+n) (its
-	// descriptor's byte space) into m, whose destination tensor starts at
-	// byte base and ends at byte end of m: a range at destination byte d
-	// lands at base+d. done=false: m is not one it writes.
-	CopyToMapping(m Mapping, base, end, off, n int64) (done bool, err error)
+	// descriptor's byte space) into m, one Writes admits, whose
+	// destination tensor starts at byte base and ends at byte end of m: a
+	// range at destination byte d lands at base+d.
+	CopyToMapping(m Mapping, base, end, off, n int64) error
 	// Device is the source tensor's device ("host", "cuda:0").
 	Device() string
 }
@@ -235,10 +235,12 @@ func (bc *bindCache) dropChan(lc *leaseChan) {
 // whose import went): the peer holds that lease for this node until told,
 // and held it for every tensor ever bound (seen: 9000 leases for 4096
 // bindings, after bindings were given back past maxBinds).
-func (s *Service) givenBack(lc *leaseChan, gone []*boundDest) []uint64 {
-	var ids []uint64
+// They are appended to ids (the ids an answer already carries), each once.
+func (s *Service) givenBack(lc *leaseChan, ids []uint64, gone []*boundDest) []uint64 {
 	for _, b := range gone {
-		ids = append(ids, b.id)
+		if !slices.Contains(ids, b.id) {
+			ids = append(ids, b.id)
+		}
 		if !slices.Contains(ids, b.desc.Export) && !s.imports.leasedVia(lc, b.desc.Export) {
 			ids = append(ids, b.desc.Export)
 		}
@@ -388,7 +390,7 @@ func (s *Service) installBound(lc *leaseChan, m boundMsg) {
 		go func() {
 			for _, x := range evict {
 				x.kill()
-				x.lc.sendIDs(frameRevoked, s.givenBack(x.lc, []*boundDest{x}))
+				x.lc.sendIDs(frameRevoked, s.givenBack(x.lc, nil, []*boundDest{x}))
 			}
 		}()
 	}
@@ -509,7 +511,7 @@ func (s *Service) pushBound(ctx context.Context, c *conn, remotePath string, src
 		base := b.desc.Offset
 		for off := int64(0); off < m.NBytes && err == nil; off += piece {
 			k := min(piece, m.NBytes-off)
-			if _, err = ms.CopyToMapping(e.m, base, base+b.nbytes, off, k); err == nil {
+			if err = ms.CopyToMapping(e.m, base, base+b.nbytes, off, k); err == nil {
 				rec.BytesDone.Add(k)
 			}
 		}
@@ -561,7 +563,7 @@ func (s *Service) boundImport(c *conn, b *boundDest) (*importEntry, error) {
 		// Given back once the writes in flight have landed.
 		go func() {
 			if gone := s.binds.drop(func(x *boundDest) bool { return x == b }, nil, false); len(gone) > 0 {
-				b.lc.sendIDs(frameRevoked, s.givenBack(b.lc, gone))
+				b.lc.sendIDs(frameRevoked, s.givenBack(b.lc, nil, gone))
 			}
 		}()
 		return nil, errors.New("import no longer leased")

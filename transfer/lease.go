@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -308,13 +307,7 @@ func (lc *leaseChan) run() {
 			go func() {
 				gone := lc.s.binds.revoke(lc, m.IDs)
 				lc.s.imports.revoke(lc, m.IDs)
-				ids := m.IDs
-				for _, id := range lc.s.givenBack(lc, gone) {
-					if !slices.Contains(ids, id) {
-						ids = append(ids, id)
-					}
-				}
-				lc.sendIDs(frameRevoked, ids)
+				lc.sendIDs(frameRevoked, lc.s.givenBack(lc, m.IDs, gone))
 			}()
 		case frameRevoked:
 			lc.mu.Lock()
